@@ -71,7 +71,7 @@ def _tiny_v4(first_ratio: int, name: str) -> ModelConfig:
         rope_dim=64, q_lora_rank=32, o_groups=2, o_lora_rank=16, window_size=16,
         compress_ratios=(first_ratio, first_ratio, 4, 8, 4, 0), rope_theta=10000.0,
         compress_rope_theta=160000.0, rope_factor=16.0, original_seq_len=64, beta_fast=32.0, beta_slow=1.0,
-        max_position=65536, index_n_heads=2, index_head_dim=128, index_topk=4, n_routed_experts=8,
+        max_position=65536, index_n_heads=8, index_head_dim=128, index_topk=4, n_routed_experts=8,
         n_shared_experts=1, n_activated_experts=2, moe_inter_dim=32, n_hash_layers=2,
         score_func="sqrtsoftplus", route_scale=1.5, swiglu_limit=1.0, hc_mult=4, hc_sinkhorn_iters=20,
         hc_eps=1e-6, norm_eps=1e-6, weight_dtype="fp8", expert_dtype="fp4", weight_block=32,

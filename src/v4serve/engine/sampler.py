@@ -1,0 +1,260 @@
+"""Batched token sampling on the logits' device.
+
+`sample(logits, batch)` runs one step for every row at once: no Python loop over rows, no host
+synchronisation and no data-dependent Python control flow, so it can be captured in a CUDA graph.
+Which stages run is decided from host-side flags fixed when the `SamplingBatch` is built. A stage
+that a row does not use leaves that row's values bit-for-bit unchanged (x/1, x - 0*c, ...), so a
+row's result never depends on what else shares its batch.
+
+Pipeline, per row:  logits (float32)
+  -> repetition penalty (prompt + output tokens), frequency and presence penalties (output tokens)
+  -> banned tokens (EOS/stop ids before min_tokens) set to -inf
+  -> divide by temperature (greedy rows use 1)          => "processed logits"
+  -> top-k, then top-p, then min-p truncation to -inf    => "sampling logits"
+  -> greedy rows: argmax (lowest id on ties); others: argmax(sampling logits + Gumbel noise).
+
+Logprobs are log_softmax of the processed logits: after penalties, banned tokens and temperature,
+before truncation (so the top-k alternatives have finite values). This is vLLM's
+"processed_logits" flavour minus truncation, not its default raw-model logprobs. Greedy rows report
+the penalised model distribution at temperature 1.
+
+Randomness is a counter-based hash of (row seed, step, token id) computed with int64 tensor ops,
+so a seeded request draws the same noise at any batch position and on any device, without
+per-row torch.Generator objects. Arithmetic stays within 62 bits: products wrap mod 2**64 (torch
+int64 semantics on CPU and CUDA) and are masked back to 62 bits, whose low bits the wrap leaves
+exact, and values are non-negative before every right shift, so shifts are logical.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from v4serve.engine.sampling_params import SamplingParams
+
+MASK62 = (1 << 62) - 1
+# SplitMix64's odd multipliers, reduced to 62 bits (odd, so multiplying is a bijection mod 2**62)
+_MUL1 = 0xBF58476D1CE4E5B9 & MASK62
+_MUL2 = 0x94D049BB133111EB & MASK62
+_GOLDEN = 0x9E3779B97F4A7C15 & MASK62  # Weyl increment between counters
+_UNIFORM_BITS = 23  # u = (2h + 1) / 2**24: exact in float32, never 0 or 1
+
+
+# --- counter-based noise --------------------------------------------------------------------------
+def mix62(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64-style finaliser on 62-bit non-negative int64 values (a bijection)."""
+    x = x ^ (x >> 31)
+    x = (x * _MUL1) & MASK62
+    x = x ^ (x >> 29)
+    x = (x * _MUL2) & MASK62
+    return x ^ (x >> 32)
+
+
+def row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One 62-bit key per (seed, step); seeds and steps are int64 [B]."""
+    return mix62((mix62(seeds & MASK62) + (steps + 1) * _GOLDEN) & MASK62)
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] float32 uniforms in (0, 1), a pure function of (seed, step, token id)."""
+    token_ids = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)
+    h = mix62((row_keys(seeds, steps)[:, None] + token_ids * _GOLDEN) & MASK62)
+    top = h >> (62 - _UNIFORM_BITS)
+    return (2 * top + 1).to(torch.float32) * 2.0 ** -(_UNIFORM_BITS + 1)
+
+
+def gumbel_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """-log(-log U): argmax(logits + noise) is a sample of softmax(logits) (Gumbel-max trick)."""
+    return -torch.log(-torch.log(uniform_noise(seeds, steps, vocab_size)))
+
+
+# --- per-step batch description -------------------------------------------------------------------
+@dataclass
+class SamplingBatch:
+    """Per-row sampling state for one step, as tensors on the logits' device.
+
+    Off values: temperature 1 (greedy rows also store 1, see `greedy`), top_k = vocab size,
+    top_p 1, min_p 0, penalties 0/0/1. `output_counts` ([B, V] int32, generated-token counts) is
+    set iff some row uses presence/frequency penalties; `seen` ([B, V] bool, prompt or output
+    tokens) iff some row uses a repetition penalty; `banned` ([B, V] bool) iff some row must not
+    emit EOS/stop ids yet. `steps` counts tokens generated so far; it indexes the noise stream and
+    is what min_tokens compares against.
+    """
+
+    temperature: torch.Tensor  # [B] float32
+    greedy: torch.Tensor  # [B] bool
+    top_k: torch.Tensor  # [B] int64
+    top_p: torch.Tensor  # [B] float32
+    min_p: torch.Tensor  # [B] float32
+    presence_penalty: torch.Tensor  # [B] float32
+    frequency_penalty: torch.Tensor  # [B] float32
+    repetition_penalty: torch.Tensor  # [B] float32
+    seeds: torch.Tensor  # [B] int64, 62-bit
+    steps: torch.Tensor  # [B] int64
+    output_counts: torch.Tensor | None = None
+    seen: torch.Tensor | None = None
+    banned: torch.Tensor | None = None
+    num_logprobs: int = 0  # top alternatives to return: max over rows of SamplingParams.logprobs
+    all_greedy: bool = False
+    use_top_k: bool = False
+    use_top_p: bool = False
+    use_min_p: bool = False
+
+    @property
+    def size(self) -> int:
+        return self.temperature.shape[0]
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        *,
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        output_ids: Sequence[Sequence[int]] | None = None,
+        prompt_ids: Sequence[Sequence[int]] | None = None,
+        seeds: Sequence[int | None] | None = None,
+        steps: Sequence[int] | None = None,
+        eos_id: int | None = None,
+    ) -> SamplingBatch:
+        """Describe one step for rows with these params.
+
+        output_ids: tokens generated so far per row (needed for penalties; gives default steps).
+        prompt_ids: needed only for the repetition penalty. seeds: per-row override of
+        params.seed (e.g. a seed the engine drew once at admission); rows with neither get a fresh
+        random seed. steps: per-row step counters (default len(output_ids[i]), else 0).
+        eos_id: banned, with stop_token_ids, while a row has fewer than min_tokens outputs.
+        """
+        rows = len(params)
+        outputs = list(output_ids) if output_ids is not None else [()] * rows
+        prompts = list(prompt_ids) if prompt_ids is not None else [()] * rows
+        counters = list(steps) if steps is not None else [len(o) for o in outputs]
+        row_seeds = [
+            s if s is not None else p.seed for s, p in zip(seeds or [None] * rows, params, strict=True)
+        ]
+        fresh = iter(fresh_seeds(sum(s is None for s in row_seeds)))
+        row_seeds = [(s if s is not None else next(fresh)) & MASK62 for s in row_seeds]
+
+        def floats(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.float32, device=device)
+
+        def ints(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=device)
+
+        top_k = [min(p.effective_top_k, vocab_size) or vocab_size for p in params]
+        batch = cls(
+            temperature=floats([1.0 if p.greedy else p.temperature for p in params]),
+            greedy=torch.tensor([p.greedy for p in params], dtype=torch.bool, device=device),
+            top_k=ints(top_k),
+            top_p=floats([p.top_p for p in params]),
+            min_p=floats([p.min_p for p in params]),
+            presence_penalty=floats([p.presence_penalty for p in params]),
+            frequency_penalty=floats([p.frequency_penalty for p in params]),
+            repetition_penalty=floats([p.repetition_penalty for p in params]),
+            seeds=ints(row_seeds),
+            steps=ints(counters),
+            num_logprobs=max((p.logprobs or 0 for p in params), default=0),
+            all_greedy=all(p.greedy for p in params),
+            use_top_k=any(k < vocab_size for k in top_k),
+            use_top_p=any(p.top_p < 1.0 for p in params),
+            use_min_p=any(p.min_p > 0.0 for p in params),
+        )
+        # rows without a penalty contribute no tokens: their zero/one penalties are exact no-ops
+        if any(p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 for p in params):
+            counted = [
+                o if p.presence_penalty or p.frequency_penalty else () for p, o in zip(params, outputs)
+            ]
+            batch.output_counts = token_counts(counted, vocab_size, device)
+        if any(p.repetition_penalty != 1.0 for p in params):
+            seen = [
+                [*pr, *o] if p.repetition_penalty != 1.0 else () for p, pr, o in zip(params, prompts, outputs)
+            ]
+            batch.seen = token_counts(seen, vocab_size, device) > 0
+        bans = [sorted(p.stop_ids(eos_id)) if n < p.min_tokens else [] for p, n in zip(params, counters)]
+        if any(bans):
+            batch.banned = token_counts(bans, vocab_size, device) > 0
+        return batch
+
+
+def fresh_seeds(n: int) -> list[int]:
+    """n random 62-bit seeds from the OS (safe across forked workers, unlike a shared PRNG)."""
+    raw = os.urandom(8 * n)
+    return [int.from_bytes(raw[8 * i : 8 * i + 8], "little") & MASK62 for i in range(n)]
+
+
+def token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.device | str) -> torch.Tensor:
+    """[B, V] int32 occurrence counts of each row's token ids."""
+    width = max((len(r) for r in rows), default=0)
+    # pad with an extra column V that is dropped afterwards
+    padded = torch.tensor([[*r, *([vocab_size] * (width - len(r)))] for r in rows], dtype=torch.int64)
+    padded = padded.reshape(len(rows), width).to(device)
+    counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.int32, device=device)
+    counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
+    return counts[:, :vocab_size]
+
+
+# --- the sampler ----------------------------------------------------------------------------------
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [B] int64
+    logprobs: torch.Tensor  # [B] float32, of the chosen tokens
+    top_ids: torch.Tensor | None = None  # [B, num_logprobs] int64, most likely first
+    top_logprobs: torch.Tensor | None = None  # [B, num_logprobs] float32
+
+
+def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Penalties, banned tokens and temperature: the distribution logprobs are reported for."""
+    x = logits.to(torch.float32)
+    if batch.seen is not None:
+        rep = batch.repetition_penalty[:, None]
+        x = torch.where(batch.seen, torch.where(x > 0, x / rep, x * rep), x)
+    if batch.output_counts is not None:
+        counts = batch.output_counts.to(torch.float32)
+        x = x - batch.frequency_penalty[:, None] * counts
+        x = x - batch.presence_penalty[:, None] * (counts > 0).to(torch.float32)
+    if batch.banned is not None:
+        x = x.masked_fill(batch.banned, float("-inf"))
+    return x / batch.temperature[:, None]
+
+
+def truncate_logits(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Set tokens removed by top-k, then top-p, then min-p to -inf. The most likely token always
+    survives. Ties at a top-k boundary keep the lower ids (stable sort)."""
+    if not (batch.use_top_k or batch.use_top_p):
+        if batch.use_min_p:  # min-p alone needs no sort: it is a threshold relative to the max
+            floor = x.amax(dim=-1, keepdim=True) + torch.log(batch.min_p)[:, None]
+            x = x.masked_fill(x < floor, float("-inf"))
+        return x
+    sorted_x, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    rank = torch.arange(x.shape[-1], device=x.device)
+    drop = rank[None, :] >= batch.top_k[:, None]
+    if batch.use_top_p:
+        probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly more likely tokens
+        # keep the smallest prefix reaching top_p; rows with top_p = 1 skip it (cumsum rounding)
+        drop |= (before >= batch.top_p[:, None]) & (batch.top_p < 1.0)[:, None]
+    if batch.use_min_p:
+        # p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p); renormalising keeps the ratio
+        drop |= sorted_x < sorted_x[:, :1] + torch.log(batch.min_p)[:, None]
+    return torch.empty_like(x).scatter_(1, order, sorted_x.masked_fill(drop, float("-inf")))
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """Sample one token per row of `logits` [B, V] (any float dtype); see the module docstring."""
+    processed = process_logits(logits, batch)
+    scores = truncate_logits(processed, batch)
+    if not batch.all_greedy:
+        noise = gumbel_noise(batch.seeds, batch.steps, processed.shape[-1])
+        scores = scores + noise.masked_fill_(batch.greedy[:, None], 0.0)
+    # torch.argmax returns the first maximal index: greedy ties go to the lowest id
+    token_ids = torch.argmax(scores, dim=-1)
+    log_norm = torch.logsumexp(processed, dim=-1)
+    chosen = processed.gather(1, token_ids[:, None]).squeeze(1) - log_norm
+    out = SamplerOutput(token_ids=token_ids, logprobs=chosen)
+    if batch.num_logprobs > 0:
+        values, ids = torch.topk(processed, batch.num_logprobs, dim=-1)
+        out.top_ids, out.top_logprobs = ids, values - log_norm[:, None]
+    return out

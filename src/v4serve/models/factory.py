@@ -1,0 +1,67 @@
+"""One entry point from a model name (preset or checkpoint folder) to a ready model on a device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import ConfigError, ModelConfig, load_config
+from ..presets import get_preset, is_preset
+from .loading import apply_numerics, load_checkpoint, load_random
+from .numerics import numerics_for
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    config: ModelConfig
+    source: str  # the preset name or checkpoint folder
+    folder: Path | None  # checkpoint folder (None for presets)
+
+
+def resolve_config(model: str) -> tuple[ModelConfig, Path | None]:
+    if is_preset(model):
+        return get_preset(model), None
+    folder = Path(model)
+    if not folder.exists():
+        raise ConfigError(f"model {model!r} is neither a preset nor an existing checkpoint folder")
+    return load_config(folder), folder
+
+
+def model_class(config: ModelConfig) -> type[nn.Module]:
+    if config.is_v41:
+        from .v41.model import V41Model
+
+        return V41Model
+    from .v4.model import V4Model
+
+    return V4Model
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype: torch.dtype | None = None,
+                device: str | torch.device = "cpu", with_mtp: bool = True, storage: str = "fp8") -> LoadedModel:
+    """A preset (deterministic random weights from `seed`, stored as `storage`) or a checkpoint folder."""
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    config, folder = resolve_config(model)
+    nm = numerics_for(config, numerics)
+    with torch.device(device):
+        net = model_class(config)(config, nm, with_mtp=with_mtp)
+    if folder is None:
+        load_random(net, config, seed, storage, dtype, device, with_mtp)
+    else:
+        load_checkpoint(net, folder, config, dtype, device, with_mtp)
+    apply_numerics(net, nm, config)
+    if device.type == "cuda":
+        for m in net.modules():
+            if hasattr(m, "grouped"):
+                m.grouped = True
+    net.eval()
+    return LoadedModel(net, config, model, folder)

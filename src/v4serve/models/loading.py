@@ -1,0 +1,88 @@
+"""Building a model and putting weights into it (from a checkpoint folder or deterministic random values)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config import ModelConfig
+from ..ops.linear import Linear, dequantize, stored_format
+from .checkpoint import iter_random_checkpoint
+from .layout import TensorSpec
+from .numerics import Numerics
+from .weights import CheckpointError, CheckpointReader, ParallelRank, check_and_iter
+
+
+def _resolve(model: nn.Module, name: str) -> tuple[nn.Module, str, list[str]]:
+    """Deepest module on the path of `name`, the rest of the path, and the module path walked."""
+    parts = name.split(".")
+    mod: nn.Module = model
+    walked: list[str] = []
+    for i, p in enumerate(parts):
+        child = getattr(mod, p, None) if not p.isdigit() else (mod[int(p)] if isinstance(mod, nn.ModuleList) else None)
+        if isinstance(child, nn.Module) and not isinstance(child, nn.Parameter):
+            mod = child
+            walked.append(p)
+            continue
+        return mod, ".".join(parts[i:]), walked
+    return mod, "", walked
+
+
+def assign(model: nn.Module, spec: TensorSpec, tensor: torch.Tensor, scale: torch.Tensor | None,
+           config: ModelConfig, dtype: torch.dtype) -> None:
+    """Put one checkpoint tensor (dequantized exactly) where its name says; float32 for f32-kind and 1-D tensors."""
+    from .v4.moe import Experts
+
+    name = spec.name
+    mod, rest, walked = _resolve(model, name)
+    if isinstance(mod, Experts):  # ffn.experts.{e}.{w1,w2,w3}.weight
+        e, which = rest.split(".")[:2]
+        mod.set_expert(int(e), which, tensor, scale, config.weight_block, dtype)
+        return
+    if isinstance(mod, Linear) and rest == "weight":
+        in_compressor = "compressor" in walked or walked[-1:] == ["wk"] or "engram" in walked
+        mod.set_weight(tensor, scale, config.weight_block, torch.float32 if in_compressor else dtype)
+        return
+    if "." in rest or not hasattr(mod, rest):
+        raise CheckpointError(f"tensor {name} has no place in the {config.family} model (resolved to "
+                              f"{'.'.join(walked) or 'the root'} / {rest})")
+    cur = getattr(mod, rest)
+    if tensor.dtype in (torch.int32, torch.int64):
+        value = tensor.to(torch.int64)
+    else:
+        fmt = stored_format(tensor)
+        value = dequantize(tensor, scale, fmt, config.weight_block) if fmt != "float" else tensor.float()
+        value = value.to(torch.float32 if spec.kind == "f32" or len(spec.shape) == 1 else dtype)
+    if cur is not None and tuple(cur.shape) != tuple(value.shape):
+        raise CheckpointError(f"tensor {name} has shape {list(value.shape)}; the model needs {list(cur.shape)}")
+    setattr(mod, rest, nn.Parameter(value, requires_grad=False))
+
+
+def apply_numerics(model: nn.Module, numerics: Numerics, config: ModelConfig) -> None:
+    """FP8 activation simulation on every quantized GEMM the reference runs in FP8 (not wo_a: BF16 einsum)."""
+    for name, m in model.named_modules():
+        if isinstance(m, Linear):
+            quantized = m.quantized and numerics.act_quant and not name.endswith("wo_a")
+            m.act_group = config.weight_block if quantized else 0
+
+
+def load_random(model: nn.Module, config: ModelConfig, seed: int, storage: str, dtype: torch.dtype,
+                device: torch.device, include_mtp: bool) -> None:
+    gen_device = device if device.type == "cuda" else torch.device("cpu")
+    for spec, tensors in iter_random_checkpoint(config, seed, storage, gen_device, include_mtp):
+        t = tensors[spec.name]
+        scale = next((v for k, v in tensors.items() if k != spec.name), None)
+        assign(model, spec, t.to(device), scale.to(device) if scale is not None else None, config, dtype)
+
+
+def load_checkpoint(model: nn.Module, folder: str | Path, config: ModelConfig, dtype: torch.dtype,
+                    device: torch.device, include_mtp: bool, rank: ParallelRank | None = None) -> None:
+    rank = rank or ParallelRank()
+    if rank.tp_size > 1 or rank.ep_size > 1:
+        raise NotImplementedError("multi-GPU layouts load per-rank shards with weights.shard_for_rank; the "
+                                  "model forward runs at world size 1 until the parallel-layouts work lands")
+    reader = CheckpointReader(folder)
+    for spec, t, scale in check_and_iter(reader, config, include_mtp):
+        assign(model, spec, t.to(device), scale.to(device) if scale is not None else None, config, dtype)

@@ -1,0 +1,119 @@
+"""What one forward step consumes: the flattened tokens of every row, their positions and cache addressing.
+
+A *row* is the part of one request that this step computes: a decode token, or a chunk of a prompt (possibly
+a replay of tokens whose compressed entries are already cached). The model defines this structure; the
+engine's runner fills it, so no import runs from models/ up to engine/.
+
+Per-request state lives in two places:
+* per-request *slots* (window rings of the last `window` positions, compressor partial groups), addressed by
+  `row_slot`;
+* paged *blocks* of `block_size` positions (compressed entries and index keys), addressed by `block_table`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+
+@dataclass
+class StepInput:
+    token_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    token_row: torch.Tensor  # [T] int64: the row of each token
+    row_slot: torch.Tensor  # [R] int64: state slot (window rings, compressor state) of each row
+    row_start: torch.Tensor  # [R] int64: position of the row's first token in this step
+    row_len: torch.Tensor  # [R] int64: number of tokens of the row in this step (may be 0 after trimming)
+    row_offset: torch.Tensor  # [R] int64: flat index of the row's first token
+    block_table: torch.Tensor  # [R, max_blocks] int64: physical block of each logical block (-1 unused)
+    window_floor: torch.Tensor  # [R] int64: window KV below this position is not visible (replay start)
+    cached_len: torch.Tensor  # [R] int64: compressed entries of groups ending at or before this are cached
+    decoder_floor: torch.Tensor  # [R] int64: V4.1 decoder layers compute only positions >= this (trimmed prefill)
+    logits_index: torch.Tensor  # [L] int64: flat token indices whose next-token logits are wanted
+    max_context: int  # upper bound on (position + 1) of any token of the step: sizes compressed gathers
+    extras: dict = field(default_factory=dict)  # model-specific per-step data (e.g. V4.1 Engram row ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.row_slot.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.token_ids.device
+
+    def restrict_to_suffix(self, floor: torch.Tensor) -> tuple[StepInput, torch.Tensor]:
+        """The sub-step of tokens with position >= floor[row] (a suffix of every row's chunk).
+
+        Returns the sub-step and the flat indices (into this step) of its tokens. Logits indices are remapped;
+        the caller guarantees that every token whose logits are wanted is kept. Window KV below the floor is
+        not visible in the sub-step (those positions were never computed by the layers that use it).
+        """
+        keep = self.positions >= floor[self.token_row]
+        kept = torch.nonzero(keep).squeeze(-1)
+        row_end = self.row_start + self.row_len
+        new_start = torch.minimum(torch.maximum(self.row_start, floor), row_end)
+        new_len = row_end - new_start
+        new_offset = torch.cumsum(new_len, 0) - new_len
+        remap = torch.full_like(self.positions, -1)
+        remap[kept] = torch.arange(kept.shape[0], device=kept.device)
+        sub = replace(
+            self,
+            token_ids=self.token_ids[kept], positions=self.positions[kept], token_row=self.token_row[kept],
+            row_start=new_start, row_len=new_len, row_offset=new_offset,
+            window_floor=torch.maximum(self.window_floor, floor),
+            logits_index=remap[self.logits_index],
+            extras={k: v[kept] if isinstance(v, torch.Tensor) and v.shape[:1] == self.positions.shape else v
+                    for k, v in self.extras.items()},
+        )
+        return sub, kept
+
+
+@dataclass
+class RowSpec:
+    """One row of a step, in plain Python (for building steps outside the engine, e.g. tests and tools)."""
+
+    token_ids: list[int]
+    start: int
+    slot: int
+    blocks: list[int]
+    window_floor: int = 0
+    cached_len: int = 0
+    decoder_floor: int = 0
+    logits: str = "last"  # "last", "all" or "none"
+
+
+def build_step(rows: list[RowSpec], device: torch.device | str = "cpu", max_context: int | None = None) -> StepInput:
+    toks: list[int] = []
+    pos: list[int] = []
+    trow: list[int] = []
+    lidx: list[int] = []
+    for r, row in enumerate(rows):
+        base = len(toks)
+        toks += row.token_ids
+        pos += range(row.start, row.start + len(row.token_ids))
+        trow += [r] * len(row.token_ids)
+        if row.logits == "all":
+            lidx += range(base, base + len(row.token_ids))
+        elif row.logits == "last" and row.token_ids:
+            lidx.append(base + len(row.token_ids) - 1)
+    lens = [len(r.token_ids) for r in rows]
+    offs = [sum(lens[:i]) for i in range(len(rows))]
+    nb = max([len(r.blocks) for r in rows] + [1])
+    table = [r.blocks + [-1] * (nb - len(r.blocks)) for r in rows]
+    ctx = max_context if max_context is not None else max([r.start + len(r.token_ids) for r in rows] + [1])
+
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int64, device=device)
+
+    return StepInput(
+        token_ids=t(toks), positions=t(pos), token_row=t(trow), row_slot=t([r.slot for r in rows]),
+        row_start=t([r.start for r in rows]), row_len=t(lens), row_offset=t(offs),
+        block_table=torch.tensor(table, dtype=torch.int64, device=device).view(len(rows), nb),
+        window_floor=t([r.window_floor for r in rows]), cached_len=t([r.cached_len for r in rows]),
+        decoder_floor=t([r.decoder_floor for r in rows]), logits_index=t(lidx), max_context=int(ctx),
+    )

@@ -1,0 +1,163 @@
+"""DeepSeek-V4 attention: low-rank queries, one shared K=V head, a sliding window on every layer, and on
+compressed layers a compressor (CSA ratio 4 with overlap and a lightning indexer, HCA dense over its entries).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...config import ModelConfig
+from ...ops import compressor as comp
+from ...ops import quant
+from ...ops.attention import sparse_attention
+from ...ops.hadamard import hadamard_rotate
+from ...ops.indexer import index_scores, select_topk
+from ...ops.linear import Linear
+from ...ops.norm import rms_norm
+from ...ops.rope import apply_rope
+from ..numerics import Numerics
+from .context import StepContext
+from .modules import CompressorParams, Norm, param
+
+
+def simulate(x: torch.Tensor, fmt: str | None, rope_dim: int) -> torch.Tensor:
+    """The reference's quant-dequant of cached rows (V4: FP8 on the nope dims, per 64)."""
+    if fmt is None:
+        return x
+    if fmt == "v4_fp8":
+        nope = x.shape[-1] - rope_dim
+        return torch.cat([quant.fp8_simulate(x[..., :nope], 64), x[..., nope:]], dim=-1)
+    if fmt == "fp8_b32":
+        return quant.fp8_simulate(x, 32)
+    if fmt == "nvfp4":
+        return quant.fp4_simulate(x, 16, "e4m3")
+    raise ValueError(fmt)
+
+
+def run_compressor(p: CompressorParams, x: torch.Tensor, ctx: StepContext, layer: int, state, write_pool,
+                   finish) -> None:
+    """Project, pool completed groups, finish them (norm / RoPE / simulation) and store; update the state."""
+    step = ctx.step
+    xf = x.float()
+    kv = p.wkv(xf)
+    if p.wgate is not None:
+        score = p.wgate(xf)
+        if p.ape is not None:
+            score = score + p.ape[step.positions % p.ratio]
+    else:
+        score = torch.zeros_like(kv)
+    if p.ratio == 1 and p.wgate is None:  # V4.1 ratio-1 source: the entry is each position itself
+        groups = comp.Groups(step.token_row, step.positions, torch.ones_like(step.positions, dtype=torch.bool))
+        pooled = kv
+    else:
+        src = comp.PositionSource(step, p.ratio, p.overlap)
+        kv_src, score_src = src.table(state.kv, state.score, kv, score)
+        groups = comp.completed_groups(step, p.ratio)
+        pooled = comp.pool_entries(kv_src, score_src, src, groups, p.head_dim)
+        new_kv, new_score = comp.next_state(kv_src, score_src, src)
+        state.kv[step.row_slot] = new_kv
+        state.score[step.row_slot] = new_score
+    entries = finish(rms_norm(pooled.to(x.dtype), p.norm.weight, p.norm.eps), groups.entry * p.ratio)
+    write_pool.write(ctx.entry_write_rows(layer, groups.row, groups.entry, groups.valid), entries)
+
+
+
+class V4Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, numerics: Numerics):
+        super().__init__()
+        c = config
+        self.config, self.layer, self.numerics = c, layer, numerics
+        self.ratio = c.compress_ratios[layer]
+        self.is_trunk = layer < c.n_layers
+        H, hd = c.n_heads, c.head_dim
+        self.wq_a = Linear(c.dim, c.q_lora_rank)
+        self.q_norm = Norm(c.q_lora_rank, c.norm_eps)
+        self.wq_b = Linear(c.q_lora_rank, H * hd)
+        self.wkv = Linear(c.dim, hd)
+        self.kv_norm = Norm(hd, c.norm_eps)
+        self.wo_a = Linear(H * hd // c.o_groups, c.o_groups * c.o_lora_rank)
+        self.wo_b = Linear(c.o_groups * c.o_lora_rank, c.dim)
+        self.attn_sink = param(H)
+        self.compressor: CompressorParams | None = None
+        self.indexer: nn.Module | None = None
+        if self.ratio and self.is_trunk:
+            self.compressor = CompressorParams(c.dim, hd, self.ratio, self.ratio == 4, True, True, c.norm_eps)
+            if self.ratio == 4:
+                self.indexer = nn.Module()
+                self.indexer.wq_b = Linear(c.q_lora_rank, c.index_n_heads * c.index_head_dim)
+                self.indexer.weights_proj = Linear(c.dim, c.index_n_heads)
+                self.indexer.compressor = CompressorParams(c.dim, c.index_head_dim, 4, True, True, True, c.norm_eps)
+        else:
+            self.ratio = 0  # MTP blocks attend over their window only
+
+    # ------------------------------------------------------------------------------------------------
+    def _finish_entry(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cos, sin = self._entry_rope(pos)
+        return simulate(apply_rope(rows, cos, sin), self.numerics.compressed_kv, self.config.rope_dim)
+
+    def _finish_index_key(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cos, sin = self._entry_rope(pos)
+        return self._index_format(apply_rope(rows, cos, sin))
+
+    def _entry_rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from ...ops.rope import inv_freq, rope_cos_sin
+
+        return rope_cos_sin(pos, inv_freq(self.config, True))
+
+    def _index_format(self, x: torch.Tensor) -> torch.Tensor:
+        if self.numerics.index_rotate:
+            x = hadamard_rotate(x)
+        if self.numerics.index_fp4:
+            x = quant.fp4_simulate(x, 32)
+        return x
+
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        c, step, pools = self.config, ctx.step, ctx.pools
+        T, H, hd = step.num_tokens, c.n_heads, c.head_dim
+        cos, sin = ctx.rope(self.ratio > 0)
+        qr = self.q_norm(self.wq_a(x))
+        q = rms_norm(self.wq_b(qr).view(T, H, hd), None, c.norm_eps)
+        q = apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1))
+        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        kv = simulate(kv, self.numerics.window_kv, c.rope_dim)
+
+        kv_win, valid_win = ctx.gather_window(self.layer, kv)
+        parts, masks = [kv_win], [valid_win]
+        if self.ratio:
+            L = self.layer
+            run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], self._finish_entry)
+            rows = ctx.entry_rows(L)  # [R, E]
+            visible = ctx.visible(self.ratio)
+            if self.indexer is None:  # HCA: every visible entry
+                sel_rows = rows[step.token_row]
+                E = rows.shape[1]
+                sel_valid = torch.arange(E, device=x.device).unsqueeze(0) < visible.unsqueeze(1)
+            else:
+                idx = self._select(x, qr, ctx, rows, visible)
+                sel_rows = torch.gather(rows[step.token_row], 1, idx.clamp(min=0))
+                sel_valid = idx >= 0
+            parts.append(pools.compressed[L].read(sel_rows, kv.dtype))
+            masks.append(sel_valid)
+        o = sparse_attention(q, torch.cat(parts, 1), torch.cat(masks, 1), self.attn_sink, hd ** -0.5)
+        ctx.write_window(self.layer, kv)
+        o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
+        g = c.o_groups
+        wo_a = self.wo_a.weight.view(g, c.o_lora_rank, -1)
+        o = torch.einsum("tgd,grd->tgr", o.reshape(T, g, -1), wo_a)
+        return self.wo_b(o.flatten(1))
+
+    def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, rows: torch.Tensor,
+                visible: torch.Tensor) -> torch.Tensor:
+        """The indexer: write this step's index keys, score every visible key, keep the top-k."""
+        c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
+        ix = self.indexer
+        run_compressor(ix.compressor, x, ctx, L, pools.index_state[L], pools.index_keys[L], self._finish_index_key)
+        T = step.num_tokens
+        cos, sin = ctx.rope(True)
+        qi = ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim)
+        qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
+        w = ix.weights_proj(x).float() * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
+        keys = pools.index_keys[L].read(rows, x.dtype)  # [R, E, d]
+        scores = index_scores(qi, w, keys[step.token_row])
+        return select_topk(scores, visible, c.index_topk)

@@ -1,0 +1,91 @@
+"""Per-step addressing shared by every layer: RoPE tables, window gathers and compressed-entry rows.
+
+Computed once per step (per sub-step for V4.1's trimmed decoder layers) from the StepInput, with static
+shapes only, so a decode step can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...cache.pool import KVPools
+from ...config import ModelConfig
+from ...ops.rope import inv_freq, rope_cos_sin
+from ..step import StepInput
+
+
+class StepContext:
+    def __init__(self, step: StepInput, config: ModelConfig, pools: KVPools):
+        self.step, self.config, self.pools = step, config, pools
+        dev = step.device
+        self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+        W = config.window_size
+        R = step.num_rows
+        pos, row = step.positions, step.token_row
+        # --- window: positions p-W+1 .. p, from the row's ring (before this step) or this step's fresh rows
+        k = torch.arange(W, device=dev)
+        p = pos.unsqueeze(1) - (W - 1) + k  # [T, W]
+        r = row.unsqueeze(1)
+        start = step.row_start[r]
+        self.win_valid = (p >= 0) & (p >= step.window_floor[r])
+        fresh = p >= start
+        fresh_idx = (step.row_offset[r] + (p - start)).clamp(min=0)
+        ring_idx = r * W + torch.remainder(p, W)
+        self.win_src = torch.where(fresh, R * W + fresh_idx, ring_idx)
+        self.ring_rows = pools.window_rows(step.row_slot.unsqueeze(1), k.unsqueeze(0)).reshape(-1)  # [R*W]
+        # rows each token's KV goes to: the last W positions of its row (others go to the trash slot)
+        row_end = (step.row_start + step.row_len)[row]
+        keep = (pos >= row_end - W) & (pos >= step.window_floor[row])
+        slot = torch.where(keep, step.row_slot[row], torch.full_like(row, pools.trash_slot))
+        self.win_write = pools.window_rows(slot, pos)
+        self._entries: dict[int, torch.Tensor] = {}
+
+    # --- RoPE ---------------------------------------------------------------------------------------
+    def rope(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if compressed not in self._rope:
+            self._rope[compressed] = rope_cos_sin(self.step.positions, inv_freq(self.config, compressed))
+        return self._rope[compressed]
+
+    # --- window gather ----------------------------------------------------------------------------
+    def gather_window(self, layer: int, fresh_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """KV rows [T, W, D] of every token's window and their validity [T, W]."""
+        ring = self.pools.window[layer].read(self.ring_rows, fresh_kv.dtype)
+        src = torch.cat([ring, fresh_kv])
+        return src[self.win_src], self.win_valid
+
+    def write_window(self, layer: int, kv: torch.Tensor) -> None:
+        self.pools.window[layer].write(self.win_write, kv)
+
+    # --- compressed entries -----------------------------------------------------------------------
+    def max_entries(self, ratio: int) -> int:
+        return max(1, -(-self.step.max_context // ratio))
+
+    def visible(self, ratio: int) -> torch.Tensor:
+        """Entries each token may see: groups complete at or before its position."""
+        return torch.div(self.step.positions + 1, ratio, rounding_mode="floor")
+
+    def entry_rows(self, source: int) -> torch.Tensor:
+        """Pool rows [R, E] of each row's entries 0..E-1 in `source`'s compressed cache (trash if unallocated)."""
+        if source not in self._entries:
+            ratio = self.pools.ratio[source]
+            E = self.max_entries(ratio)
+            j = torch.arange(E, device=self.step.device)
+            bt = self.step.block_table
+            col = (j * ratio // self.pools.block_size).clamp(max=bt.shape[1] - 1)
+            blocks = bt[:, col]
+            blocks = torch.where(blocks < 0, torch.full_like(blocks, self.pools.num_blocks), blocks)
+            self._entries[source] = self.pools.entry_rows(source, blocks, j.unsqueeze(0))
+        return self._entries[source]
+
+    def entry_write_rows(self, source: int, groups_row: torch.Tensor, entry: torch.Tensor,
+                         valid: torch.Tensor) -> torch.Tensor:
+        """Where newly pooled entries go: their paged row, or the trash block when padded or already cached."""
+        ratio = self.pools.ratio[source]
+        st = self.step
+        cached = (entry + 1) * ratio <= st.cached_len[groups_row]
+        bt = st.block_table
+        col = (entry * ratio // self.pools.block_size).clamp(0, bt.shape[1] - 1)
+        block = bt[groups_row, col]
+        ok = valid & ~cached & (block >= 0)
+        block = torch.where(ok, block, torch.full_like(block, self.pools.num_blocks))
+        return self.pools.entry_rows(source, block, entry.clamp(min=0))

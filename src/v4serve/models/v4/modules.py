@@ -1,0 +1,38 @@
+"""Small parameter holders whose attribute paths match the released tensor names."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...ops.linear import Linear
+from ...ops.norm import rms_norm
+
+
+class Norm(nn.Module):
+    """RMSNorm with a weight (`<prefix>.weight` in checkpoints)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class CompressorParams(nn.Module):
+    """wkv / wgate / ape / norm of one compressor (V4: main and indexer; V4.1: CSA2 sources)."""
+
+    def __init__(self, dim: int, head_dim: int, ratio: int, overlap: bool, gated: bool, ape: bool, eps: float):
+        super().__init__()
+        coff = 2 if overlap else 1
+        self.ratio, self.overlap, self.head_dim = ratio, overlap, head_dim
+        self.wkv = Linear(dim, coff * head_dim)
+        self.wgate = Linear(dim, coff * head_dim) if gated else None
+        self.ape = nn.Parameter(torch.zeros(ratio, coff * head_dim), requires_grad=False) if ape else None
+        self.norm = Norm(head_dim, eps)
+
+
+def param(*shape: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
+    return nn.Parameter(torch.zeros(*shape, dtype=dtype), requires_grad=False)

@@ -1,0 +1,201 @@
+"""Loading checkpoints: the official safetensors layout and transformers' `save_pretrained` output.
+
+Accepted: sharded safetensors with `model.safetensors.index.json` (or a single file), names with or without a
+`model.` prefix, FP8 e4m3 weights with e8m0 block scales, FP4 e2m1 experts (int8 or float4 packed two per
+byte) with per-32 e8m0 scales, BF16/F32 elsewhere. A missing, extra or mis-shaped tensor is an error that
+names it. Loading takes a tensor-parallel and an expert-parallel rank; `shard_for_rank` holds the split rules
+(spec §3.9).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..config import ModelConfig, ceil_div
+from .layout import TensorSpec, tensor_specs
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match its config; the message names the tensor and what is wrong."""
+
+
+# transformers' save_pretrained writes a few names that differ from the release (its rename rules are anchored
+# on names without the `model.` prefix); map them back.
+_HF_SAVED = [
+    (re.compile(r"^embed_tokens\.weight$"), "embed.weight"),
+    (re.compile(r"^lm_head\.weight$"), "head.weight"),
+    (re.compile(r"^hc_head\.hc_(fn|base|scale)$"), r"hc_head_\1"),
+    (re.compile(r"^(layers\.\d+\.attn)\.norm\.weight$"), r"\1.kv_norm.weight"),
+    (re.compile(r"^(mtp\.\d+\.attn)\.norm\.weight$"), r"\1.kv_norm.weight"),
+]
+
+
+def official_name(name: str) -> str:
+    if name.startswith("model."):
+        name = name[len("model."):]
+    for pat, rep in _HF_SAVED:
+        if pat.match(name):
+            return pat.sub(rep, name)
+    return name
+
+
+@dataclass
+class ParallelRank:
+    tp_rank: int = 0
+    tp_size: int = 1
+    ep_rank: int = 0
+    ep_size: int = 1
+
+    def __post_init__(self) -> None:
+        for r, s, what in ((self.tp_rank, self.tp_size, "tensor"), (self.ep_rank, self.ep_size, "expert")):
+            if s < 1 or not 0 <= r < s:
+                raise ValueError(f"{what}-parallel rank {r} is outside world size {s}")
+
+
+# --- split rules (DeepSeek's reference tensor parallelism) -------------------------------------------------
+_COLUMN = re.compile(r"(attn\.wq_b|attn\.wo_a|indexer\.wq_b|indexer\.weights_proj)\.weight$")
+_ROW = re.compile(r"attn\.wo_b\.weight$")
+_VOCAB = re.compile(r"^(embed|head)\.weight$")
+_EXPERT = re.compile(r"ffn\.experts\.(\d+)\.")
+
+
+def expert_owner(expert: int, n_experts: int, ep: ParallelRank) -> bool:
+    if n_experts % ep.ep_size:
+        raise CheckpointError(f"{n_experts} routed experts do not split over {ep.ep_size} expert-parallel ranks")
+    per = n_experts // ep.ep_size
+    return ep.ep_rank * per <= expert < (ep.ep_rank + 1) * per
+
+
+def shard_for_rank(name: str, t: torch.Tensor, rank: ParallelRank, n_experts: int) -> torch.Tensor | None:
+    """This rank's part of a (dequantized) tensor; None when another expert-parallel rank owns it.
+
+    Column-parallel by heads: attn.wq_b, attn.wo_a (by output group), indexer.wq_b and weights_proj (by index
+    head). Row-parallel: attn.wo_b (its output is all-reduced). Vocab-parallel: embed and head. Routed experts
+    go whole to the EP rank that owns their id. Everything else (wq_a, wkv, norms, compressors, the single KV
+    head, the shared expert, gates, mHC) is replicated.
+    """
+    m = _EXPERT.search(name)
+    if m is not None:
+        return t if rank.ep_size == 1 or expert_owner(int(m.group(1)), n_experts, rank) else None
+    if rank.tp_size == 1:
+        return t
+    if _COLUMN.search(name) or _VOCAB.search(name):
+        if t.shape[0] % rank.tp_size:
+            raise CheckpointError(f"{name}: dim 0 ({t.shape[0]}) does not split over {rank.tp_size} ranks")
+        return t.chunk(rank.tp_size, 0)[rank.tp_rank].contiguous()
+    if _ROW.search(name):
+        if t.shape[1] % rank.tp_size:
+            raise CheckpointError(f"{name}: dim 1 ({t.shape[1]}) does not split over {rank.tp_size} ranks")
+        return t.chunk(rank.tp_size, 1)[rank.tp_rank].contiguous()
+    return t
+
+
+# --- reading ----------------------------------------------------------------------------------------------
+class CheckpointReader:
+    """Lazy access to the tensors of a checkpoint folder by official name."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        index = self.folder / "model.safetensors.index.json"
+        files: dict[str, Path] = {}
+        if index.is_file():
+            try:
+                wm = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index} is not a safetensors index ({e})") from None
+            for name, f in wm.items():
+                files[official_name(name)] = self.folder / f
+            self._raw = {official_name(n): n for n in wm}
+        else:
+            shards = sorted(self.folder.glob("*.safetensors"))
+            if not shards:
+                raise CheckpointError(f"{self.folder} holds no *.safetensors files")
+            self._raw = {}
+            for f in shards:
+                with safe_open(str(f), "pt") as h:
+                    for n in h.keys():
+                        files[official_name(n)] = f
+                        self._raw[official_name(n)] = n
+        for f in set(files.values()):
+            if not f.is_file():
+                raise CheckpointError(f"the index names shard {f.name}, which is missing from {self.folder}")
+        self.files = files
+        self._handles: dict[Path, object] = {}
+
+    def names(self) -> set[str]:
+        return set(self.files)
+
+    def _handle(self, f: Path):
+        if f not in self._handles:
+            self._handles[f] = safe_open(str(f), "pt")
+        return self._handles[f]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handle(self.files[name]).get_slice(self._raw[name]).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._handle(self.files[name]).get_tensor(self._raw[name])
+
+
+def expected_stored_shape(spec: TensorSpec, stored_dtype: torch.dtype) -> tuple[int, ...]:
+    if stored_dtype in (torch.int8, torch.uint8) and spec.kind == "expert":
+        return (*spec.shape[:-1], spec.shape[-1] // 2)
+    return spec.shape
+
+
+def expected_scale_shape(spec: TensorSpec, stored_dtype: torch.dtype, block: int) -> tuple[int, ...]:
+    out_f, in_f = spec.shape[0], spec.shape[-1]
+    if spec.kind == "engram":
+        return (spec.shape[0], spec.shape[1] // 32)
+    if stored_dtype in (torch.int8, torch.uint8, torch.float4_e2m1fn_x2):
+        return (out_f, in_f // 32)
+    return (ceil_div(out_f, block), ceil_div(in_f, block))
+
+
+def scale_name(name: str) -> str:
+    return name[: -len(".weight")] + ".scale" if name.endswith(".weight") else name + ".scale"
+
+
+def check_and_iter(reader: CheckpointReader, config: ModelConfig, include_mtp: bool
+                   ) -> Iterator[tuple[TensorSpec, torch.Tensor, torch.Tensor | None]]:
+    """Validate names and shapes against the config, then yield (spec, tensor, scale or None)."""
+    specs = tensor_specs(config, include_mtp)
+    present = reader.names()
+    wanted = {s.name for s in specs}
+    missing = [s.name for s in specs if s.name not in present]
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise CheckpointError(f"checkpoint {reader.folder} is missing tensor(s) {', '.join(missing[:5])}{more} "
+                              f"required by its config ({config.family}, {config.n_layers} layers)")
+    allowed = wanted | {scale_name(n) for n in wanted}
+    extra = sorted(n for n in present if n not in allowed and not (not include_mtp and n.startswith("mtp.")))
+    if extra:
+        more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
+        raise CheckpointError(f"checkpoint {reader.folder} has unexpected tensor(s) {', '.join(extra[:5])}{more} "
+                              "that its config does not describe")
+    for spec in specs:
+        t = reader.get(spec.name)
+        if t.dtype == torch.float4_e2m1fn_x2:  # logical [out, in] of 4-bit pairs -> bytes [out, in/2]
+            t = t.view(torch.uint8)
+        exp = expected_stored_shape(spec, t.dtype)
+        if tuple(t.shape) != exp and not (spec.kind == "expert" and tuple(t.shape) == spec.shape):
+            raise CheckpointError(f"tensor {spec.name} has shape {list(t.shape)} ({t.dtype}); the config needs "
+                                  f"{list(exp)}")
+        scale = None
+        sname = scale_name(spec.name)
+        quantized = t.dtype in (torch.float8_e4m3fn, torch.int8, torch.uint8) and spec.kind != "index"
+        if quantized:
+            if sname not in present:
+                raise CheckpointError(f"tensor {spec.name} is quantized ({t.dtype}) but {sname} is missing")
+            scale = reader.get(sname)
+            es = expected_scale_shape(spec, t.dtype, config.weight_block)
+            if tuple(scale.shape) != es:
+                raise CheckpointError(f"tensor {sname} has shape {list(scale.shape)}; {spec.name} needs {list(es)}")
+        yield spec, t, scale

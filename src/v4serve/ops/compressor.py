@@ -1,0 +1,117 @@
+"""Gated pooling of `ratio` consecutive positions into one compressed entry, for many rows at once.
+
+Each position p contributes kv_p and a score s_p (score includes the APE bias of p mod ratio). Entry j pools
+positions [j*m, (j+1)*m) with a per-channel softmax of the scores. With *overlap* (V4 CSA) each position's
+vectors are two halves A | B and entry j pools the A halves of group j-1 and the B halves of group j (2m
+slots). Positions before this step's rows come from the per-request state: the current partial group and,
+with overlap, the previous complete group. All shapes are static given (T, R): groups are padded to
+`T // m + R` and the padding writes nowhere (the caller routes it to a trash row).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..models.step import StepInput
+
+
+@dataclass
+class Groups:
+    row: torch.Tensor  # [G] row of each (padded) group
+    entry: torch.Tensor  # [G] entry index j within the request
+    valid: torch.Tensor  # [G] bool
+
+
+def completed_groups(step: StepInput, ratio: int) -> Groups:
+    """Every group whose last position falls in this step, padded to a static count."""
+    m = ratio
+    s = step.row_start
+    e = s + step.row_len
+    first = torch.div(s, m, rounding_mode="floor")
+    count = torch.div(e, m, rounding_mode="floor") - first
+    cum = torch.cumsum(count, 0)
+    g_max = step.num_tokens // m + step.num_rows
+    g = torch.arange(g_max, device=s.device)
+    row = torch.searchsorted(cum, g, right=True).clamp(max=step.num_rows - 1)
+    before = cum[row] - count[row]
+    entry = first[row] + (g - before)
+    valid = g < cum[-1]
+    return Groups(row, entry, valid)
+
+
+class PositionSource:
+    """Maps (row, position) to a row of [state rows of the step's requests | fresh tokens | sentinel]."""
+
+    def __init__(self, step: StepInput, ratio: int, overlap: bool):
+        self.step, self.m, self.overlap = step, ratio, overlap
+        self.per_row = (2 if overlap else 1) * ratio
+        self.n_state = step.num_rows * self.per_row
+        self.sentinel = self.n_state + step.num_tokens
+
+    def index(self, row: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        st = self.step
+        m = self.m
+        s = st.row_start[row]
+        cur0 = torch.div(s, m, rounding_mode="floor") * m
+        base = row * self.per_row
+        cur_off = m if self.overlap else 0
+        idx = torch.full_like(pos, self.sentinel)
+        fresh = (pos >= s) & (pos < s + st.row_len[row])
+        idx = torch.where(fresh, self.n_state + st.row_offset[row] + (pos - s), idx)
+        in_cur = (pos < s) & (pos >= cur0)
+        idx = torch.where(in_cur, base + cur_off + pos % m, idx)
+        if self.overlap:
+            in_prev = (pos < cur0) & (pos >= cur0 - m) & (pos >= 0)
+            idx = torch.where(in_prev, base + pos % m, idx)
+        return idx
+
+    def table(self, state_kv: torch.Tensor, state_score: torch.Tensor, kv: torch.Tensor, score: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Concatenate [state rows | fresh | sentinel] for kv (sentinel 0) and score (sentinel -inf)."""
+        slots = self.step.row_slot
+        w = kv.shape[-1]
+        skv = state_kv[slots].reshape(-1, w)
+        ssc = state_score[slots].reshape(-1, w)
+        zero = kv.new_zeros(1, w)
+        ninf = score.new_full((1, w), float("-inf"))
+        return torch.cat([skv, kv, zero]), torch.cat([ssc, score, ninf])
+
+
+def pool_entries(kv_src: torch.Tensor, score_src: torch.Tensor, src: PositionSource, groups: Groups,
+                 head_dim: int) -> torch.Tensor:
+    """Pooled (pre-norm) entries [G, head_dim] in float32."""
+    m = src.m
+    i = torch.arange(m, device=groups.row.device)
+    cur_pos = groups.entry.unsqueeze(1) * m + i  # [G, m]
+    rows = groups.row.unsqueeze(1).expand_as(cur_pos)
+    cur = src.index(rows, cur_pos)
+    if src.overlap:
+        prev = src.index(rows, cur_pos - m)
+        kv = torch.cat([kv_src[prev][..., :head_dim], kv_src[cur][..., head_dim:]], dim=1)
+        sc = torch.cat([score_src[prev][..., :head_dim], score_src[cur][..., head_dim:]], dim=1)
+    else:
+        kv, sc = kv_src[cur], score_src[cur]
+    w = torch.softmax(sc, dim=1)
+    out = (kv * w).sum(1)
+    return torch.nan_to_num(out, nan=0.0)  # padded groups (all slots empty) pool to 0, never NaN
+
+
+def next_state(kv_src: torch.Tensor, score_src: torch.Tensor, src: PositionSource
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The state after this step, per row: [R, slots, width] (partial group; with overlap, the last group first)."""
+    st, m = src.step, src.m
+    e = st.row_start + st.row_len
+    cur0 = torch.div(e, m, rounding_mode="floor") * m
+    i = torch.arange(m, device=e.device)
+    rows = torch.arange(st.num_rows, device=e.device).unsqueeze(1).expand(-1, m)
+    cur_pos = cur0.unsqueeze(1) + i
+    cur = src.index(rows, cur_pos)
+    cur = torch.where(cur_pos < e.unsqueeze(1), cur, torch.full_like(cur, src.sentinel))
+    parts = [cur]
+    if src.overlap:
+        prev_pos = cur_pos - m
+        parts.insert(0, torch.where(prev_pos >= 0, src.index(rows, prev_pos), torch.full_like(cur, src.sentinel)))
+    idx = torch.cat(parts, dim=1)
+    return kv_src[idx], score_src[idx]

@@ -1,0 +1,22 @@
+"""Walsh-Hadamard rotation (Sylvester order, scaled by n^-1/2), used by the V4 indexer before FP4."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=8)
+def hadamard_matrix(n: int) -> torch.Tensor:
+    if n & (n - 1):
+        raise ValueError(f"Hadamard size must be a power of two, got {n}")
+    h = torch.ones(1, 1)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h * n**-0.5
+
+
+def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
+    h = hadamard_matrix(x.shape[-1]).to(device=x.device)
+    return (x.float() @ h).to(x.dtype)  # symmetric, so x @ H == H x per row
