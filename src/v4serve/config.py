@@ -239,6 +239,9 @@ def validate(c: ModelConfig) -> None:
         for s in srcs:
             if not (0 <= s < c.n_layers) or c.compress_ratios[s] == 0:
                 bad("kv_source_layer_ids", f"source {s} must be a layer with a nonzero compress ratio")
+        for s in srcs:
+            if s not in c.index_source_layers:
+                bad("index_source_layer_ids", f"KV source {s} must also be an index source (it owns the index keys)")
         for s in c.index_source_layers:
             if not (0 <= s < c.n_layers) or c.compress_ratios[s] == 0:
                 bad("index_source_layer_ids", f"index source {s} must be a layer with a nonzero compress ratio")
@@ -287,7 +290,9 @@ def config_from_dict(hf: dict[str, Any], inference: dict[str, Any] | None = None
     inf = inference or {}
     model_type = hf.get("model_type", inf.get("model_type"))
     text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else None
-    is_v41 = model_type == "deepseek_v41" or (text is not None and text.get("model_type") == "deepseek_v41")
+    # the release nests the text model under text_config (its model_type reads "deepseek_v41" or "deepseek_v41_text")
+    text_type = str(text.get("model_type", "")) if text is not None else ""
+    is_v41 = model_type == "deepseek_v41" or text_type.startswith("deepseek_v41")
     if is_v41:
         family: Family = "v41"
         # text_config holds the text model; top-level fields (image_token_id, ...) fill the gaps
@@ -310,8 +315,11 @@ def config_from_dict(hf: dict[str, Any], inference: dict[str, Any] | None = None
     n_mtp = int(_get(merged, "num_nextn_predict_layers", "n_mtp_layers", default=1 if family == "v4" else 3))
     ratios = _get(merged, "compress_ratios")
     if ratios is None and isinstance(merged.get("layer_types"), list):
+        rates = dict(_LAYER_TYPE_RATIO)
+        if isinstance(merged.get("compress_rates"), dict):  # transformers' per-type ratios (e.g. HCA 8, not 128)
+            rates.update({k: v for k, v in merged["compress_rates"].items() if k in rates and k != "sliding_attention"})
         try:
-            ratios = [_LAYER_TYPE_RATIO[t] for t in merged["layer_types"]] + [0] * n_mtp
+            ratios = [rates[t] for t in merged["layer_types"]] + [0] * n_mtp
         except KeyError as e:
             raise ConfigError(f"config field 'layer_types': unknown layer type {e.args[0]!r}") from None
     ratios_t = _int_list(ratios, "compress_ratios") if ratios is not None else default_compress_ratios(family, n_layers)
@@ -325,7 +333,10 @@ def config_from_dict(hf: dict[str, Any], inference: dict[str, Any] | None = None
     if rope_dim is None and merged.get("partial_rotary_factor"):
         rope_dim = int(round(head_dim * float(merged["partial_rotary_factor"])))
     qc = merged.get("quantization_config") or {}
-    wdtype = str(_get(merged, "dtype", default=None) or ("fp8" if qc.get("quant_method") == "fp8" else "bf16"))
+    # inference/config.json's `dtype` names the weight format; config.json's `dtype` (V4.1 writes "bfloat16") is the
+    # torch dtype of the unquantized parts, so a quantization_config outranks it
+    wdtype = str(_get(inf, "dtype", default=None) or ("fp8" if qc.get("quant_method") == "fp8" else None)
+                 or _get(src, "dtype", default=None) or "bf16")
     if wdtype in ("bfloat16", "float32", "float16"):
         wdtype = "bf16"
     edtype = _get(merged, "expert_dtype", default=None) or qc.get("expert_dtype")
@@ -477,18 +488,24 @@ def hf_config_dict(c: ModelConfig, quantized: bool) -> dict[str, Any]:
             "dspark_markov_rank": c.dspark_markov_rank, "dspark_n_routed_experts": c.dspark_n_routed_experts,
             "dspark_num_experts_per_tok": c.dspark_n_activated_experts, "image_token_id": c.image_token_id,
         })
+    qc: dict[str, Any] = {}
     if quantized:
-        qc: dict[str, Any] = {"quant_method": "fp8", "activation_scheme": "dynamic", "scale_fmt": "ue8m0",
-                              "weight_block_size": [c.weight_block, c.weight_block]}
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "scale_fmt": "ue8m0",
+              "weight_block_size": [c.weight_block, c.weight_block]}
         if c.family == "v4":
             qc["fmt"] = "e4m3"
+            text["quantization_config"] = qc
         else:
             qc["expert_dtype"] = c.expert_dtype
-        text["quantization_config"] = qc
     if c.family == "v4":
         return {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", **text}
-    return {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": text,
-            "image_token_id": c.image_token_id}
+    # V4.1's release keeps quantization_config at the top level, beside text_config and vision_config
+    out: dict[str, Any] = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
+                           "text_config": text, "image_token_id": c.image_token_id,
+                           "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id}
+    if qc:
+        out["quantization_config"] = qc
+    return out
 
 
 def inference_config_dict(c: ModelConfig, quantized: bool) -> dict[str, Any]:

@@ -92,7 +92,8 @@ def _tiny_v41() -> ModelConfig:
         hc_eps=1e-6, norm_eps=1e-20, weight_dtype="fp8", expert_dtype="fp4", weight_block=32,
         kv_source_layers=(2, 6), index_source_layers=(2, 6, 9), candidate_source_layer=6,
         candidate_topk_blocks=4, candidate_block_size=4,
-        engram_layers=(1, 4), engram_num_embeddings=(997, 1009), engram_max_ngram=4, engram_vocab_size=997,
+        # row counts = sums of the 6 primes above engram_vocab_size - 1 each layer hashes into (models/v41/engram_hash)
+        engram_layers=(1, 4), engram_num_embeddings=(6090, 6296), engram_max_ngram=4, engram_vocab_size=997,
         engram_n_heads=2, engram_head_dim=32, engram_pad_id=2, engram_compressed_vocab=99092,
         dspark_block_size=5, dspark_noise_token_id=128799, dspark_target_layers=(9, 10, 11),
         dspark_markov_rank=16, dspark_n_routed_experts=4, dspark_n_activated_experts=2,
@@ -114,8 +115,10 @@ PRESETS = {
     "v4-flash-e16": lambda: _named(_v4_flash(n_routed_experts=16), "v4-flash-e16"),
     "v4-flash-l8-e16": lambda: _named(_v4_flash(n_layers=8, n_routed_experts=16), "v4-flash-l8-e16"),
     "v4-pro-l8-e16": lambda: _named(_v4_pro(n_layers=8, n_routed_experts=16), "v4-pro-l8-e16"),
+    # Engram: 24 primes above 41,666 per layer -> ~1M rows (same 24 rows read per token as the release)
     "v41-flash-e16-engram1m": lambda: _named(
-        _v41_flash(n_routed_experts=16, dspark_n_routed_experts=16, engram_num_embeddings=(1000003, 1000033)),
+        _v41_flash(n_routed_experts=16, dspark_n_routed_experts=16, engram_vocab_size=41667,
+                   engram_num_embeddings=(1003416, 1008878)),
         "v41-flash-e16-engram1m"),
 }
 

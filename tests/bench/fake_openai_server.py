@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import uvicorn
 from starlette.applications import Starlette
@@ -58,7 +58,7 @@ class FakeOpenAIServer:
     def requests(self) -> list[dict[str, Any]]:
         return self.state.requests
 
-    def __enter__(self) -> FakeOpenAIServer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -107,7 +107,9 @@ class FakeOpenAIServer:
 
     async def _chat(self, request: Request) -> Response:
         body = await request.json()
-        tokens = [t for m in body["messages"] for t in (f"<{m['role']}>", *str(m.get("content") or "").split())]
+        tokens = [
+            t for m in body["messages"] for t in (f"<{m['role']}>", *str(m.get("content") or "").split())
+        ]
         return await self._generate(body, tokens, chat=True)
 
     async def _completions(self, request: Request) -> Response:
@@ -127,7 +129,11 @@ class FakeOpenAIServer:
         del state.prompts[:-256]
         max_tokens = int(body.get("max_tokens") or 16)
         forced = body.get("ignore_eos") or body.get("min_tokens")
-        n_out = max_tokens if forced else min(max_tokens, max(cfg.natural_length, int(body.get("min_tokens") or 0)))
+        n_out = (
+            max_tokens
+            if forced
+            else min(max_tokens, max(cfg.natural_length, int(body.get("min_tokens") or 0)))
+        )
         usage = {
             "prompt_tokens": len(tokens),
             "completion_tokens": n_out,
@@ -136,14 +142,25 @@ class FakeOpenAIServer:
         if cfg.report_cached:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         if not body.get("stream"):
-            text = cfg.responder(body.get("messages", [])) if cfg.responder else " ".join(f"w{i}" for i in range(n_out))
+            text = (
+                cfg.responder(body.get("messages", []))
+                if cfg.responder
+                else " ".join(f"w{i}" for i in range(n_out))
+            )
             await asyncio.sleep(cfg.ttft_s)
             message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "finish_reason": "stop"} if chat else {
-                "index": 0, "text": text, "finish_reason": "stop"}
-            return JSONResponse({"id": "fake", "object": "chat.completion", "choices": [choice], "usage": usage})
+            choice = (
+                {"index": 0, "message": message, "finish_reason": "stop"}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": "stop"}
+            )
+            return JSONResponse(
+                {"id": "fake", "object": "chat.completion", "choices": [choice], "usage": usage}
+            )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(self._stream(n_out, usage, include_usage, chat), media_type="text/event-stream")
+        return StreamingResponse(
+            self._stream(n_out, usage, include_usage, chat), media_type="text/event-stream"
+        )
 
     def _lookup(self, prompt: tuple[str, ...]) -> int:
         best = 0
@@ -157,7 +174,9 @@ class FakeOpenAIServer:
         best = min(best, len(prompt) - 1)  # the last token is always computed
         return max(0, best - best % self.config.cache_block)
 
-    async def _stream(self, n_out: int, usage: dict[str, Any], include_usage: bool, chat: bool) -> AsyncIterator[str]:
+    async def _stream(
+        self, n_out: int, usage: dict[str, Any], include_usage: bool, chat: bool
+    ) -> AsyncIterator[str]:
         cfg = self.config
 
         def event(payload: dict[str, Any]) -> str:
@@ -175,7 +194,11 @@ class FakeOpenAIServer:
             field_name = "reasoning_content" if i < cfg.reasoning_tokens else "content"
             last = i + step >= n_out
             if chat:
-                choice = {"index": 0, "delta": {field_name: words}, "finish_reason": "length" if last else None}
+                choice = {
+                    "index": 0,
+                    "delta": {field_name: words},
+                    "finish_reason": "length" if last else None,
+                }
             else:
                 choice = {"index": 0, "text": words, "finish_reason": "length" if last else None}
             yield event({"choices": [choice]})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import importlib.util
+import itertools
 import json
 import os
 from pathlib import Path
@@ -23,10 +24,10 @@ from v4serve.server.chat import (
     ChatFormatError,
     encode_chat,
     forced_prefix,
-    reasoning_budget,
     tools_for_prompt,
 )
 from v4serve.server.parsers import OutputParser, collect, parse_completion
+from v4serve.server.reasoning import reasoning_budget
 
 
 @functools.cache
@@ -103,8 +104,11 @@ AGENT_LOOP = [
     user("Fix the failing test in tests/test_a.py"),
     asst("", "I should look at the test first.", [call("c1", "read_file", {"path": "tests/test_a.py"})]),
     tool("c1", "def test_a():\n    assert add(1, 2) == 4\n"),
-    asst("The test is wrong.", "1+2 is 3, the test expects 4.",
-         [call("c2", "bash", {"command": "sed -i 's/== 4/== 3/' tests/test_a.py", "timeout": 30})]),
+    asst(
+        "The test is wrong.",
+        "1+2 is 3, the test expects 4.",
+        [call("c2", "bash", {"command": "sed -i 's/== 4/== 3/' tests/test_a.py", "timeout": 30})],
+    ),
     tool("c2", ""),
     asst("Fixed: the assertion now expects 3.", "Done."),
     user("Now run the whole suite."),
@@ -113,94 +117,176 @@ AGENT_LOOP = [
 ]
 
 CASES: dict[str, dict[str, Any]] = {
-    "single_user": dict(messages=[user("Hello")]),
-    "system_user": dict(messages=[system("Be brief."), user("What is 2+2?")]),
-    "multi_turn": dict(messages=[system("S"), user("Hi"), asst("Hello!"), user("How are you?")]),
-    "multi_turn_reasoning": dict(
-        messages=[user("Q1"), asst("A1", "think 1"), user("Q2"), asst("A2", "think 2"), user("Q3")]
-    ),
-    "tools_no_system": dict(messages=[user("Read a.py")], tools=TOOLS),
-    "tools_with_system": dict(messages=[system("You code."), user("Read a.py")], tools=TOOLS),
-    "tools_system_none_content": dict(messages=[system(None), user("hi")], tools=[READ]),
-    "single_call_pending": dict(
-        messages=[user("Read a.py"), asst("", "Need the file.", [call("c1", "read_file", {"path": "a.py"})]),
-                  tool("c1", "print('hi')")],
-        tools=TOOLS,
-    ),
-    "parallel_calls_results_reversed": dict(
-        messages=[user("Read both"),
-                  asst("", "Both.", [call("a", "read_file", {"path": "a.py"}), call("b", "read_file", {"path": "b.py"}),
-                                     call("c", "bash", {"command": "ls"})]),
-                  tool("c", "a.py b.py"), tool("b", "B"), tool("a", "A")],
-        tools=TOOLS,
-    ),
-    "results_then_user_text": dict(
-        messages=[user("Go"), asst("", None, [call("a", "bash", {"command": "date"}), call("b", "bash", {"command": "id"})]),
-                  tool("b", "uid=0"), tool("a", "Mon"), user("Also check disk usage.")],
-        tools=TOOLS,
-    ),
-    "agent_loop": dict(messages=AGENT_LOOP, tools=TOOLS),
-    "agent_loop_without_tools": dict(messages=AGENT_LOOP),
-    "content_and_calls": dict(
-        messages=[user("x"), asst("Let me check.", "hm", [call("c1", "search", {"query": "x"})]), tool("c1", "r")],
-        tools=TOOLS,
-    ),
-    "json_typed_arguments": dict(
-        messages=[user("x"),
-                  asst("", "", [call("c1", "search", {"query": "q", "filters": {"year": 2024, "tags": ["a", "b"],
-                                                                                "exact": True, "lang": None},
-                                                      "page": 2, "score": 0.5, "ids": [1, [2, 3]], "flag": False})]),
-                  tool("c1", "ok")],
-        tools=TOOLS,
-    ),
-    "unicode": dict(
-        messages=[system("你是助手 🤖"), user("Résumé: naïve café — 日本語 😀"),
-                  asst("好的", "思考…", [call("c1", "search", {"query": "東京 天気 ☀", "filters": {"emoji": "🎉"}})]),
-                  tool("c1", "晴れ ☀️")],
-        tools=TOOLS,
-    ),
-    "tool_result_parts": dict(
-        messages=[user("x"), asst("", None, [call("c1", "bash", {"command": "ls"})]),
-                  tool("c1", [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"},
-                              {"type": "image_url", "image_url": {"url": "data:"}}])],
-        tools=TOOLS,
-    ),
-    "developer_head": dict(messages=[{"role": "developer", "content": "Follow the style guide."}, user("Write code")]),
-    "developer_then_turns": dict(
-        messages=[{"role": "developer", "content": "Dev rules."}, user("Q1"), asst("A1", "r1"), user("Q2")]
-    ),
-    "developer_head_tools": dict(messages=[{"role": "developer", "content": "Dev."}, user("Q")], tools=[BASH]),
-    "consecutive_users": dict(messages=[user("First part."), user("Second part.")]),
-    "reasoning_only_assistant": dict(messages=[user("Q"), asst("", "only thinking"), user("Q again")]),
-    "response_format": dict(messages=[system("Answer in JSON."), user("Capital of France?")],
-                            response_format=JSON_SCHEMA_FORMAT),
-    "response_format_and_tools": dict(messages=[user("Q")], tools=[READ], response_format=JSON_SCHEMA_FORMAT),
-    "empty_object_arguments": dict(
-        messages=[user("time?"), asst("", None, [call("c1", "bash", "{}")]), tool("c1", "noon")], tools=TOOLS
-    ),
-    "calls_without_ids": dict(
-        messages=[user("x"), asst("", None, [call(None, "bash", {"command": "a"}), call(None, "bash", {"command": "b"})]),
-                  tool("", "A"), tool("", "B")],
-        tools=TOOLS,
-    ),
-    "unknown_result_ids": dict(
-        messages=[user("x"), asst("", None, [call("a", "bash", {"command": "a"}), call("b", "bash", {"command": "b"})]),
-                  tool("zzz", "Z"), tool("b", "B"), tool("a", "A")],
-        tools=TOOLS,
-    ),
-    "markup_lookalikes_in_text": dict(
-        messages=[user("What does <think> mean? And </think>? a < b > c"), asst("It is a tag. 1 < 2."), user("ok")]
-    ),
-    "string_args_with_specials": dict(
-        messages=[user("x"),
-                  asst("", None, [call("c1", "bash", {"command": "echo \"a\\nb\" | grep 'x' > /tmp/o\n\tdone"})]),
-                  tool("c1", "")],
-        tools=TOOLS,
-    ),
-    "long_system_prompt": dict(messages=[system("Rule.\n" * 200), user("Go")], tools=TOOLS),
-    "three_turns_reasoning_tools": dict(
-        messages=[user("A"), asst("a", "ra"), user("B"), asst("b", "rb"), user("C")], tools=[READ]
-    ),
+    "single_user": {"messages": [user("Hello")]},
+    "system_user": {"messages": [system("Be brief."), user("What is 2+2?")]},
+    "multi_turn": {"messages": [system("S"), user("Hi"), asst("Hello!"), user("How are you?")]},
+    "multi_turn_reasoning": {
+        "messages": [user("Q1"), asst("A1", "think 1"), user("Q2"), asst("A2", "think 2"), user("Q3")]
+    },
+    "tools_no_system": {"messages": [user("Read a.py")], "tools": TOOLS},
+    "tools_with_system": {"messages": [system("You code."), user("Read a.py")], "tools": TOOLS},
+    "tools_system_none_content": {"messages": [system(None), user("hi")], "tools": [READ]},
+    "single_call_pending": {
+        "messages": [
+            user("Read a.py"),
+            asst("", "Need the file.", [call("c1", "read_file", {"path": "a.py"})]),
+            tool("c1", "print('hi')"),
+        ],
+        "tools": TOOLS,
+    },
+    "parallel_calls_results_reversed": {
+        "messages": [
+            user("Read both"),
+            asst(
+                "",
+                "Both.",
+                [
+                    call("a", "read_file", {"path": "a.py"}),
+                    call("b", "read_file", {"path": "b.py"}),
+                    call("c", "bash", {"command": "ls"}),
+                ],
+            ),
+            tool("c", "a.py b.py"),
+            tool("b", "B"),
+            tool("a", "A"),
+        ],
+        "tools": TOOLS,
+    },
+    "results_then_user_text": {
+        "messages": [
+            user("Go"),
+            asst("", None, [call("a", "bash", {"command": "date"}), call("b", "bash", {"command": "id"})]),
+            tool("b", "uid=0"),
+            tool("a", "Mon"),
+            user("Also check disk usage."),
+        ],
+        "tools": TOOLS,
+    },
+    "agent_loop": {"messages": AGENT_LOOP, "tools": TOOLS},
+    "agent_loop_without_tools": {"messages": AGENT_LOOP},
+    "content_and_calls": {
+        "messages": [
+            user("x"),
+            asst("Let me check.", "hm", [call("c1", "search", {"query": "x"})]),
+            tool("c1", "r"),
+        ],
+        "tools": TOOLS,
+    },
+    "json_typed_arguments": {
+        "messages": [
+            user("x"),
+            asst(
+                "",
+                "",
+                [
+                    call(
+                        "c1",
+                        "search",
+                        {
+                            "query": "q",
+                            "filters": {"year": 2024, "tags": ["a", "b"], "exact": True, "lang": None},
+                            "page": 2,
+                            "score": 0.5,
+                            "ids": [1, [2, 3]],
+                            "flag": False,
+                        },
+                    )
+                ],
+            ),
+            tool("c1", "ok"),
+        ],
+        "tools": TOOLS,
+    },
+    "unicode": {
+        "messages": [
+            system("你是助手 🤖"),
+            user("Résumé: naïve café — 日本語 😀"),
+            asst(
+                "好的", "思考…", [call("c1", "search", {"query": "東京 天気 ☀", "filters": {"emoji": "🎉"}})]
+            ),
+            tool("c1", "晴れ ☀️"),
+        ],
+        "tools": TOOLS,
+    },
+    "tool_result_parts": {
+        "messages": [
+            user("x"),
+            asst("", None, [call("c1", "bash", {"command": "ls"})]),
+            tool(
+                "c1",
+                [
+                    {"type": "text", "text": "part one"},
+                    {"type": "text", "text": "part two"},
+                    {"type": "image_url", "image_url": {"url": "data:"}},
+                ],
+            ),
+        ],
+        "tools": TOOLS,
+    },
+    "developer_head": {
+        "messages": [{"role": "developer", "content": "Follow the style guide."}, user("Write code")]
+    },
+    "developer_then_turns": {
+        "messages": [{"role": "developer", "content": "Dev rules."}, user("Q1"), asst("A1", "r1"), user("Q2")]
+    },
+    "developer_head_tools": {
+        "messages": [{"role": "developer", "content": "Dev."}, user("Q")],
+        "tools": [BASH],
+    },
+    "consecutive_users": {"messages": [user("First part."), user("Second part.")]},
+    "reasoning_only_assistant": {"messages": [user("Q"), asst("", "only thinking"), user("Q again")]},
+    "response_format": {
+        "messages": [system("Answer in JSON."), user("Capital of France?")],
+        "response_format": JSON_SCHEMA_FORMAT,
+    },
+    "response_format_and_tools": {
+        "messages": [user("Q")],
+        "tools": [READ],
+        "response_format": JSON_SCHEMA_FORMAT,
+    },
+    "empty_object_arguments": {
+        "messages": [user("time?"), asst("", None, [call("c1", "bash", "{}")]), tool("c1", "noon")],
+        "tools": TOOLS,
+    },
+    "calls_without_ids": {
+        "messages": [
+            user("x"),
+            asst("", None, [call(None, "bash", {"command": "a"}), call(None, "bash", {"command": "b"})]),
+            tool("", "A"),
+            tool("", "B"),
+        ],
+        "tools": TOOLS,
+    },
+    "unknown_result_ids": {
+        "messages": [
+            user("x"),
+            asst("", None, [call("a", "bash", {"command": "a"}), call("b", "bash", {"command": "b"})]),
+            tool("zzz", "Z"),
+            tool("b", "B"),
+            tool("a", "A"),
+        ],
+        "tools": TOOLS,
+    },
+    "markup_lookalikes_in_text": {
+        "messages": [
+            user("What does <think> mean? And </think>? a < b > c"),
+            asst("It is a tag. 1 < 2."),
+            user("ok"),
+        ]
+    },
+    "string_args_with_specials": {
+        "messages": [
+            user("x"),
+            asst("", None, [call("c1", "bash", {"command": "echo \"a\\nb\" | grep 'x' > /tmp/o\n\tdone"})]),
+            tool("c1", ""),
+        ],
+        "tools": TOOLS,
+    },
+    "long_system_prompt": {"messages": [system("Rule.\n" * 200), user("Go")], "tools": TOOLS},
+    "three_turns_reasoning_tools": {
+        "messages": [user("A"), asst("a", "ra"), user("B"), asst("b", "rb"), user("C")],
+        "tools": [READ],
+    },
 }
 assert len(CASES) >= 25
 
@@ -224,8 +310,14 @@ def reference_input(case: dict[str, Any], developer_as_system: bool = True) -> l
 
 
 def ours(case: dict[str, Any], thinking: bool, effort: str | None, **kw: Any) -> str:
-    return encode_chat(case["messages"], case.get("tools"), thinking, effort,
-                       response_format=case.get("response_format"), **kw)
+    return encode_chat(
+        case["messages"],
+        case.get("tools"),
+        thinking,
+        effort,
+        response_format=case.get("response_format"),
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("effort", [None, "high", "max"])
@@ -300,8 +392,19 @@ def test_leading_system_messages_are_joined() -> None:
 
 def test_late_system_message_becomes_user_text() -> None:
     out = encode_chat([user("Q"), asst("A"), system("Reminder: be brief.")], thinking=True)
-    assert out == BOS + USER + "Q" + ASSISTANT + THINK_END + "A" + EOS + USER + "Reminder: be brief." + ASSISTANT + (
-        THINK_START
+    assert (
+        out
+        == BOS
+        + USER
+        + "Q"
+        + ASSISTANT
+        + THINK_END
+        + "A"
+        + EOS
+        + USER
+        + "Reminder: be brief."
+        + ASSISTANT
+        + (THINK_START)
     )
     merged = encode_chat([user("Q"), system("Reminder.")])
     assert merged == BOS + USER + "Q\n\nReminder." + ASSISTANT + THINK_END
@@ -317,8 +420,12 @@ def test_argument_spellings_render_identically() -> None:
     """History must render the same whatever JSON spelling the client sends back (prefix-cache hits)."""
     args = {"query": "q", "filters": {"b": [1, 2], "a": {"x": None}}, "n": 1.5}
     spellings = [
-        json.dumps(args), json.dumps(args, separators=(",", ":")), json.dumps(args, indent=2),
-        json.dumps(args, ensure_ascii=True), json.dumps(json.dumps(args)), args,
+        json.dumps(args),
+        json.dumps(args, separators=(",", ":")),
+        json.dumps(args, indent=2),
+        json.dumps(args, ensure_ascii=True),
+        json.dumps(json.dumps(args)),
+        args,
     ]
     renders = {
         encode_chat([user("x"), asst("", None, [call("c1", "search", s)]), tool("c1", "r")], [SEARCH])
@@ -332,7 +439,9 @@ def test_argument_spellings_render_identically() -> None:
 
 def test_empty_arguments_mean_no_parameters() -> None:
     def render(arguments: Any) -> str:
-        return encode_chat([user("x"), asst("", None, [call("c1", "bash", arguments)]), tool("c1", "r")], [BASH])
+        return encode_chat(
+            [user("x"), asst("", None, [call("c1", "bash", arguments)]), tool("c1", "r")], [BASH]
+        )
 
     assert render("") == render("{}") == render({})
     assert '<｜DSML｜invoke name="bash">\n\n</｜DSML｜invoke>' in render("")
@@ -340,7 +449,7 @@ def test_empty_arguments_mean_no_parameters() -> None:
 
 def test_unparsable_arguments_follow_reference() -> None:
     messages = [user("x"), asst("", None, [call("c1", "bash", "not json")]), tool("c1", "r")]
-    expected = reference().encode_messages(reference_input(dict(messages=messages, tools=[BASH])), "chat")
+    expected = reference().encode_messages(reference_input({"messages": messages, "tools": [BASH]}), "chat")
     assert encode_chat(messages, [BASH]) == expected
     assert '<｜DSML｜parameter name="arguments" string="true">not json</' in expected
 
@@ -366,54 +475,76 @@ def test_response_format_json_object_adds_nothing() -> None:
 # --------------------------------------------------------------------------------------------------------
 
 BAD_REQUESTS: dict[str, tuple[dict[str, Any], str]] = {
-    "empty": (dict(messages=[]), "non-empty"),
-    "unknown_role": (dict(messages=[{"role": "robot", "content": "x"}]), "unknown role 'robot'"),
-    "missing_role": (dict(messages=[{"content": "x"}]), "unknown role None"),
-    "tool_first": (dict(messages=[tool("c1", "x")]), "must follow an assistant message with tool_calls"),
+    "empty": ({"messages": []}, "non-empty"),
+    "unknown_role": ({"messages": [{"role": "robot", "content": "x"}]}, "unknown role 'robot'"),
+    "missing_role": ({"messages": [{"content": "x"}]}, "unknown role None"),
+    "tool_first": ({"messages": [tool("c1", "x")]}, "must follow an assistant message with tool_calls"),
     "tool_after_plain_assistant": (
-        dict(messages=[user("a"), asst("b"), tool("c1", "x")]), "must follow an assistant message with tool_calls"
+        {"messages": [user("a"), asst("b"), tool("c1", "x")]},
+        "must follow an assistant message with tool_calls",
     ),
     "tool_after_user": (
-        dict(messages=[user("a"), asst("", None, [call("c1", "bash", "{}")]), tool("c1", "r"), user("b"),
-                       tool("c1", "x")]),
+        {
+            "messages": [
+                user("a"),
+                asst("", None, [call("c1", "bash", "{}")]),
+                tool("c1", "r"),
+                user("b"),
+                tool("c1", "x"),
+            ]
+        },
         "messages[4]",
     ),
     "tool_missing_name": (
-        dict(messages=[user("a")], tools=[{"type": "function", "function": {"description": "d"}}]),
+        {"messages": [user("a")], "tools": [{"type": "function", "function": {"description": "d"}}]},
         "tools[0]: function.name is missing",
     ),
     "tool_params_not_object": (
-        dict(messages=[user("a")], tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]),
+        {
+            "messages": [user("a")],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+        },
         "parameters must be a JSON schema of type object",
     ),
     "tool_params_array": (
-        dict(messages=[user("a")],
-             tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]),
+        {
+            "messages": [user("a")],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+        },
         "type object",
     ),
-    "tool_not_function": (dict(messages=[user("a")], tools=[{"type": "retrieval"}]), "tools[0]"),
-    "tool_without_definition": (dict(messages=[user("a")], tools=[{"type": "function"}]), "definition is missing"),
-    "duplicate_tools": (dict(messages=[user("a")], tools=[READ, READ]), "duplicate function name"),
+    "tool_not_function": ({"messages": [user("a")], "tools": [{"type": "retrieval"}]}, "tools[0]"),
+    "tool_without_definition": (
+        {"messages": [user("a")], "tools": [{"type": "function"}]},
+        "definition is missing",
+    ),
+    "duplicate_tools": ({"messages": [user("a")], "tools": [READ, READ]}, "duplicate function name"),
     "tool_name_with_quote": (
-        dict(messages=[user("a")], tools=[{"type": "function", "function": {"name": 'a"b'}}]), "quote"
+        {"messages": [user("a")], "tools": [{"type": "function", "function": {"name": 'a"b'}}]},
+        "quote",
     ),
     "empty_developer": (
-        dict(messages=[{"role": "developer", "content": ""}, user("a")], developer_as_system=False), "developer"
+        {"messages": [{"role": "developer", "content": ""}, user("a")], "developer_as_system": False},
+        "developer",
     ),
     "image_in_user": (
-        dict(messages=[user([{"type": "image_url", "image_url": {"url": "x"}}])]), "unsupported content part"
+        {"messages": [user([{"type": "image_url", "image_url": {"url": "x"}}])]},
+        "unsupported content part",
     ),
-    "ends_with_assistant": (dict(messages=[user("a"), asst("b")]), "must end with a user or tool message"),
-    "only_system": (dict(messages=[system("s")]), "must end with a user or tool message"),
+    "ends_with_assistant": ({"messages": [user("a"), asst("b")]}, "must end with a user or tool message"),
+    "only_system": ({"messages": [system("s")]}, "must end with a user or tool message"),
     "call_without_name": (
-        dict(messages=[user("a"), asst("", None, [{"type": "function", "function": {"arguments": "{}"}}])],
-             add_generation_prompt=False),
+        {
+            "messages": [user("a"), asst("", None, [{"type": "function", "function": {"arguments": "{}"}}])],
+            "add_generation_prompt": False,
+        },
         "tool_calls[0]: function.name is missing",
     ),
-    "bad_effort": (dict(messages=[user("a")], reasoning_effort="extreme"), "unknown reasoning_effort"),
-    "numeric_effort_v4": (dict(messages=[user("a")], reasoning_effort=60), "V4.1 only"),
+    "bad_effort": ({"messages": [user("a")], "reasoning_effort": "extreme"}, "unknown reasoning_effort"),
+    "numeric_effort_v4": ({"messages": [user("a")], "reasoning_effort": 60}, "V4.1 only"),
     "bad_response_format": (
-        dict(messages=[user("a")], response_format={"type": "json_schema"}), "response_format"
+        {"messages": [user("a")], "response_format": {"type": "json_schema"}},
+        "response_format",
     ),
 }
 
@@ -435,20 +566,26 @@ def test_bad_requests_raise_chat_format_error(name: str) -> None:
 def turns_of(messages: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     """Every request an agent would send: the history up to each user or tool message that is followed by
     an assistant reply (or ends the conversation)."""
-    cuts = [i + 1 for i, m in enumerate(messages)
-            if m["role"] in ("user", "tool") and (i + 1 == len(messages) or messages[i + 1]["role"] == "assistant")]
+    cuts = [
+        i + 1
+        for i, m in enumerate(messages)
+        if m["role"] in ("user", "tool")
+        and (i + 1 == len(messages) or messages[i + 1]["role"] == "assistant")
+    ]
     return [messages[:c] for c in cuts]
 
 
 @pytest.mark.parametrize(
-    ("thinking", "tools"), [(True, TOOLS), (False, TOOLS), (False, None)], ids=["thinking+tools", "chat+tools", "chat"]
+    ("thinking", "tools"),
+    [(True, TOOLS), (False, TOOLS), (False, None)],
+    ids=["thinking+tools", "chat+tools", "chat"],
 )
 def test_each_turn_prompt_is_a_prefix_of_the_next(thinking: bool, tools: list[dict[str, Any]] | None) -> None:
     requests = turns_of(AGENT_LOOP)
     assert len(requests) == 5
     prompts = [encode_chat(r, tools, thinking, "max") for r in requests]
     tok = tokenizer()
-    for before, after in zip(prompts, prompts[1:]):
+    for before, after in itertools.pairwise(prompts):
         assert after.startswith(before)
         ids_before = tok.encode(before, add_special_tokens=False).ids
         ids_after = tok.encode(after, add_special_tokens=False).ids
@@ -461,7 +598,7 @@ def test_thinking_without_tools_diverges_only_at_the_last_token() -> None:
     requests = turns_of(AGENT_LOOP)
     prompts = [encode_chat(r, None, True) for r in requests]
     tok = tokenizer()
-    for before, after in zip(prompts, prompts[1:]):
+    for before, after in itertools.pairwise(prompts):
         assert before.endswith(ASSISTANT + THINK_START) and not after.startswith(before)
         shared = before[: -len(THINK_START)]
         assert after.startswith(shared + THINK_END)
@@ -494,11 +631,16 @@ def test_generated_turn_reappears_verbatim_in_the_next_prompt() -> None:
     prompt = encode_chat(history, TOOLS, thinking=True)
     message = parse_completion(completion, thinking=True).to_message()
     results = [tool(c["id"], "out") for c in message["tool_calls"]]
-    assert encode_chat(history + [message] + results, TOOLS, thinking=True).startswith(prompt + completion + EOS)
+    assert encode_chat(history + [message] + results, TOOLS, thinking=True).startswith(
+        prompt + completion + EOS
+    )
 
     named = {"type": "function", "function": {"name": "read_file"}}
     forced = forced_prefix(named, TOOLS, thinking=True)
-    output = '<｜DSML｜parameter name="path" string="true">b.py</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>'
+    output = (
+        '<｜DSML｜parameter name="path" string="true">b.py</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+    )
     parser = OutputParser(thinking=True)
     message = collect(parser.feed(forced) + parser.feed(output) + parser.finish()).to_message()
     assert message["tool_calls"][0]["function"] == {"name": "read_file", "arguments": '{"path": "b.py"}'}
@@ -535,11 +677,23 @@ def test_tool_choice_errors_and_none() -> None:
 
 
 def test_v41_reasoning_budget() -> None:
-    assert [reasoning_budget(e) for e in ("low", "high", "max", None, 1, 100, 42)] == [50, 75, 100, 75, 1, 100, 42]
+    assert [reasoning_budget(e) for e in ("low", "high", "max", None, 1, 100, 42)] == [
+        50,
+        75,
+        100,
+        75,
+        1,
+        100,
+        42,
+    ]
     for bad in (0, 101, True, "extreme", 1.5):
-        with pytest.raises(ChatFormatError):
+        with pytest.raises(ValueError):
             reasoning_budget(bad)  # type: ignore[arg-type]
+    with pytest.raises(ChatFormatError, match="within 1-100"):
+        encode_chat([user("x")], thinking=True, reasoning_effort=0, family="v41")
     out = encode_chat([user("x")], thinking=True, reasoning_effort=42, family="v41")
     assert out.startswith(BOS + "Reasoning Effort: 42 (range 1-100,")
     assert "Reasoning Effort: 75 " in encode_chat([user("x")], thinking=True, family="v41")
-    assert "Reasoning Effort" not in encode_chat([user("x")], thinking=False, reasoning_effort=42, family="v41")
+    assert "Reasoning Effort" not in encode_chat(
+        [user("x")], thinking=False, reasoning_effort=42, family="v41"
+    )

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import random
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,13 +26,14 @@ from v4serve.server.parsers import (
     ToolCallEnd,
     ToolCallStart,
     collect,
-    count_reasoning_tokens,
     parse_completion,
 )
+from v4serve.server.reasoning import count_reasoning_tokens
 
 EOS = "<｜end▁of▁sentence｜>"
 D = "｜DSML｜"
-MARKUP = ("｜DSML｜", "<｜", "</｜", "<think>", "</think>", EOS, "<｜begin▁of▁sentence｜>")
+MARKUP = ("｜DSML｜", "<｜", "</｜", EOS, "<｜begin▁of▁sentence｜>")
+THINK_TAGS = ("<think>", "</think>")  # data inside argument values, markup elsewhere
 
 
 @functools.cache
@@ -94,6 +96,8 @@ def check_events(events: list[Event]) -> None:
         if isinstance(ev, ReasoningDelta | ContentDelta | ToolCallArgsDelta):
             assert ev.text, "empty delta"
             assert not any(m in ev.text for m in MARKUP), f"markup leaked: {ev!r}"
+            if not isinstance(ev, ToolCallArgsDelta):
+                assert not any(m in ev.text for m in THINK_TAGS), f"think tag leaked: {ev!r}"
         if isinstance(ev, ToolCallStart):
             assert ev.index == len(started) and ev.name
             started.append(ev.index)
@@ -133,113 +137,226 @@ def token_deltas(text: str) -> list[str]:
 # --------------------------------------------------------------------------------------------------------
 
 WRITE_VALUE = '<div class="a">if a < b && c > d</div>\n</thinking> ｜x｜ "q" \\ end'
-ESCAPES = 'echo "a\\b"\n\tprintf \'%s\' \u0001 \u2028'
+ESCAPES = "echo \"a\\b\"\n\tprintf '%s' \u0001 \u2028"
 
 GOLDEN: dict[str, tuple[bool, str, tuple[str, str, list[tuple[str, str, bool]]]]] = {
-    "reasoning_then_content": (True, "Let me think about 2+2.</think>It is 4." + EOS,
-                               ("Let me think about 2+2.", "It is 4.", [])),
-    "chat_plain": (False, "Hello there!\n\nHow can I help?" + EOS, ("", "Hello there!\n\nHow can I help?", [])),
-    "single_call": (True, "Need to read.</think>" + block(inv("read_file", par("path", "src/main.py"))) + EOS,
-                    ("Need to read.", "", [("read_file", '{"path": "src/main.py"}', True)])),
+    "reasoning_then_content": (
+        True,
+        "Let me think about 2+2.</think>It is 4." + EOS,
+        ("Let me think about 2+2.", "It is 4.", []),
+    ),
+    "chat_plain": (
+        False,
+        "Hello there!\n\nHow can I help?" + EOS,
+        ("", "Hello there!\n\nHow can I help?", []),
+    ),
+    "single_call": (
+        True,
+        "Need to read.</think>" + block(inv("read_file", par("path", "src/main.py"))) + EOS,
+        ("Need to read.", "", [("read_file", '{"path": "src/main.py"}', True)]),
+    ),
     "content_then_parallel_calls": (
         True,
-        "Plan.</think>Reading three files." + block(
-            inv("read_file", par("path", "a.py")), inv("read_file", par("path", "b.py"), par("limit", "100", False)),
-            inv("bash", par("command", "ls -la | head"))) + EOS,
-        ("Plan.", "Reading three files.", [("read_file", '{"path": "a.py"}', True),
-                                           ("read_file", '{"path": "b.py", "limit": 100}', True),
-                                           ("bash", '{"command": "ls -la | head"}', True)]),
+        "Plan.</think>Reading three files."
+        + block(
+            inv("read_file", par("path", "a.py")),
+            inv("read_file", par("path", "b.py"), par("limit", "100", False)),
+            inv("bash", par("command", "ls -la | head")),
+        )
+        + EOS,
+        (
+            "Plan.",
+            "Reading three files.",
+            [
+                ("read_file", '{"path": "a.py"}', True),
+                ("read_file", '{"path": "b.py", "limit": 100}', True),
+                ("bash", '{"command": "ls -la | head"}', True),
+            ],
+        ),
     ),
     "json_values": (
         False,
-        block(inv("search", par("query", "q"), par("n", "42", False), par("x", "-1.5e3", False),
-                  par("ok", "true", False), par("none", "null", False),
-                  par("obj", '{"a": [1, {"b": null}], "c": "d"}', False), par("arr", "[1,2,3]", False))),
-        ("", "", [("search", '{"query": "q", "n": 42, "x": -1.5e3, "ok": true, "none": null, '
-                             '"obj": {"a": [1, {"b": null}], "c": "d"}, "arr": [1,2,3]}', True)]),
+        block(
+            inv(
+                "search",
+                par("query", "q"),
+                par("n", "42", False),
+                par("x", "-1.5e3", False),
+                par("ok", "true", False),
+                par("none", "null", False),
+                par("obj", '{"a": [1, {"b": null}], "c": "d"}', False),
+                par("arr", "[1,2,3]", False),
+            )
+        ),
+        (
+            "",
+            "",
+            [
+                (
+                    "search",
+                    (
+                        '{"query": "q", "n": 42, "x": -1.5e3, "ok": true, "none": null, '
+                        '"obj": {"a": [1, {"b": null}], "c": "d"}, "arr": [1,2,3]}'
+                    ),
+                    True,
+                )
+            ],
+        ),
     ),
     "invalid_json_values_become_strings": (
-        False, block(inv("f", par("a", "[1, 2", False), par("b", "NaN", False), par("c", "", False),
-                         par("d", "hello world", False))),
+        False,
+        block(
+            inv(
+                "f",
+                par("a", "[1, 2", False),
+                par("b", "NaN", False),
+                par("c", "", False),
+                par("d", "hello world", False),
+            )
+        ),
         ("", "", [("f", '{"a": "[1, 2", "b": "NaN", "c": "", "d": "hello world"}', True)]),
     ),
-    "missing_think_end": (True, "I will call the tool now." + block(inv("bash", par("command", "pytest"))) + EOS,
-                          ("I will call the tool now.", "", [("bash", '{"command": "pytest"}', True)])),
+    "missing_think_end": (
+        True,
+        "I will call the tool now." + block(inv("bash", par("command", "pytest"))) + EOS,
+        ("I will call the tool now.", "", [("bash", '{"command": "pytest"}', True)]),
+    ),
     "missing_think_end_single_newline": (
-        True, f"Reasoning.\n<{D}tool_calls>\n" + inv("bash", par("command", "id")) + f"\n</{D}tool_calls>",
+        True,
+        f"Reasoning.\n<{D}tool_calls>\n" + inv("bash", par("command", "id")) + f"\n</{D}tool_calls>",
         ("Reasoning.", "", [("bash", '{"command": "id"}', True)]),
     ),
-    "chat_content_then_call": (False, "Sure, running it." + block(inv("bash", par("command", "make test"))) + EOS,
-                               ("", "Sure, running it.", [("bash", '{"command": "make test"}', True)])),
+    "chat_content_then_call": (
+        False,
+        "Sure, running it." + block(inv("bash", par("command", "make test"))) + EOS,
+        ("", "Sure, running it.", [("bash", '{"command": "make test"}', True)]),
+    ),
     "markup_lookalikes_in_content": (
-        False, "Use a < b and c > d, <div>x</div>, </thinking>, <think-ish> and ｜pipes｜ or <|fake|>." + EOS,
+        False,
+        "Use a < b and c > d, <div>x</div>, </thinking>, <think-ish> and ｜pipes｜ or <|fake|>." + EOS,
         ("", "Use a < b and c > d, <div>x</div>, </thinking>, <think-ish> and ｜pipes｜ or <|fake|>.", []),
     ),
     "markup_lookalikes_in_string_value": (
-        False, block(inv("write", par("path", "x.html"), par("content", WRITE_VALUE))),
-        ("", "", [("write", json.dumps({"path": "x.html", "content": WRITE_VALUE}, ensure_ascii=False), True)]),
+        False,
+        block(inv("write", par("path", "x.html"), par("content", WRITE_VALUE))),
+        (
+            "",
+            "",
+            [("write", json.dumps({"path": "x.html", "content": WRITE_VALUE}, ensure_ascii=False), True)],
+        ),
     ),
-    "escapes_in_string_value": (False, block(inv("bash", par("command", ESCAPES))),
-                                ("", "", [("bash", json.dumps({"command": ESCAPES}, ensure_ascii=False), True)])),
+    "escapes_in_string_value": (
+        False,
+        block(inv("bash", par("command", ESCAPES))),
+        ("", "", [("bash", json.dumps({"command": ESCAPES}, ensure_ascii=False), True)]),
+    ),
     "unicode": (
-        True, "思考中…🤔</think>答案是 42 ✅" + block(inv("search", par("query", "東京 天気 ☀️ naïve café"))) + EOS,
+        True,
+        "思考中…🤔</think>答案是 42 ✅" + block(inv("search", par("query", "東京 天気 ☀️ naïve café"))) + EOS,
         ("思考中…🤔", "答案是 42 ✅", [("search", '{"query": "東京 天気 ☀️ naïve café"}', True)]),
     ),
-    "text_after_block": (False, "Checking." + block(inv("bash", par("command", "ls"))) + "\n\nDone, see above." + EOS,
-                         ("", "Checking.\n\nDone, see above.", [("bash", '{"command": "ls"}', True)])),
-    "only_text_after_block": (False, block(inv("bash", par("command", "ls"))) + "\n\nDone." + EOS,
-                              ("", "Done.", [("bash", '{"command": "ls"}', True)])),
-    "whitespace_after_block": (False, "Hi." + block(inv("f")) + "\n \n" + EOS, ("", "Hi.", [("f", "{}", True)])),
-    "two_blocks": (False, block(inv("a", par("x", "1"))) + "\n\n" + block(inv("b", par("y", "2"))),
-                   ("", "", [("a", '{"x": "1"}', True), ("b", '{"y": "2"}', True)])),
+    "text_after_block": (
+        False,
+        "Checking." + block(inv("bash", par("command", "ls"))) + "\n\nDone, see above." + EOS,
+        ("", "Checking.\n\nDone, see above.", [("bash", '{"command": "ls"}', True)]),
+    ),
+    "only_text_after_block": (
+        False,
+        block(inv("bash", par("command", "ls"))) + "\n\nDone." + EOS,
+        ("", "Done.", [("bash", '{"command": "ls"}', True)]),
+    ),
+    "whitespace_after_block": (
+        False,
+        "Hi." + block(inv("f")) + "\n \n" + EOS,
+        ("", "Hi.", [("f", "{}", True)]),
+    ),
+    "two_blocks": (
+        False,
+        block(inv("a", par("x", "1"))) + "\n\n" + block(inv("b", par("y", "2"))),
+        ("", "", [("a", '{"x": "1"}', True), ("b", '{"y": "2"}', True)]),
+    ),
     "truncated_in_string_value": (
-        False, f'OK.\n\n<{D}tool_calls>\n<{D}invoke name="write">\n<{D}parameter name="content" string="true">partial te',
+        False,
+        (
+            f'OK.\n\n<{D}tool_calls>\n<{D}invoke name="write">\n'
+            f'<{D}parameter name="content" string="true">partial te'
+        ),
         ("", "OK.", [("write", '{"content": "partial te"}', False)]),
     ),
     "truncated_in_json_value": (
-        False, f'\n\n<{D}tool_calls>\n<{D}invoke name="f">\n<{D}parameter name="n" string="false">[1, 2',
+        False,
+        f'\n\n<{D}tool_calls>\n<{D}invoke name="f">\n<{D}parameter name="n" string="false">[1, 2',
         ("", "", [("f", '{"n": "[1, 2"}', False)]),
     ),
     "truncated_in_tag": (False, f'OK.\n\n<{D}tool_calls>\n<{D}invoke name="wri', ("", "OK.", [])),
-    "truncated_after_invoke_open": (False, f'\n\n<{D}tool_calls>\n<{D}invoke name="ls">\n', ("", "", [("ls", "{}", False)])),
+    "truncated_after_invoke_open": (
+        False,
+        f'\n\n<{D}tool_calls>\n<{D}invoke name="ls">\n',
+        ("", "", [("ls", "{}", False)]),
+    ),
     "truncated_special_token": (False, "Done.<｜end▁of", ("", "Done.", [])),
     "ends_with_lt": (False, "a <", ("", "a <", [])),
-    "garbage_in_block": (False, f"Hi.\n\n<{D}tool_calls>\nI changed my mind." + EOS, ("", "Hi.I changed my mind.", [])),
+    "garbage_in_block": (
+        False,
+        f"Hi.\n\n<{D}tool_calls>\nI changed my mind." + EOS,
+        ("", "Hi.I changed my mind.", []),
+    ),
     "garbage_inside_invoke": (
-        False, f'\n\n<{D}tool_calls>\n<{D}invoke name="f">\n' + par("a", "1") + "\noops" + EOS,
+        False,
+        f'\n\n<{D}tool_calls>\n<{D}invoke name="f">\n' + par("a", "1") + "\noops" + EOS,
         ("", "oops", [("f", '{"a": "1"}', False)]),
     ),
     "malformed_invoke_tag": (
-        False, f'\n\n<{D}tool_calls>\n<{D}invoke nme="f">\n' + par("a", "v") + f"\n</{D}invoke>\n</{D}tool_calls>",
+        False,
+        f'\n\n<{D}tool_calls>\n<{D}invoke nme="f">\n' + par("a", "v") + f"\n</{D}invoke>\n</{D}tool_calls>",
         ("", "v\n\n", []),
     ),
     "missing_closing_tags": (
         False,
         f'\n\n<{D}tool_calls>\n<{D}invoke name="a">\n<{D}parameter name="x" string="true">1'
-        f'<{D}parameter name="y" string="false">2\n<{D}invoke name="b">\n<{D}parameter name="z" string="true">3'
+        f'<{D}parameter name="y" string="false">2\n<{D}invoke name="b">\n'
+        f'<{D}parameter name="z" string="true">3'
         f"</{D}tool_calls>" + EOS,
         ("", "", [("a", '{"x": "1", "y": 2\n}', True), ("b", '{"z": "3"}', True)]),
     ),
-    "invoke_without_block": (False, "Running.\n\n" + inv("bash", par("command", "ls")) + EOS,
-                             ("", "Running.", [("bash", '{"command": "ls"}', True)])),
+    "invoke_without_block": (
+        False,
+        "Running.\n\n" + inv("bash", par("command", "ls")) + EOS,
+        ("", "Running.", [("bash", '{"command": "ls"}', True)]),
+    ),
     "stray_markers": (False, "Hello<think> world</think>!" + EOS, ("", "Hello world!", [])),
-    "think_tags_in_value": (False, block(inv("f", par("a", "x</think>y"))), ("", "", [("f", '{"a": "xy"}', True)])),
+    "think_tags_in_value_are_data": (
+        False,
+        block(inv("f", par("a", "x</think>y<think>"))),
+        ("", "", [("f", '{"a": "x</think>y<think>"}', True)]),
+    ),
     "block_inside_reasoning_then_think_end": (
-        True, "Plan." + block(inv("f", par("a", "1"))) + "\nMore thoughts.</think>Final answer." + EOS,
+        True,
+        "Plan." + block(inv("f", par("a", "1"))) + "\nMore thoughts.</think>Final answer." + EOS,
         ("Plan.", "More thoughts.Final answer.", [("f", '{"a": "1"}', True)]),
     ),
-    "duplicate_params": (False, block(inv("f", par("a", "1"), par("a", "2"))),
-                         ("", "", [("f", '{"a": "1", "a": "2"}', True)])),
+    "duplicate_params": (
+        False,
+        block(inv("f", par("a", "1"), par("a", "2"))),
+        ("", "", [("f", '{"a": "1", "a": "2"}', True)]),
+    ),
     "missing_string_attribute": (
-        False, block(f'<{D}invoke name="f">\n<{D}parameter name="n">5</{D}parameter>\n'
-                     f'<{D}parameter name="s">hi</{D}parameter>\n</{D}invoke>'),
+        False,
+        block(
+            f'<{D}invoke name="f">\n<{D}parameter name="n">5</{D}parameter>\n'
+            f'<{D}parameter name="s">hi</{D}parameter>\n</{D}invoke>'
+        ),
         ("", "", [("f", '{"n": 5, "s": "hi"}', True)]),
     ),
     "empty": (True, "", ("", "", [])),
     "only_eos": (False, EOS, ("", "", [])),
     "reasoning_truncated": (True, "Still thinking about", ("Still thinking about", "", [])),
     "content_trailing_newlines": (False, "Line\n\n" + EOS, ("", "Line\n\n", [])),
-    "three_newlines_before_block": (False, "a\n\n\n" + block(inv("f")), ("", "a\n", [("f", "{}", True)])),
+    "three_newlines_before_block": (
+        False,
+        f"a\n\n\n<{D}tool_calls>\n" + inv("f") + f"\n</{D}tool_calls>",
+        ("", "a\n", [("f", "{}", True)]),
+    ),
     "bare_dsml_token": (False, f"x{D}y", ("", "xy", [])),
     "dsml_prefix_without_tag": (False, f"a <{D}" + "z" * 600 + ">", ("", "a " + "z" * 600 + ">", [])),
 }
@@ -278,7 +395,11 @@ def test_golden_random_chunkings() -> None:
     rng = random.Random(7)
     for thinking, text, expected in GOLDEN.values():
         for _ in range(20):
-            cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 6)))) if len(text) > 1 else []
+            cuts = (
+                sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 6))))
+                if len(text) > 1
+                else []
+            )
             chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
             parsed, events = stream(chunks, thinking)
             check_events(events)
@@ -286,16 +407,27 @@ def test_golden_random_chunkings() -> None:
 
 
 def test_golden_agrees_with_reference_where_it_parses() -> None:
-    agreed = 0
-    for thinking, text, expected in GOLDEN.values():
+    """Wherever the reference accepts a golden case it gives our result, except for string="false" values
+    that are not JSON: the reference pastes them raw (invalid JSON), we make them JSON strings."""
+    agreed = []
+    for name, (thinking, text, expected) in sorted(GOLDEN.items()):
         try:
             ref = reference().parse_message_from_completion_text(text, "thinking" if thinking else "chat")
         except (AssertionError, ValueError):
             continue
-        ref_calls = [(c["function"]["name"], c["function"]["arguments"], True) for c in ref["tool_calls"]]
-        assert (ref["reasoning_content"], ref["content"], ref_calls) == expected
-        agreed += 1
-    assert agreed >= 12
+        ref_calls = [(c["function"]["name"], c["function"]["arguments"]) for c in ref["tool_calls"]]
+        if name == "invalid_json_values_become_strings":
+            with pytest.raises(ValueError):
+                json.loads(ref_calls[0][1])
+            continue
+        reasoning, content, calls = expected  # the reference has no notion of a call cut short
+        assert (ref["reasoning_content"], ref["content"], ref_calls) == (
+            reasoning,
+            content,
+            [(n, a) for n, a, _ in calls],
+        ), name
+        agreed.append(name)
+    assert len(agreed) >= 12, agreed
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -306,7 +438,12 @@ ALPHABET = list("abcdefghij ABC 0123456789 .,;:!?-_/\\\"'`()[]{}<>&=+*#@$%^~|\n\
 
 
 def random_text(rng: random.Random, max_len: int = 40) -> str:
-    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, max_len)))
+    return plain("".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, max_len))))
+
+
+def plain(text: str) -> str:
+    """ "<｜" and "</｜" open special tokens and tags: plain text does not hold them."""
+    return text.replace("<｜", "< ｜").replace("</｜", "</ ｜")
 
 
 def random_value(rng: random.Random, depth: int = 0) -> Any:
@@ -314,7 +451,7 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == "str":
         return random_text(rng)
     if kind == "int":
-        return rng.randint(-10**6, 10**6)
+        return rng.randint(-(10**6), 10**6)
     if kind == "float":
         return rng.choice([0.5, -2.25, 1e-7, 3.14159])
     if kind == "bool":
@@ -328,10 +465,15 @@ def random_value(rng: random.Random, depth: int = 0) -> Any:
 
 def random_message(rng: random.Random, thinking: bool) -> dict[str, Any]:
     calls = [
-        {"type": "function", "function": {
-            "name": rng.choice(["bash", "read_file", "search", "edit"]),
-            "arguments": json.dumps({f"p{j}": random_value(rng) for j in range(rng.randint(1, 4))}, ensure_ascii=False),
-        }}
+        {
+            "type": "function",
+            "function": {
+                "name": rng.choice(["bash", "read_file", "search", "edit"]),
+                "arguments": json.dumps(
+                    {f"p{j}": random_value(rng) for j in range(rng.randint(1, 4))}, ensure_ascii=False
+                ),
+            },
+        }
         for _ in range(rng.choice([0, 1, 1, 2, 3]))
     ]
     message: dict[str, Any] = {"role": "assistant", "content": random_text(rng, 60)}
@@ -400,7 +542,7 @@ def test_corpus_every_split_point_sample() -> None:
 
 def test_long_string_argument_streams_as_it_arrives() -> None:
     rng = random.Random(5)
-    value = "".join(rng.choice(ALPHABET) for _ in range(200_000))
+    value = plain("".join(rng.choice(ALPHABET) for _ in range(200_000)))
     text = "Writing.</think>" + block(inv("write", par("path", "big.txt"), par("content", value))) + EOS
     parser = OutputParser(True, id_factory=counter_ids())
     events: list[Event] = []
@@ -421,6 +563,16 @@ def test_long_string_argument_streams_as_it_arrives() -> None:
     assert streamed_before_close > 150_000  # not buffered until </parameter>
 
 
+def test_large_markup_like_value_in_one_chunk_is_linear() -> None:
+    """An HTML file written in one go: thousands of "<" inside a value must not make parsing quadratic."""
+    page = "<html>" + "<div class='row'><span>a < b</span></div>\n" * 8000 + "</html>"
+    text = block(inv("write", par("path", "index.html"), par("content", page)))
+    started = time.perf_counter()
+    parsed = parse_completion(text, False)
+    assert time.perf_counter() - started < 2.0
+    assert json.loads(parsed.tool_calls[0].arguments)["content"] == page
+
+
 def test_long_json_argument_and_char_by_char_feeding() -> None:
     items = [{"id": i, "tags": ["x", "y"], "ok": i % 2 == 0} for i in range(3000)]
     value = json.dumps(items)
@@ -435,10 +587,17 @@ def test_events_order_and_indexes_for_parallel_calls() -> None:
     _, events = stream([thinking_text], True)
     kinds = [(type(e).__name__, getattr(e, "index", None)) for e in events]
     assert kinds == [
-        ("ReasoningDelta", None), ("ContentDelta", None),
-        ("ToolCallStart", 0), ("ToolCallArgsDelta", 0), ("ToolCallEnd", 0),
-        ("ToolCallStart", 1), ("ToolCallArgsDelta", 1), ("ToolCallEnd", 1),
-        ("ToolCallStart", 2), ("ToolCallArgsDelta", 2), ("ToolCallEnd", 2),
+        ("ReasoningDelta", None),
+        ("ContentDelta", None),
+        ("ToolCallStart", 0),
+        ("ToolCallArgsDelta", 0),
+        ("ToolCallEnd", 0),
+        ("ToolCallStart", 1),
+        ("ToolCallArgsDelta", 1),
+        ("ToolCallEnd", 1),
+        ("ToolCallStart", 2),
+        ("ToolCallArgsDelta", 2),
+        ("ToolCallEnd", 2),
     ]
 
 
@@ -465,8 +624,12 @@ def test_feed_after_finish_is_an_error() -> None:
 def test_to_message() -> None:
     parsed = parse_completion("R</think>C" + block(inv("f", par("a", "1"))), True, id_factory=counter_ids())
     assert parsed.to_message() == {
-        "role": "assistant", "content": "C", "reasoning_content": "R",
-        "tool_calls": [{"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"a": "1"}'}}],
+        "role": "assistant",
+        "content": "C",
+        "reasoning_content": "R",
+        "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"a": "1"}'}}
+        ],
     }
 
 
@@ -477,7 +640,9 @@ def test_count_reasoning_tokens() -> None:
         return tok.encode(text, add_special_tokens=False).ids
 
     reasoning = ids("Let me work this out step by step.")
-    assert count_reasoning_tokens(ids("Let me work this out step by step.</think>Answer: 4"), True) == len(reasoning)
+    assert count_reasoning_tokens(ids("Let me work this out step by step.</think>Answer: 4"), True) == len(
+        reasoning
+    )
     no_end = ids("Call it." + block(inv("bash", par("command", "ls"))))
     assert count_reasoning_tokens(no_end, True) == no_end.index(128825)
     assert count_reasoning_tokens(ids("still thinking"), True) == len(ids("still thinking"))

@@ -56,6 +56,7 @@ class AgenticConfig:
 class PointRun:
     metrics: PointMetrics
     records: list[RequestRecord]
+    window_start_s: float = 0.0  # when the measured window opened, on the records' clock
     lane_errors: list[str] = field(default_factory=list)
 
 
@@ -129,7 +130,7 @@ async def run_point(
                 await asyncio.sleep(0)
         except WindowClosed:
             pass
-        except Exception as exc:  # keep the other lanes going; report it with the point
+        except Exception as exc:  # noqa: BLE001 - keep the other lanes going; reported with the point
             lane_errors.append(f"lane {i}: {type(exc).__name__}: {exc}")
         finally:
             gate.lane_ready(i)  # a lane that is gone must not hold the barrier
@@ -155,19 +156,25 @@ async def run_point(
             task.cancel()
         await asyncio.gather(watcher, progress, return_exceptions=True)
 
-    window_start = gate.window_start - ctx.t0
+    window_start = (gate.window_start or ctx.t0) - ctx.t0
     measured_end = max((r.end_s for r in ctx.records if r.phase == "measured"), default=0.0)
     duration = max(cfg.duration_s, measured_end - window_start)
     metrics = compute_point_metrics(ctx.records, concurrency, cfg.num_gpus, duration, pacer.max_inflight)
     metrics.errors.extend(lane_errors[:5])
-    return PointRun(metrics, ctx.records, lane_errors)
+    return PointRun(metrics, ctx.records, window_start, lane_errors)
 
 
 async def _progress(cfg: AgenticConfig, gate: PointGate, ctx: LaneContext, concurrency: int) -> None:
     """Progress bars: warm-up requests, then seconds of the measured window with live counts."""
     disable = not cfg.progress
-    bar = tqdm(total=concurrency * cfg.warmup_requests, desc=f"c={concurrency} warm-up", unit="req",
-               disable=disable, file=sys.stderr, leave=False)
+    bar = tqdm(
+        total=concurrency * cfg.warmup_requests,
+        desc=f"c={concurrency} warm-up",
+        unit="req",
+        disable=disable,
+        file=sys.stderr,
+        leave=False,
+    )
     try:
         while not gate.released:
             bar.n = gate.warmup_done
@@ -176,14 +183,21 @@ async def _progress(cfg: AgenticConfig, gate: PointGate, ctx: LaneContext, concu
     finally:
         bar.close()
     total = max(1, round(cfg.duration_s))
-    bar = tqdm(total=total, desc=f"c={concurrency} measure", unit="s", disable=disable, file=sys.stderr)
+    layout = "{desc}: {percentage:3.0f}%|{bar}| {n}/{total} s [{elapsed}<{remaining}{postfix}]"
+    bar = tqdm(
+        total=total, desc=f"c={concurrency} measure", bar_format=layout, disable=disable, file=sys.stderr
+    )
     try:
         while True:
             assert gate.window_start is not None
             bar.n = min(total, int(time.perf_counter() - gate.window_start))
             measured = [r for r in ctx.records if r.phase == "measured"]
-            bar.set_postfix(done=sum(r.ok for r in measured), err=sum(not r.ok for r in measured),
-                            inflight=ctx.pacer.inflight, refresh=False)
+            bar.set_postfix(
+                done=sum(r.ok for r in measured),
+                err=sum(not r.ok for r in measured),
+                inflight=ctx.pacer.inflight,
+                refresh=False,
+            )
             bar.refresh()
             await asyncio.sleep(0.5)
     finally:

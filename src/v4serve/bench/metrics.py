@@ -104,7 +104,11 @@ class PointMetrics:
 
 
 def compute_point_metrics(
-    records: Iterable[RequestRecord], concurrency: int, num_gpus: int, duration_s: float, max_inflight: int = 0
+    records: Iterable[RequestRecord],
+    concurrency: int,
+    num_gpus: int,
+    duration_s: float,
+    max_inflight: int = 0,
 ) -> PointMetrics:
     """Metrics over the measured requests of one concurrency point.
 
@@ -155,7 +159,9 @@ def compute_point_metrics(
     )
 
 
-def best_under_slo(points: Sequence[PointMetrics | dict[str, Any]], min_interactivity: float) -> dict[str, Any] | None:
+def best_under_slo(
+    points: Sequence[PointMetrics | dict[str, Any]], min_interactivity: float
+) -> dict[str, Any] | None:
     """The point with the highest TPGS whose p90 interactivity is at least `min_interactivity`."""
     best: dict[str, Any] | None = None
     for point in points:

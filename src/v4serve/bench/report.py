@@ -52,7 +52,10 @@ def agentic_document(
 
 
 def write_agentic_report(
-    doc: dict[str, Any], out_dir: str | Path, overlays: Sequence[dict[str, Any]] = (), records: Sequence[Any] = ()
+    doc: dict[str, Any],
+    out_dir: str | Path,
+    overlays: Sequence[dict[str, Any]] = (),
+    records: Sequence[Any] = (),
 ) -> dict[str, Path]:
     """Write `agentic-<time>.{json,md,png}` (and `-records.jsonl` when records are given)."""
     out = Path(out_dir)
@@ -80,12 +83,17 @@ def markdown_report(doc: dict[str, Any]) -> str:
         f"# Agentic benchmark: {doc['label']}",
         "",
         f"- model `{doc['model']}` at {doc['base_url']}, {doc['num_gpus']} GPU(s), {doc['created']}",
-        f"- trace `{doc.get('trace', {}).get('source', '?')}`: median input {_fmt(stats.get('input_median'), 0)}, "
-        f"median output {_fmt(stats.get('output_median'), 0)}, theoretical reuse {_fmt(stats.get('reuse_token_weighted'), 1, 100)}%",
+        (
+            f"- trace `{doc.get('trace', {}).get('source', '?')}`: median input {_fmt(stats.get('input_median'), 0)}, "
+            f"median output {_fmt(stats.get('output_median'), 0)}, "
+            f"theoretical reuse {_fmt(stats.get('reuse_token_weighted'), 1, 100)}%"
+        ),
         f"- command: `{' '.join(doc['command'])}`",
         "",
-        "| conc | done | err % | TPGS | out tok/s/GPU | inter p50 | inter p90 | TTFT p50 / p90 / p99 (s) "
-        "| TPOT p50 (ms) | E2EL p50 / p90 (s) | hit % server / theory | max in-flight |",
+        (
+            "| conc | done | err % | TPGS | out tok/s/GPU | inter p50 | inter p90 | TTFT p50 / p90 / p99 (s) "
+            "| TPOT p50 (ms) | E2EL p50 / p90 (s) | hit % server / theory | max in-flight |"
+        ),
         "|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---|---:|",
     ]
     for p in doc["points"]:
@@ -130,9 +138,15 @@ def plot_runs(docs: Sequence[dict[str, Any]], path: str | Path, title: str | Non
         ys = [p["tpgs"] for p in pts]
         (line,) = ax.plot(xs, ys, marker="o", label=doc.get("label", doc.get("model", "run")))
         for p, x, y in zip(pts, xs, ys, strict=True):
-            ax.annotate(f"c{p['concurrency']}", (x, y), textcoords="offset points", xytext=(4, 4),
-                        fontsize=8, color=line.get_color())
-    for slo in (docs[0].get("slo", []) if docs else []):
+            ax.annotate(
+                f"c{p['concurrency']}",
+                (x, y),
+                textcoords="offset points",
+                xytext=(4, 4),
+                fontsize=8,
+                color=line.get_color(),
+            )
+    for slo in docs[0].get("slo", []) if docs else []:
         ax.axvline(slo["min_interactivity_p90"], color="grey", linestyle="--", linewidth=0.8)
     ax.set_xlabel("p90 interactivity (tok/s/user = 1 / p90 ITL)")
     ax.set_ylabel("TPGS (input incl. cached + output tok/s/GPU)")

@@ -109,7 +109,9 @@ async def run_serve_bench(cfg: ServeBenchConfig, text: TokenText | None = None) 
 
         semaphore = asyncio.Semaphore(cfg.max_concurrency or len(requests) or 1)
         inflight = max_inflight = 0
-        bar = tqdm(total=len(requests), desc="bench serve", unit="req", disable=not cfg.progress, file=sys.stderr)
+        bar = tqdm(
+            total=len(requests), desc="bench serve", unit="req", disable=not cfg.progress, file=sys.stderr
+        )
 
         async def one(req: BenchRequest) -> StreamResult:
             nonlocal inflight, max_inflight
@@ -221,11 +223,17 @@ def format_summary(result: dict[str, Any]) -> str:
     ]
     lines = ["{s:{c}^60}".format(s=" Serving Benchmark Result ", c="=")]
     lines += [f"{k:<45}{v!s:<15}" for k, v in rows]
-    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    titles = {
+        "ttft": "Time to First Token",
+        "tpot": "Time per Output Token (excl. 1st token)",
+        "itl": "Inter-token Latency",
+        "e2el": "End-to-end Latency",
+    }
     for name in METRICS:
         lines.append("{s:{c}^60}".format(s=f" {titles[name]} ", c="-"))
-        for key in [f"mean_{name}_ms", f"median_{name}_ms"] + [k for k in result if k.startswith("p") and k.endswith(f"_{name}_ms")]:
+        for key in [f"mean_{name}_ms", f"median_{name}_ms"] + [
+            k for k in result if k.startswith("p") and k.endswith(f"_{name}_ms")
+        ]:
             label = key.replace(f"_{name}_ms", "").replace("_", " ").capitalize()
             lines.append(f"{label + ' ' + name.upper() + ' (ms):':<45}{result[key]:<15.2f}")
     lines.append("=" * 60)

@@ -123,7 +123,9 @@ class SessionRunner:
         extra = dict(opts.extra_body or {})
         if opts.send_cache_salt:
             extra["cache_salt"] = chain.salt.split(".", 1)[0]
-        payload = chat_payload(opts.model, chain.messages, max_tokens, force_length=not prime, extra_body=extra)
+        payload = chat_payload(
+            opts.model, chain.messages, max_tokens, force_length=not prime, extra_body=extra
+        )
         start = time.perf_counter() - ctx.t0
         ctx.pacer.started()
         try:
@@ -160,7 +162,10 @@ class SessionRunner:
         marker = f"[session {salt}]"
         if conv.system_text is not None or conv.system_tokens > 0:
             system = conv.system_text or self.ctx.text.generate(conv.system_tokens, conv.conv_id, "system")
-            return [{"role": "system", "content": f"{marker}\n{system}"}, {"role": "user", "content": first_user}]
+            return [
+                {"role": "system", "content": f"{marker}\n{system}"},
+                {"role": "user", "content": first_user},
+            ]
         return [{"role": "user", "content": f"{marker}\n{first_user}"}]
 
     def _extend(self, chain: _Chain, t: int, reply: str) -> None:

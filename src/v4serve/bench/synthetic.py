@@ -77,7 +77,10 @@ class SyntheticTraceSource:
         cfg = self.config
         rng = random.Random(stable_seed("synthetic", cfg.seed, index))
         sid = f"syn-{cfg.seed}-{index}"
-        n_turns = min(cfg.max_turns, cfg.min_turns + round(_lognormal(rng, cfg.extra_turns_median, cfg.extra_turns_sigma)))
+        n_turns = min(
+            cfg.max_turns,
+            cfg.min_turns + round(_lognormal(rng, cfg.extra_turns_median, cfg.extra_turns_sigma)),
+        )
         root = self._conversation(
             rng, f"{sid}/root", n_turns, self._tokens(rng, cfg.system_tokens_median, 0.3), start_context=0
         )
@@ -101,13 +104,20 @@ class SyntheticTraceSource:
                 new = self._tokens(rng, cfg.paste_tokens_median, 0.6)
             else:
                 new = self._tokens(rng, cfg.delta_tokens_median, cfg.delta_tokens_sigma)
-            out = min(cfg.max_output_tokens, self._tokens(rng, cfg.output_tokens_median, cfg.output_tokens_sigma, self._out_scale))
+            out = min(
+                cfg.max_output_tokens,
+                self._tokens(rng, cfg.output_tokens_median, cfg.output_tokens_sigma, self._out_scale),
+            )
             if context + new + out > limit:
                 if t == 0:  # keep at least one request that fits
                     new = max(1, limit - context - out)
                 else:
                     break
-            think = 0.0 if t == 0 else min(cfg.think_time_cap_s, _lognormal(rng, cfg.think_time_median_s, cfg.think_time_sigma))
+            think = (
+                0.0
+                if t == 0
+                else min(cfg.think_time_cap_s, _lognormal(rng, cfg.think_time_median_s, cfg.think_time_sigma))
+            )
             turns.append(Turn(new_tokens=new, output_tokens=out, think_time_s=think))
             context += new + out
         return Conversation(conv_id=conv_id, turns=turns, system_tokens=system_tokens)

@@ -18,7 +18,7 @@ from v4serve.bench.traces import stable_seed
 WORDS_PER_LINE = 12
 _FALLBACK_TOKENS_PER_WORD = 1.09
 
-_VOCAB = """
+_VOCAB_TEXT = """
     def return import self value config error file path test build result data index list
     string number object class module function method param args kwargs state cache block
     token batch request response server client stream buffer queue worker thread process
@@ -34,7 +34,7 @@ _VOCAB = """
     before inside outside between above below top bottom left right width height depth time
     date user group role access owner path root home source target base head tail node edge
     graph tree hash table array vector matrix scalar float double integer bool byte char
-    """.split()
+    """
 
 
 @lru_cache(maxsize=1)
@@ -75,7 +75,7 @@ class TokenText:
         return self.tokenizer.decode(ids)
 
     def _single_token_words(self) -> list[str]:
-        vocab = sorted(set(_VOCAB))
+        vocab = sorted(set(_VOCAB_TEXT.split()))
         if self.tokenizer is None:
             return vocab
         single = [w for w in vocab if len(self.tokenizer.encode(" " + w, add_special_tokens=False).ids) == 1]

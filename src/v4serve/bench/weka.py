@@ -29,12 +29,16 @@ _KEEP_PREFIX = 0.9  # share of the previous prompt's blocks that must survive fo
 
 
 def load_weka_traces(path: str | Path, scale: float = 1.0, max_context: int | None = None) -> ListTraceSource:
-    sessions = [weka_session(obj, f"{src}:{i}", scale, max_context) for src, i, obj in _read_objects(Path(path))]
+    sessions = [
+        weka_session(obj, f"{src}:{i}", scale, max_context) for src, i, obj in _read_objects(Path(path))
+    ]
     sessions = [s for s in sessions if s.root.turns]
     return ListTraceSource(sessions, name=f"weka:{path}")
 
 
-def weka_session(trace: dict[str, Any], default_id: str, scale: float = 1.0, max_context: int | None = None) -> SessionTrace:
+def weka_session(
+    trace: dict[str, Any], default_id: str, scale: float = 1.0, max_context: int | None = None
+) -> SessionTrace:
     sid = str(trace.get("id") or trace.get("trace_id") or default_id)
     block = int(trace.get("block_size") or BLOCK_TOKENS)
     reuse = _reuse_by_request(trace, block)
@@ -64,7 +68,9 @@ def _chain(
     if inherit:
         conv.inherits_parent = True
     elif requests:
-        conv.system_tokens = tokens(min(declared_system, max(0, requests[0]["in"] - 1))) if declared_system else 0
+        conv.system_tokens = (
+            tokens(min(declared_system, max(0, requests[0]["in"] - 1))) if declared_system else 0
+        )
     prev: dict[str, Any] | None = None
     context = parent[1] if inherit and parent else 0
     for req in requests:
@@ -75,12 +81,14 @@ def _chain(
             base = context if inherit else conv.system_tokens
             turn = Turn(new_tokens=max(1, n_in - base), output_tokens=n_out)
         elif _shares_prefix(prev, req):
-            turn = Turn(new_tokens=max(1, n_in - tokens(prev["in"]) - tokens(prev["out"])), output_tokens=n_out)
+            turn = Turn(
+                new_tokens=max(1, n_in - tokens(prev["in"]) - tokens(prev["out"])), output_tokens=n_out
+            )
         else:
             turn = Turn(new_tokens=max(1, n_in - conv.system_tokens), output_tokens=n_out, reset=True)
         turn.think_time_s = _think_time(prev, req)
         if id(req) in reuse:
-            turn.reuse_tokens = tokens(reuse[id(req)])
+            turn.reuse_tokens = round(reuse[id(req)] * scale)
         conv.turns.append(turn)
         prev = req
     _attach_subagents(conv, entry, reuse, scale, max_context)
@@ -101,7 +109,9 @@ def _attach_subagents(
         turn = conv.turns[turn_index]
         context = round((anchor["in"] + anchor["out"]) * scale)
         name = item.get("agent_id") or f"sa{sum(len(g.children) for g in turn.subagents)}"
-        child = _chain(f"{conv.conv_id}/t{turn_index}/{name}", item, reuse, scale, max_context, (anchor, context))
+        child = _chain(
+            f"{conv.conv_id}/t{turn_index}/{name}", item, reuse, scale, max_context, (anchor, context)
+        )
         if not child.turns:
             continue
         if last_group_anchor == turn_index and turn.subagents:

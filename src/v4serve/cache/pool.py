@@ -109,3 +109,12 @@ class KVPools:
         pools = [*self.window.values(), *self.compressed.values(), *self.index_keys.values(),
                  *self.state.values(), *self.index_state.values()]
         return sum(p.nbytes for p in pools)
+
+    def copy_slot(self, dst: int, src: int) -> None:
+        """Copy every layer's window ring and compressor state from one slot to another (checkpoints)."""
+        W = self.window_size
+        for p in self.window.values():
+            p.data[dst * W:(dst + 1) * W] = p.data[src * W:(src + 1) * W]
+        for s in list(self.state.values()) + list(self.index_state.values()):
+            s.kv[dst] = s.kv[src]
+            s.score[dst] = s.score[src]

@@ -58,6 +58,8 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
         load_random(net, config, seed, storage, dtype, device, with_mtp)
     else:
         load_checkpoint(net, folder, config, dtype, device, with_mtp)
+        if hasattr(net, "bind_tokenizer"):  # V4.1 Engram hashes with the checkpoint's own tokenizer
+            net.bind_tokenizer(folder)
     apply_numerics(net, nm, config)
     if device.type == "cuda":
         for m in net.modules():

@@ -41,6 +41,9 @@ def assign(model: nn.Module, spec: TensorSpec, tensor: torch.Tensor, scale: torc
         e, which = rest.split(".")[:2]
         mod.set_expert(int(e), which, tensor, scale, config.weight_block, dtype)
         return
+    if getattr(mod, "keeps_stored_format", False) and rest == "weight":  # V4.1 Engram tables: FP8 rows + scales
+        mod.set_stored(tensor, scale, dtype)
+        return
     if isinstance(mod, Linear) and rest == "weight":
         in_compressor = "compressor" in walked or walked[-1:] == ["wk"] or "engram" in walked
         mod.set_weight(tensor, scale, config.weight_block, torch.float32 if in_compressor else dtype)

@@ -163,6 +163,10 @@ def scale_name(name: str) -> str:
     return name[: -len(".weight")] + ".scale" if name.endswith(".weight") else name + ".scale"
 
 
+# V4.1's vision tower ships in the same checkpoint; the text model does not read it.
+_V41_VISION = ("vision.", "aligner.", "image_start", "image_end", "image_newline")
+
+
 def check_and_iter(reader: CheckpointReader, config: ModelConfig, include_mtp: bool
                    ) -> Iterator[tuple[TensorSpec, torch.Tensor, torch.Tensor | None]]:
     """Validate names and shapes against the config, then yield (spec, tensor, scale or None)."""
@@ -175,7 +179,8 @@ def check_and_iter(reader: CheckpointReader, config: ModelConfig, include_mtp: b
         raise CheckpointError(f"checkpoint {reader.folder} is missing tensor(s) {', '.join(missing[:5])}{more} "
                               f"required by its config ({config.family}, {config.n_layers} layers)")
     allowed = wanted | {scale_name(n) for n in wanted}
-    extra = sorted(n for n in present if n not in allowed and not (not include_mtp and n.startswith("mtp.")))
+    extra = sorted(n for n in present if n not in allowed and not (not include_mtp and n.startswith("mtp."))
+                   and not (config.is_v41 and n.startswith(_V41_VISION)))
     if extra:
         more = f" (and {len(extra) - 5} more)" if len(extra) > 5 else ""
         raise CheckpointError(f"checkpoint {reader.folder} has unexpected tensor(s) {', '.join(extra[:5])}{more} "

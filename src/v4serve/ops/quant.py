@@ -122,9 +122,10 @@ def fp4_group_scale(x: torch.Tensor, group: int, scale_fmt: str = "ue8m0") -> to
     if scale_fmt == "ue8m0":
         return _pow2_ceil(amax.clamp_min(FP4_MAX * 2.0**-126) / FP4_MAX)
     if scale_fmt == "e4m3":
-        # NVFP4-style: scale = amax/6 rounded to nearest e4m3 (the exact rule of the V4.1 release is unverified)
-        s = (amax / FP4_MAX).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
-        return torch.where(s > 0, s, torch.ones_like(s))
+        # NVFP4-style (V4.1 compressed KV): amax/6 rounded to nearest e4m3, amax floored at 6 * 2^-9 so the scale
+        # is at least e4m3's smallest subnormal and a near-zero group keeps its values (as public ports of the
+        # V4.1 reference do; the release's exact rule is not verified)
+        return (amax.clamp_min(FP4_MAX * 2.0**-9) / FP4_MAX).clamp(max=FP8_MAX).to(torch.float8_e4m3fn).float()
     raise ValueError(f"unknown FP4 scale format {scale_fmt!r}")
 
 

@@ -4,7 +4,8 @@ For the equivalent input the output is byte-identical to DeepSeek's reference `e
 (tests/server/test_chat_encoding.py compares the two on a corpus). How OpenAI input maps onto V4:
 
 * Request-level `tools` (and a `response_format` JSON schema) are written into the leading system (or
-  developer) message; without one, an empty system message is added. Tools make V4 keep every turn's reasoning.
+  developer) message; without one, an empty system message is added. Tools make V4 keep every turn's
+  reasoning.
 * Consecutive leading system messages are joined with a blank line. A system message later in the
   conversation becomes user text (V4 has no marker for it: the reference glues it onto the previous turn).
 * Tool results and user text that follow each other form one user turn; results are put in the order of
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from v4serve.server import tool_calls as dsml
+from v4serve.server.reasoning import Family, effort_preamble
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -43,21 +45,6 @@ ASSISTANT = "<｜Assistant｜>"
 THINK_START = "<think>"
 THINK_END = "</think>"
 
-Family = Literal["v4", "v41"]
-
-_MAX_EFFORT_PREAMBLE = (
-    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
-    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "
-    "cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial "
-    "scenarios.\n"
-    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
-    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n"
-)
-_V41_BUDGET_LINE = (
-    "Reasoning Effort: {budget} (range 1-100, the higher the value, the more thorough the reasoning)\n\n"
-)
-# V4 has two prompt levels only (max, and everything else); V4.1 numbers are unverified, see module doc.
-_V41_BUDGETS = {"minimal": 50, "low": 50, "medium": 75, "high": 75, "xhigh": 75, "max": 100}
 _RESPONSE_FORMAT_HEAD = "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _NAME_FORBIDDEN = set('"<>\n')
@@ -154,8 +141,13 @@ def _turns(
             reasoning = msg.get("reasoning_content", msg.get("reasoning"))
             open_ended = i == len(messages) - 1 and (continue_final_message or msg.get("prefix") is True)
             turns.append(
-                _Turn("assistant", text, reasoning=reasoning or None, calls=_calls(msg, where),
-                      open_ended=open_ended)
+                _Turn(
+                    "assistant",
+                    text,
+                    reasoning=reasoning or None,
+                    calls=_calls(msg, where),
+                    open_ended=open_ended,
+                )
             )
         else:  # user, tool, or a late system message: all user text in V4
             if tool_result and not (prev_role == "tool" or (prev_role == "assistant" and turns[-1].calls)):
@@ -207,11 +199,15 @@ def validate_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, 
         if not isinstance(name, str) or not name:
             raise ChatFormatError(f"{where}: function.name is missing")
         if _NAME_FORBIDDEN & set(name):
-            raise ChatFormatError(f"{where}: function name {name!r} contains a quote, angle bracket or newline")
+            raise ChatFormatError(
+                f"{where}: function name {name!r} contains a quote, angle bracket or newline"
+            )
         if name in seen:
             raise ChatFormatError(f"{where}: duplicate function name {name!r}")
         params = fn.get("parameters")
-        if params is not None and (not isinstance(params, Mapping) or params.get("type", "object") != "object"):
+        if params is not None and (
+            not isinstance(params, Mapping) or params.get("type", "object") != "object"
+        ):
             raise ChatFormatError(f"{where} ({name}): parameters must be a JSON schema of type object")
         if fn.get("description") is not None and not isinstance(fn.get("description"), str):
             raise ChatFormatError(f"{where} ({name}): description must be a string")
@@ -221,37 +217,16 @@ def validate_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, 
 
 
 def _response_schema(response_format: Mapping[str, Any] | None) -> Any:
-    """The JSON schema to write into the prompt; `json_object` and `text` add nothing (enforce by decoding)."""
+    """The JSON schema to write into the prompt; `json_object` and `text` add nothing (the server enforces
+    those by decoding)."""
     if not response_format or response_format.get("type") in ("text", "json_object"):
         return None
     spec = response_format.get("json_schema") if response_format.get("type") == "json_schema" else None
     if not isinstance(spec, Mapping) or not isinstance(spec.get("schema"), Mapping):
-        raise ChatFormatError('response_format: expected {"type": "json_schema", "json_schema": {"schema": {...}}}')
+        raise ChatFormatError(
+            'response_format: expected {"type": "json_schema", "json_schema": {"schema": {...}}}'
+        )
     return spec["schema"]
-
-
-def reasoning_budget(effort: str | int | None) -> int:
-    """V4.1's numeric reasoning effort (1-100) for a name or an int; unverified mapping, see module doc."""
-    if effort is None:
-        return _V41_BUDGETS["high"]
-    if isinstance(effort, bool) or not isinstance(effort, (int, str)):
-        raise ChatFormatError(f"reasoning_effort must be a name or an integer 1-100, got {effort!r}")
-    if isinstance(effort, int):
-        if not 1 <= effort <= 100:
-            raise ChatFormatError(f"reasoning_effort must be within 1-100, got {effort}")
-        return effort
-    if effort not in _V41_BUDGETS:
-        raise ChatFormatError(f"unknown reasoning_effort {effort!r}; expected one of {', '.join(_V41_BUDGETS)}")
-    return _V41_BUDGETS[effort]
-
-
-def _effort_preamble(effort: str | int | None, family: Family) -> str:
-    if family == "v41":
-        return _V41_BUDGET_LINE.format(budget=reasoning_budget(effort))
-    if isinstance(effort, int) and not isinstance(effort, bool):
-        raise ChatFormatError("a numeric reasoning_effort is V4.1 only; DeepSeek-V4 takes a name")
-    reasoning_budget(effort)  # validates the name
-    return _MAX_EFFORT_PREAMBLE if effort == "max" else ""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -285,8 +260,10 @@ def encode_chat(
     """
     if reasoning_effort == "none":
         thinking, reasoning_effort = False, None
-    preamble = _effort_preamble(reasoning_effort, family)  # validates the effort in either mode
-    preamble = preamble if thinking else ""
+    try:
+        preamble = effort_preamble(reasoning_effort, family, thinking)
+    except ValueError as err:
+        raise ChatFormatError(str(err)) from None
     functions = validate_tools(tools)
     schema = _response_schema(response_format)
     turns = _turns(messages, continue_final_message, developer_as_system)
@@ -298,7 +275,7 @@ def encode_chat(
     if add_generation_prompt and last.role not in ("user", "developer") and not last.open_ended:
         raise ChatFormatError(
             "the conversation must end with a user or tool message (or a final assistant message to "
-            "continue, marked with \"prefix\": true)"
+            'continue, marked with "prefix": true)'
         )
     drop = thinking and drop_thinking and not functions
     if drop:
@@ -358,7 +335,9 @@ def _tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None) ->
         return "auto", None
     if isinstance(tool_choice, str):
         if tool_choice not in ("auto", "none", "required"):
-            raise ChatFormatError(f"unknown tool_choice {tool_choice!r}; expected auto, none, required or a function")
+            raise ChatFormatError(
+                f"unknown tool_choice {tool_choice!r}; expected auto, none, required or a function"
+            )
         if tool_choice == "required" and not names:
             raise ChatFormatError('tool_choice "required" needs at least one tool')
         return tool_choice, None
@@ -373,9 +352,12 @@ def _tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None) ->
     return "function", name
 
 
-def tools_for_prompt(tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """The tools to pass to `encode_chat`: none at all for tool_choice "none" (OpenAI: the model must not call
-    a tool, so it is not told about any; the server should also parse with `OutputParser(tool_calls=False)`)."""
+def tools_for_prompt(
+    tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, Any]] | None:
+    """The tools to pass to `encode_chat`: none at all for tool_choice "none" (OpenAI: the model must not
+    call a tool, so it is not told about any; the server should also parse with
+    `OutputParser(tool_calls=False)`)."""
     mode, _ = _tool_choice(tool_choice, tools)
     return None if mode == "none" or not tools else [dict(t) for t in tools]
 

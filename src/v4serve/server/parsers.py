@@ -13,11 +13,14 @@ Recovery rules (the model does not always follow the format):
 * anything else unexpected inside a block ends the block: the call in progress is closed (complete=False)
   and the text becomes content. Malformed tags are dropped; a tag cut off by the end of output too.
 * string="false" values that are not valid JSON become JSON strings.
+Inside a parameter value `<think>` / `</think>` are data (the reference keeps them too); EOS and DSML
+markup are removed everywhere.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,9 +28,6 @@ from typing import Any
 
 from v4serve.server import tool_calls as dsml
 from v4serve.server.chat import ASSISTANT, BOS, EOS, THINK_END, THINK_START, USER
-
-THINK_END_ID = 128822
-DSML_ID = 128825
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +160,8 @@ class OutputParser:
                 return "drop", len(prefix)  # not a tag after all: only the DSML marker goes
         for marker in _DROPPED:
             if s.startswith(marker):
+                if self._mode is _Mode.VALUE and marker in (THINK_START, THINK_END):
+                    return "text", 0  # data inside a parameter (a file about think tags), as in the reference
                 return "drop", len(marker)
         if any(m.startswith(s) for m in _MARKERS):
             if not self._final:
@@ -292,9 +294,12 @@ class OutputParser:
         return events
 
 
+_MARKER_START = re.compile("[<｜]")  # every marker starts with one of these
+
+
 def _next_marker(buf: str, pos: int) -> int:
-    hits = [i for i in (buf.find("<", pos), buf.find("｜", pos)) if i >= 0]
-    return min(hits) if hits else -1
+    m = _MARKER_START.search(buf, pos)
+    return m.start() if m else -1
 
 
 def _trailing_newlines(text: str) -> int:
@@ -311,7 +316,11 @@ def _coalesce(events: list[Event]) -> list[Event]:
         prev = out[-1] if out else None
         if isinstance(ev, ReasoningDelta | ContentDelta) and type(prev) is type(ev):
             out[-1] = type(ev)(prev.text + ev.text)  # type: ignore[union-attr]
-        elif isinstance(ev, ToolCallArgsDelta) and isinstance(prev, ToolCallArgsDelta) and prev.index == ev.index:
+        elif (
+            isinstance(ev, ToolCallArgsDelta)
+            and isinstance(prev, ToolCallArgsDelta)
+            and prev.index == ev.index
+        ):
             out[-1] = ToolCallArgsDelta(ev.index, prev.text + ev.text)
         else:
             out.append(ev)
@@ -367,7 +376,8 @@ def collect(events: Sequence[Event]) -> ParsedCompletion:
         elif isinstance(ev, ToolCallEnd):
             calls[ev.index]["complete"] = ev.complete
     tool_calls = [
-        ParsedToolCall(c["id"], c["name"], "".join(c["args"]), c["complete"]) for _, c in sorted(calls.items())
+        ParsedToolCall(c["id"], c["name"], "".join(c["args"]), c["complete"])
+        for _, c in sorted(calls.items())
     ]
     return ParsedCompletion("".join(reasoning), "".join(content), tool_calls)
 
@@ -378,17 +388,3 @@ def parse_completion(
     """Non-streaming parse of one completion (the text generated after the prompt)."""
     parser = OutputParser(thinking, tool_calls=tool_calls, id_factory=id_factory)
     return collect(parser.feed(text) + parser.finish())
-
-
-def count_reasoning_tokens(
-    token_ids: Sequence[int], thinking: bool, *, think_end_id: int = THINK_END_ID, dsml_id: int = DSML_ID
-) -> int:
-    """Generated tokens that are reasoning (for usage.completion_tokens_details.reasoning_tokens): those
-    before `</think>`; when the model opened a tool call without closing its reasoning, those before the
-    first DSML token (the "<" of that tag is counted); all of them if reasoning never ended."""
-    if not thinking:
-        return 0
-    for i, tok in enumerate(token_ids):
-        if tok == think_end_id or tok == dsml_id:
-            return i
-    return len(token_ids)

@@ -26,8 +26,10 @@ def simulate(x: torch.Tensor, fmt: str | None, rope_dim: int) -> torch.Tensor:
     if fmt is None:
         return x
     if fmt == "v4_fp8":
+        # the rope dims stay BF16 (the reference's KV dtype, and what the 584-B record stores)
         nope = x.shape[-1] - rope_dim
-        return torch.cat([quant.fp8_simulate(x[..., :nope], 64), x[..., nope:]], dim=-1)
+        rope = x[..., nope:].to(torch.bfloat16).to(x.dtype)
+        return torch.cat([quant.fp8_simulate(x[..., :nope], 64), rope], dim=-1)
     if fmt == "fp8_b32":
         return quant.fp8_simulate(x, 32)
     if fmt == "nvfp4":

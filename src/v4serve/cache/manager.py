@@ -1,0 +1,214 @@
+"""KV-cache bookkeeping for the scheduler: slots, blocks, prefix hits (with their window state) and stats.
+
+The manager never touches tensors. Slot operations the device must perform (forget a slot's compressor
+state, restore or take a window checkpoint) are queued as `SlotOp`s and applied by the runner before the next
+forward, in order.
+
+How a prefix hit at block boundary M is made exact or approximate:
+* V4.1 with SWA bounded replay (default): recompute positions [M - window, M) through every layer with their
+  window attention clipped at M - window, reusing the cached compressed entries. Approximate by design.
+* Exact (V4, and V4.1 with --no-swa-bounded-replay): the cheaper of (a) restoring a window checkpoint taken at a
+  boundary C <= M and computing from C, or (b) replaying from S = M - R, where R = window + (L - 1)(window - 1)
+  is the depth of the window dependency through L layers, so that every layer's window at M is exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..engine.request import Request
+from .prefix import BlockPool, CheckpointStore, block_hashes
+
+
+@dataclass
+class SlotOp:
+    kind: str  # "reset" (forget compressor state) or "copy" (dst <- src: all windows and states)
+    dst: int
+    src: int = -1
+
+
+@dataclass
+class CacheStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    hits: int = 0
+    misses: int = 0
+    miss_reasons: Counter = field(default_factory=Counter)
+    hit_kinds: Counter = field(default_factory=Counter)  # checkpoint / exact_replay / bounded_replay
+    replayed_tokens: int = 0
+    checkpoints_taken: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class CacheGeometry:
+    block_size: int
+    window: int
+    n_layers: int
+    ratios: tuple[int, ...]  # distinct compress ratios in use
+
+    @property
+    def replay_depth(self) -> int:
+        """Positions an exact window rebuild must recompute: window + (L - 1)(window - 1)."""
+        return self.window + (self.n_layers - 1) * (self.window - 1)
+
+    @property
+    def group_align(self) -> int:
+        return math.lcm(*self.ratios) if self.ratios else 1
+
+
+class KVCacheManager:
+    def __init__(self, geometry: CacheGeometry, num_blocks: int, max_num_seqs: int, num_checkpoints: int,
+                 caching: bool, bounded_replay: bool):
+        self.g = geometry
+        self.caching = caching
+        self.bounded = bounded_replay
+        self.pool = BlockPool(num_blocks, caching)
+        self.free_slots = list(range(max_num_seqs - 1, -1, -1))
+        ckpt_slots = range(max_num_seqs, max_num_seqs + (num_checkpoints if caching and not bounded_replay else 0))
+        self.checkpoints = CheckpointStore(ckpt_slots)
+        self.pool.on_evict = self.checkpoints.drop
+        self.pending: list[SlotOp] = []
+        self.stats = CacheStats()
+        self._used_slots = 0
+        self._ckpt_slot = -1
+
+    # --- admission --------------------------------------------------------------------------------
+    def has_free_slot(self) -> bool:
+        return bool(self.free_slots)
+
+    def admit(self, req: Request) -> None:
+        """Give the request a slot and apply the longest usable prefix hit (sets num_computed etc.)."""
+        req.slot = self.free_slots.pop()
+        self._used_slots += 1
+        req.window_floor = 0
+        req.cached_len = 0
+        req.num_computed = 0
+        req.blocks = []
+        start, kind = self._match(req)
+        if kind == "checkpoint":
+            self.pending.append(SlotOp("copy", req.slot, self._ckpt_slot))
+        else:
+            self.pending.append(SlotOp("reset", req.slot))
+        req.num_computed = start
+        req.prefill_target = req.num_tokens
+        if req.num_preemptions == 0:  # usage counts the first admission only
+            req.num_cached_tokens = start
+            self.stats.prompt_tokens += req.num_prompt_tokens
+            self.stats.cached_tokens += start
+            if start:
+                self.stats.hits += 1
+                self.stats.hit_kinds[kind] += 1
+            else:
+                self.stats.misses += 1
+
+    def _match(self, req: Request) -> tuple[int, str]:
+        B, W = self.g.block_size, self.g.window
+        if not self.caching:
+            return self._miss(req, "disabled")
+        if req.params.prompt_logprobs is not None:
+            return self._miss(req, "prompt_logprobs")
+        req.block_hashes = block_hashes(req.all_token_ids, B, req.cache_salt, req.block_hashes)
+        max_blocks = (req.num_tokens - 1) // B
+        if max_blocks == 0:
+            return self._miss(req, "shorter_than_block")
+        k = 0
+        while k < max_blocks and self.pool.lookup(req.block_hashes[k]) is not None:
+            k += 1
+        if k == 0:
+            return self._miss(req, "evicted" if self.pool.was_evicted(req.block_hashes[0]) else "no_prefix")
+        M = k * B
+        if self.bounded:
+            if M <= W:
+                return self._miss(req, "within_window")
+            start, kind = M - W, "bounded_replay"
+        else:
+            ck = 0
+            for c in range(k, 0, -1):
+                slot = self.checkpoints.lookup(req.block_hashes[c - 1])
+                if slot is not None:
+                    ck, self._ckpt_slot = c * B, slot
+                    break
+            align = self.g.group_align
+            replay = max(0, (M - self.g.replay_depth) // align * align)
+            if ck == 0 and replay == 0:
+                return self._miss(req, "no_window_state")
+            start, kind = (ck, "checkpoint") if ck >= replay else (replay, "exact_replay")
+        for i in range(k):
+            b = self.pool.lookup(req.block_hashes[i])
+            self.pool.acquire(b)
+            req.blocks.append(b)
+        req.cached_len = M
+        if kind != "checkpoint":
+            req.window_floor = start
+            self.stats.replayed_tokens += M - start
+        return start, kind
+
+    def _miss(self, req: Request, reason: str) -> tuple[int, str]:
+        if req.num_preemptions == 0:
+            self.stats.miss_reasons[reason] += 1
+        return 0, "miss"
+
+    # --- blocks -----------------------------------------------------------------------------------
+    def blocks_needed(self, req: Request, upto: int) -> int:
+        return max(0, -(-upto // self.g.block_size) - len(req.blocks))
+
+    def ensure_blocks(self, req: Request, upto: int) -> bool:
+        """Allocate blocks so positions < upto are addressable; False (nothing taken) if the pool is short."""
+        need = self.blocks_needed(req, upto)
+        if need > self.pool.num_free:
+            return False
+        for _ in range(need):
+            b = self.pool.allocate()
+            assert b is not None
+            req.blocks.append(b)
+        return True
+
+    def free(self, req: Request) -> None:
+        """Return the request's blocks (cached ones stay findable) and slot; its checkpoint stays cached."""
+        for b in req.blocks:
+            self.pool.release(b)
+        req.blocks = []
+        if req.slot >= 0:
+            self.free_slots.append(req.slot)
+            self._used_slots -= 1
+            req.slot = -1
+
+    # --- after a step -----------------------------------------------------------------------------
+    def after_step(self, req: Request) -> None:
+        """Publish newly completed blocks to the prefix cache; snapshot the window at a new boundary."""
+        if not self.caching or req.params.prompt_logprobs is not None:
+            return
+        B = self.g.block_size
+        full = req.num_computed // B
+        if full == 0:
+            return
+        req.block_hashes = block_hashes(req.all_token_ids[: full * B], B, req.cache_salt, req.block_hashes)
+        for i in range(full):
+            self.pool.register(req.blocks[i], req.block_hashes[i])
+        if self.bounded or req.num_computed % B or req.num_computed < self.g.window:
+            return
+        h = req.block_hashes[full - 1]
+        if h == req.checkpoint_hash:
+            return
+        slot = self.checkpoints.take(h)
+        if slot is None:
+            return
+        self.pending.append(SlotOp("copy", slot, req.slot))
+        if req.checkpoint_hash is not None:
+            self.checkpoints.drop(req.checkpoint_hash)  # keep only the latest boundary per request
+        req.checkpoint_hash = h
+        self.stats.checkpoints_taken += 1
+
+    def take_ops(self) -> list[SlotOp]:
+        ops, self.pending = self.pending, []
+        return ops
+
+    def reset_prefix_cache(self) -> None:
+        self.pool.reset()
+        self.checkpoints.reset()

@@ -1,0 +1,170 @@
+"""The `v4serve` command: serve | generate | info | make-checkpoint | bench | eval."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .config import ConfigError
+from .presets import DEMO_PRESET, PRESETS
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Engine flags (vLLM's names where the meaning is the same); every one is also an `LLM(...)` keyword."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--device", default="auto", help="auto (cuda if available), cuda, cuda:N or cpu")
+    g.add_argument("--dtype", default="auto", help="compute dtype: auto (bf16 on GPU, float32 on CPU), bfloat16, float32")
+    g.add_argument("--seed", type=int, default=0, help="seed of a preset's random weights")
+    g.add_argument("--numerics", default="deepseek", choices=["deepseek", "transformers"],
+                   help="follow DeepSeek's reference numerics (default) or transformers'")
+    g.add_argument("--block-size", type=int, default=256, help="token positions per KV block (every cache kind)")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp8", "fp4"],
+                   help="fp8: V4's 584 B records; fp4: V4.1's 288 B compressed entries")
+    g.add_argument("--index-cache-dtype", default=None, choices=["auto", "bf16", "fp8", "fp4"],
+                   help="index keys: fp8 (132 B) or fp4 (68 B; default with a quantized KV cache)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--kv-cache-memory", type=_bytes, default=None, help="bytes for the KV cache (e.g. 8GiB); any device")
+    g.add_argument("--max-num-seqs", type=int, default=64)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--long-prefill-token-threshold", type=int, default=0,
+                   help="max prefill tokens per request per step (0 = max-num-batched-tokens / 4)")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--swa-bounded-replay", action=argparse.BooleanOptionalAction, default=None,
+                   help="V4.1: approximate SWA rebuild on prefix hits + trimmed decoder prefill (default on for "
+                        "V4.1); --no-swa-bounded-replay is exact")
+    g.add_argument("--num-window-checkpoints", type=int, default=None)
+    g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--max-queue-len", type=int, default=1024)
+
+
+def _bytes(s: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = s.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(float(t))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a byte size: {s!r} (examples: 8GiB, 512MiB, 1000000)") from None
+
+
+ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dtype", "index_cache_dtype",
+               "gpu_memory_utilization", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
+               "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
+               "num_window_checkpoints", "enforce_eager", "max_queue_len")
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    return {k: getattr(args, k) for k in ENGINE_ARGS if hasattr(args, k)}
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from . import LLM, SamplingParams
+
+    kw = engine_kwargs(args)
+    seed = kw.pop("seed")
+    numerics = kw.pop("numerics")
+    llm = LLM(args.model, seed=seed, numerics=numerics, **kw)
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                        top_k=args.top_k, seed=args.sampling_seed)
+    prompts = args.prompt or ["Hello"]
+    for out in llm.generate(prompts, sp):
+        if args.json:
+            print(json.dumps({"prompt": out.prompt, "text": out.text, "token_ids": out.token_ids,
+                              "finish_reason": out.outputs[0].finish_reason}))
+        else:
+            print(f"--- prompt: {out.prompt!r}\n{out.text}\n--- {len(out.token_ids)} tokens, "
+                  f"finish: {out.outputs[0].finish_reason}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .info import format_info, model_info
+    from .models.factory import resolve_config
+
+    config, _ = resolve_config(args.model)
+    info = model_info(config)
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
+def cmd_make_checkpoint(args: argparse.Namespace) -> int:
+    from .models.checkpoint import write_checkpoint
+    from .presets import get_preset
+
+    config = get_preset(args.preset)
+    out = write_checkpoint(config, args.out, seed=args.seed, dtype=args.dtype)
+    print(f"wrote {args.preset} ({args.dtype}, seed {args.seed}) to {out}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server.launch import serve
+
+    return serve(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="v4serve", description="Serve the DeepSeek-V4 model family.")
+    p.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    s.add_argument("model", nargs="?", default=None, help=f"preset ({', '.join(PRESETS)}) or checkpoint folder; "
+                   f"default: the built-in demo model ({DEMO_PRESET})")
+    from .server.args import add_server_args
+
+    add_server_args(s)
+    add_engine_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    g = sub.add_parser("generate", help="generate text offline (no server)")
+    g.add_argument("model", help="preset name or checkpoint folder")
+    g.add_argument("--prompt", action="append", help="a prompt (repeat for several)")
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--sampling-seed", type=int, default=None, help="per-request sampling seed")
+    g.add_argument("--json", action="store_true")
+    add_engine_args(g)
+    g.set_defaults(func=cmd_generate)
+
+    i = sub.add_parser("info", help="parameters, layer kinds, weight and KV-cache bytes (needs only config.json)")
+    i.add_argument("model", help="preset name or a folder holding config.json")
+    i.add_argument("--json", action="store_true")
+    i.set_defaults(func=cmd_info)
+
+    m = sub.add_parser("make-checkpoint", help="write a random checkpoint in the official layout")
+    m.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    m.add_argument("--out", required=True, type=Path)
+    m.add_argument("--dtype", default="fp8", choices=["fp8", "bfloat16", "float32"])
+    m.add_argument("--seed", type=int, default=0)
+    m.set_defaults(func=cmd_make_checkpoint)
+
+    from .bench.cli import register_bench
+    from .eval.cli import register_eval
+
+    register_bench(sub)
+    register_eval(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"v4serve {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

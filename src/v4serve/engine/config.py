@@ -1,0 +1,75 @@
+"""Engine options (the vLLM-named CLI flags map 1:1 onto these fields)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+class EngineConfigError(ValueError):
+    """An engine option out of range; the message names the option and what to pass instead."""
+
+
+@dataclass
+class EngineConfig:
+    device: str = "auto"  # auto = cuda when available, else cpu
+    dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
+    seed: int = 0  # preset weights' seed
+    numerics: str = "deepseek"
+    block_size: int = 256
+    kv_cache_dtype: str = "auto"  # auto | bf16 | fp8 (V4 584 B records) | fp4 (V4.1 288 B entries)
+    index_cache_dtype: str | None = None  # auto | bf16 | fp8 (132 B) | fp4 (68 B); None = fp4 with quantized KV
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None  # bytes for KV pools; overrides gpu_memory_utilization
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 8192
+    long_prefill_token_threshold: int = 0  # per-request prefill tokens per step; 0 = max_num_batched_tokens // 4
+    max_model_len: int | None = None  # None = min(model max positions, what the cache holds)
+    enable_prefix_caching: bool = True
+    swa_bounded_replay: bool | None = None  # None = on for V4.1, off (exact) for V4
+    num_window_checkpoints: int | None = None  # window snapshots kept for exact prefix hits (None = max_num_seqs)
+    enforce_eager: bool = False
+    cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    max_queue_len: int = 1024
+    with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
+
+    def __post_init__(self) -> None:
+        def bad(name: str, msg: str) -> None:
+            raise EngineConfigError(f"--{name.replace('_', '-')}: {msg}")
+
+        if self.block_size <= 0 or self.block_size % 8:
+            bad("block_size", f"must be a positive multiple of 8, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            bad("kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory}")
+        if self.max_num_seqs < 1:
+            bad("max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            bad("max_num_batched_tokens", f"must be at least 1, got {self.max_num_batched_tokens}")
+        if self.long_prefill_token_threshold < 0:
+            bad("long_prefill_token_threshold", f"must be >= 0, got {self.long_prefill_token_threshold}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            bad("max_model_len", f"must be at least 2, got {self.max_model_len}")
+        if self.kv_cache_dtype not in ("auto", "bf16", "fp8", "fp4"):
+            bad("kv_cache_dtype", f"must be auto, bf16, fp8 or fp4, got {self.kv_cache_dtype!r}")
+        if self.index_cache_dtype not in (None, "auto", "bf16", "fp8", "fp4"):
+            bad("index_cache_dtype", f"must be auto, bf16, fp8 or fp4, got {self.index_cache_dtype!r}")
+        if self.max_queue_len < 1:
+            bad("max_queue_len", f"must be at least 1, got {self.max_queue_len}")
+
+    @property
+    def prefill_chunk(self) -> int:
+        return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 4)
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def from_kwargs(cls, **kw: Any) -> EngineConfig:
+        unknown = set(kw) - cls.field_names()
+        if unknown:
+            raise EngineConfigError(f"unknown engine option(s): {', '.join(sorted(unknown))}")
+        return cls(**kw)

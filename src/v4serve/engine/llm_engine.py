@@ -1,0 +1,301 @@
+"""LLMEngine: model + KV pools + scheduler + runner + output processing, stepped synchronously.
+
+`add_request` validates and queues; `step()` runs one batched forward and returns every request's progress.
+The offline `LLM` class and the engine-core process (engine/core.py) both drive this object.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.manager import CacheGeometry, KVCacheManager
+from ..cache.pool import KVPools
+from ..cache.spec import CacheSpec, make_cache_spec
+from ..models.factory import LoadedModel, build_model
+from ..tokenizer import Tokenizer
+from .config import EngineConfig, EngineConfigError
+from .output import OutputProcessor
+from .request import FinishReason, Request, StepDelta
+from .runner import ModelRunner
+from .sampler import fresh_seeds
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+
+log = logging.getLogger("v4serve.engine")
+
+CPU_DEFAULT_KV_MEMORY = 256 << 20
+DEFAULT_MAX_MODEL_LEN = 65536
+AGENTX_SESSION_TOKENS = 142_000
+
+
+class RequestError(ValueError):
+    """A request the engine refuses (too long, bad token ids, bad sampling params): the message says why."""
+
+
+@dataclass
+class Capacity:
+    num_blocks: int
+    num_slots: int
+    num_checkpoints: int
+    kv_bytes: int
+    max_model_len: int
+
+    def tokens(self, block_size: int) -> int:
+        return self.num_blocks * block_size
+
+    def sessions(self, block_size: int, session_tokens: int = AGENTX_SESSION_TOKENS) -> int:
+        return min(self.num_blocks // -(-session_tokens // block_size), self.num_slots)
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
+             "float16": torch.float16}
+    if dtype not in table:
+        raise EngineConfigError(f"--dtype must be auto, bfloat16 or float32, got {dtype!r}")
+    return table[dtype]
+
+
+def plan_capacity(spec: CacheSpec, cfg: EngineConfig, budget: int, max_position: int) -> Capacity:
+    """Split a byte budget between per-request slots (windows + compressor state) and paged blocks."""
+    n_ckpt = 0
+    bounded = bool(cfg.swa_bounded_replay)
+    if cfg.enable_prefix_caching and not bounded:
+        n_ckpt = cfg.num_window_checkpoints if cfg.num_window_checkpoints is not None else cfg.max_num_seqs
+    slots = cfg.max_num_seqs + n_ckpt
+    slot_bytes = (slots + 1) * spec.slot_bytes()
+    block_bytes = max(1, spec.block_bytes())
+    num_blocks = (budget - slot_bytes) // block_bytes - 1
+    if num_blocks < 1:
+        raise EngineConfigError(
+            f"--kv-cache-memory / --gpu-memory-utilization leave {budget / 2**20:.1f} MiB for the KV cache, but "
+            f"{slots} slots need {slot_bytes / 2**20:.1f} MiB before any block ({block_bytes / 2**20:.2f} MiB each); "
+            "give the cache more memory or lower --max-num-seqs / --num-window-checkpoints")
+    cap_tokens = num_blocks * spec.block_size
+    mml = cfg.max_model_len or min(max_position, DEFAULT_MAX_MODEL_LEN, cap_tokens)
+    if mml > max_position:
+        raise EngineConfigError(f"--max-model-len {mml} exceeds the model's {max_position} positions")
+    if mml > cap_tokens:
+        raise EngineConfigError(f"--max-model-len {mml} needs {-(-mml // spec.block_size)} blocks but the cache holds "
+                                f"{num_blocks}; raise --kv-cache-memory or lower --max-model-len")
+    return Capacity(int(num_blocks), slots, n_ckpt, int(budget), int(mml))
+
+
+class LLMEngine:
+    def __init__(self, model: str, config: EngineConfig | None = None, loaded: LoadedModel | None = None):
+        cfg = config or EngineConfig()
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
+        t0 = time.monotonic()
+        self.loaded = loaded or build_model(model, seed=cfg.seed, numerics=cfg.numerics, dtype=self.dtype,
+                                            device=self.device, with_mtp=cfg.with_mtp)
+        mc = self.model_config = self.loaded.config
+        if cfg.swa_bounded_replay is None:
+            cfg.swa_bounded_replay = mc.is_v41
+        if cfg.swa_bounded_replay and not mc.is_v41:
+            raise EngineConfigError("--swa-bounded-replay is a DeepSeek-V4.1 technique; V4 models serve prefix hits "
+                                    "exactly (window checkpoints or exact replay)")
+        self.tokenizer = Tokenizer.from_pretrained(self.loaded.folder)
+        self.spec = make_cache_spec(mc, cfg.block_size, cfg.kv_cache_dtype, cfg.index_cache_dtype, self.dtype,
+                                    with_mtp=cfg.with_mtp)
+        self.capacity = plan_capacity(self.spec, cfg, self._kv_budget(), mc.max_position)
+        self.max_model_len = self.capacity.max_model_len
+        self.pools = KVPools(self.spec, self.capacity.num_blocks, self.capacity.num_slots, self.device)
+        ratios = tuple(sorted({mc.compress_ratios[i] for i in mc.compressed_layers}))
+        geom = CacheGeometry(cfg.block_size, mc.window_size, mc.n_layers, ratios)
+        self.kv = KVCacheManager(geom, self.capacity.num_blocks, cfg.max_num_seqs, self.capacity.num_checkpoints,
+                                 cfg.enable_prefix_caching, bool(cfg.swa_bounded_replay))
+        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.prefill_chunk,
+                                   cfg.block_size, mc.window_size, align_chunks=cfg.enable_prefix_caching,
+                                   decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay))
+        graphs = None
+        if self.device.type == "cuda" and not cfg.enforce_eager:
+            from .graphs import DecodeGraphs
+
+            graphs = DecodeGraphs(self.loaded.model, self.pools, cfg.cuda_graph_sizes, self.max_model_len,
+                                  self.capacity.num_blocks, cfg.block_size, self.device)
+        self.runner = ModelRunner(self.loaded.model, self.pools, mc.vocab_size, mc.eos_token_id, self.device,
+                                  self.max_model_len, graphs)
+        if mc.is_v41:
+            from ..models.v41.engine_hooks import make_extras_fn
+
+            self.runner.extras_fn = make_extras_fn(self.loaded.model, mc, self.tokenizer)
+        if graphs is not None:
+            graphs.capture()
+        self.requests: dict[str, Request] = {}
+        self.outputs: dict[str, OutputProcessor] = {}
+        self.load_seconds = time.monotonic() - t0
+        log.info(self.describe_capacity())
+
+    # --- capacity -----------------------------------------------------------------------------------
+    def _kv_budget(self) -> int:
+        if self.cfg.kv_cache_memory is not None:
+            return self.cfg.kv_cache_memory
+        if self.device.type != "cuda":
+            return CPU_DEFAULT_KV_MEMORY
+        free, total = torch.cuda.mem_get_info(self.device)
+        used = total - free
+        reserve = self._activation_reserve()
+        return int(self.cfg.gpu_memory_utilization * total - used - reserve)
+
+    def _activation_reserve(self) -> int:
+        """Peak activation memory of the largest step, bounded from the budget (profiled lazily by the runner)."""
+        mc = self.loaded.config
+        toks = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len or DEFAULT_MAX_MODEL_LEN)
+        per_token = 4 * (mc.n_heads * (mc.window_size + mc.index_topk) * 4 + mc.hc_mult * mc.dim * 8 + mc.vocab_size)
+        return int(min(toks * per_token * 2, 24 << 30)) + (2 << 30)
+
+    def describe_capacity(self) -> str:
+        c, B = self.capacity, self.cfg.block_size
+        by = self.spec.by_kind()
+        return (f"KV cache: {c.num_blocks} blocks of {B} positions = {c.tokens(B):,} tokens "
+                f"({by['total_per_token']:.2f} B/token: {by['compressed_entries_per_token']:.2f} compressed + "
+                f"{by['index_keys_per_token']:.2f} index keys; window+state {self.spec.slot_bytes() / 2**20:.2f} "
+                f"MiB per slot, {c.num_slots} slots incl. {c.num_checkpoints} window checkpoints); "
+                f"fits {c.sessions(B)} AgentX-median sessions of {AGENTX_SESSION_TOKENS:,} tokens; "
+                f"max_model_len {c.max_model_len:,}")
+
+    # --- requests -----------------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
+                    cache_salt: str | None = None) -> list[str]:
+        """Queue a request (n > 1: n sibling requests sharing the prompt). Returns the engine request ids."""
+        request_id = request_id or uuid.uuid4().hex
+        self.validate(prompt_token_ids, params)
+        if request_id in self.requests or any(k.startswith(request_id + "#") for k in self.requests):
+            raise RequestError(f"request id {request_id!r} is already in use")
+        ids = [request_id] if params.n == 1 else [f"{request_id}#{i}" for i in range(params.n)]
+        base_seed = params.seed
+        seeds = fresh_seeds(len(ids)) if base_seed is None else [base_seed + i for i in range(len(ids))]
+        max_new = self.max_model_len - len(prompt_token_ids)
+        for rid, seed in zip(ids, seeds):
+            p = params if params.max_tokens is not None else params.clone(max_tokens=max_new)
+            req = Request(rid, list(prompt_token_ids), p, cache_salt=cache_salt, seed=seed)
+            self.requests[rid] = req
+            self.outputs[rid] = OutputProcessor(req, self.tokenizer, self.model_config.eos_token_id,
+                                                self.max_model_len)
+            self.scheduler.add(req)
+        return ids
+
+    def validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise RequestError("the prompt is empty: send at least one token")
+        V = self.model_config.vocab_size
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < V]
+        if bad:
+            raise RequestError(f"prompt token id(s) {bad[:5]} are outside the vocabulary [0, {V})")
+        try:
+            params.validate(V)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        if len(prompt) >= self.max_model_len:
+            raise RequestError(f"the prompt has {len(prompt)} tokens; this server's context is {self.max_model_len} "
+                               "tokens (--max-model-len) and a prompt must leave room for one output token")
+        if params.max_tokens is not None and len(prompt) + params.max_tokens > self.max_model_len:
+            raise RequestError(f"max_tokens ({params.max_tokens}) plus the prompt ({len(prompt)} tokens) exceeds the "
+                               f"context of {self.max_model_len} tokens; lower max_tokens to at most "
+                               f"{self.max_model_len - len(prompt)}")
+
+    def abort(self, request_id: str) -> None:
+        for rid in [request_id] + [k for k in self.requests if k.startswith(request_id + "#")]:
+            req = self.requests.get(rid)
+            if req is not None and not req.is_finished:
+                self.scheduler.abort(req)
+                req.finished_time = time.monotonic()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # --- stepping -------------------------------------------------------------------------------------
+    def step(self) -> list[StepDelta]:
+        deltas: list[StepDelta] = []
+        for req in list(self.requests.values()):  # report aborted requests once
+            if req.is_finished and req.request_id in self.outputs:
+                deltas.append(self._finish_delta(req))
+        sched = self.scheduler.schedule()
+        for req in sched.failed:
+            req.finished_time = time.monotonic()
+            deltas.append(self._finish_delta(req))
+        if sched.empty:
+            return deltas
+        out = self.runner.execute(sched, self.scheduler.decoder_floor)
+        self.scheduler.advance(sched)
+        now = time.monotonic()
+        for rid, entries in out.prompt_logprobs.items():
+            req = self.requests[rid]
+            if not req.prompt_logprobs:
+                req.prompt_logprobs = [None]
+            req.prompt_logprobs.extend(entries)
+        for s in out.sampled:
+            req = s.request
+            if req.is_finished:
+                continue
+            proc = self.outputs[req.request_id]
+            if req.first_token_time is None:
+                req.first_token_time = now
+            text, reason, stop_reason = proc.append(s.token_id, s.top)
+            finished = reason is not None
+            if finished:
+                self.scheduler.finish(req, reason, stop_reason)
+                req.finished_time = now
+                self.outputs.pop(req.request_id)
+            deltas.append(proc.delta([s.token_id], text, finished, [s.top] if s.top is not None else None))
+        return deltas
+
+    def _finish_delta(self, req: Request) -> StepDelta:
+        proc = self.outputs.pop(req.request_id)
+        return proc.delta([], "", True)
+
+    def release(self, request_id: str) -> Request | None:
+        """Forget a finished request (the caller has read its outputs)."""
+        return self.requests.pop(request_id, None)
+
+    # --- introspection ----------------------------------------------------------------------------------
+    def stats(self) -> dict[str, object]:
+        kv = self.kv
+        used = kv.pool.num_blocks - kv.pool.num_free
+        return {
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "preemptions": self.scheduler.num_preemptions,
+            "blocks_total": kv.pool.num_blocks,
+            "blocks_used": used,
+            "blocks_cached": kv.pool.num_cached,
+            "kv_usage": used / kv.pool.num_blocks,
+            "kv_bytes_by_kind": self.kv_bytes_by_kind(used),
+            "prefix_hits": kv.stats.hits,
+            "prefix_misses": kv.stats.misses,
+            "prefix_miss_reasons": dict(kv.stats.miss_reasons),
+            "prefix_hit_kinds": dict(kv.stats.hit_kinds),
+            "prompt_tokens": kv.stats.prompt_tokens,
+            "cached_tokens": kv.stats.cached_tokens,
+            "replayed_tokens": kv.stats.replayed_tokens,
+            "checkpoints": len(kv.checkpoints.by_hash),
+            "evictions": kv.pool.evictions,
+        }
+
+    def kv_bytes_by_kind(self, used_blocks: int) -> dict[str, int]:
+        B = self.cfg.block_size
+        comp = sum((B // lc.ratio) * lc.compressed.record_bytes for lc in self.spec.layers if lc.compressed)
+        idx = sum((B // lc.ratio) * lc.index_keys.record_bytes for lc in self.spec.layers if lc.index_keys)
+        running = len(self.scheduler.running)
+        return {"compressed": used_blocks * comp, "index_keys": used_blocks * idx,
+                "window": running * self.spec.window_bytes_per_seq(),
+                "compressor_state": running * self.spec.state_bytes_per_seq()}
+
+    def abort_all(self, reason: FinishReason = FinishReason.ABORT) -> None:
+        for req in list(self.requests.values()):
+            if not req.is_finished:
+                self.scheduler.finish(req, reason)

@@ -1,0 +1,122 @@
+"""A request as the engine tracks it, and what the engine reports back."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from .sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # the client aborted (or disconnected)
+    ERROR = "error"  # the engine could not serve it (e.g. it never fits the KV cache)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache_salt: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+    seed: int | None = None  # drawn once at admission when params.seed is None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    error: str | None = None
+    # --- cache state -----------------------------------------------------------------------------
+    slot: int = -1
+    blocks: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks of all tokens
+    num_computed: int = 0  # positions whose KV is in the cache
+    window_floor: int = 0  # replay start: window KV below it is not visible
+    cached_len: int = 0  # compressed entries below this are shared from the prefix cache (not rewritten)
+    prefill_target: int = 0  # tokens known when this prefill started (V4.1 decoder trim)
+    num_cached_tokens: int = 0  # prompt tokens not recomputed (reported as usage cached_tokens)
+    checkpoint_hash: bytes | None = None  # this request's latest window checkpoint
+    num_preemptions: int = 0
+    # --- outputs -----------------------------------------------------------------------------------
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    first_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == RequestStatus.FINISHED
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.num_tokens - self.num_computed > 1
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class RequestOutput:
+    """What `LLM.generate` returns per prompt (and the final state a stream reaches)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+    num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The first completion's tokens (convenience for n == 1)."""
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+
+@dataclass
+class StepDelta:
+    """One request's progress in one engine step (what a streaming client receives)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    new_logprobs: list[dict[int, float]] | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    num_cached_tokens: int = 0
+    error: str | None = None

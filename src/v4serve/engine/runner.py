@@ -1,0 +1,139 @@
+"""ModelRunner: turns a scheduled step into the model's StepInput, runs it, and samples.
+
+The runner owns the device state (model, KV pools); the scheduler never sees tensors. Uniform decode steps run
+through captured CUDA graphs when available (engine/graphs.py); everything else runs eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..cache.manager import SlotOp
+from ..cache.pool import KVPools
+from ..models.step import RowSpec, StepInput, build_step
+from .request import Request
+from .sampler import SamplingBatch, sample
+from .scheduler import SchedulerOutput
+
+
+@dataclass
+class SampledToken:
+    request: Request
+    token_id: int
+    logprob: float
+    top: dict[int, float] | None
+
+
+@dataclass
+class RunnerOutput:
+    sampled: list[SampledToken]
+    prompt_logprobs: dict[str, list[dict[int, float] | None]]  # request id -> entries for this chunk
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, pools: KVPools, vocab_size: int, eos_id: int,
+                 device: torch.device, max_model_len: int, graphs: object | None = None):
+        self.model = model
+        self.pools = pools
+        self.vocab_size = vocab_size
+        self.eos_id = eos_id
+        self.device = device
+        self.max_model_len = max_model_len
+        self.graphs = graphs
+        self.extras_fn = None  # model-specific per-step extras (V4.1 Engram n-gram history)
+
+    def apply_ops(self, ops: list[SlotOp]) -> None:
+        for op in ops:
+            if op.kind == "reset":
+                self.pools.reset_slots(torch.tensor([op.dst], device=self.device))
+            elif op.kind == "copy":
+                self.pools.copy_slot(op.dst, op.src)
+            else:
+                raise ValueError(op.kind)
+
+    def build(self, sched: SchedulerOutput, decoder_floor) -> StepInput:
+        specs = []
+        for row in sched.rows:
+            req = row.request
+            want_all = req.params.prompt_logprobs is not None and row.start < req.num_prompt_tokens
+            specs.append(RowSpec(
+                token_ids=req.all_token_ids[row.start:row.start + row.num_tokens], start=row.start, slot=req.slot,
+                blocks=req.blocks, window_floor=req.window_floor, cached_len=req.cached_len,
+                decoder_floor=decoder_floor(req),
+                logits="all" if want_all else ("last" if row.sample else "none")))
+        step = build_step(specs, self.device, max_context=max(r.start + r.num_tokens for r in sched.rows))
+        if self.extras_fn is not None:
+            step.extras.update(self.extras_fn(sched, step))
+        return step
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput, decoder_floor) -> RunnerOutput:
+        self.apply_ops(sched.slot_ops)
+        step = self.build(sched, decoder_floor)
+        logits = None
+        if self.graphs is not None:
+            logits = self.graphs.run(sched, step)
+        if logits is None:
+            logits = self.model(step, self.pools).logits
+        return self._sample(sched, logits)
+
+    def _sample(self, sched: SchedulerOutput, logits: torch.Tensor) -> RunnerOutput:
+        sample_rows: list[tuple[Request, int]] = []
+        prompt_lp: dict[str, list[dict[int, float] | None]] = {}
+        cursor = 0
+        for row in sched.rows:
+            req = row.request
+            want_all = req.params.prompt_logprobs is not None and row.start < req.num_prompt_tokens
+            if want_all:
+                n = row.num_tokens
+                chunk = logits[cursor:cursor + n]
+                prompt_lp[req.request_id] = self._prompt_logprobs(req, row.start, chunk)
+                if row.sample:
+                    sample_rows.append((req, cursor + n - 1))
+                cursor += n
+            elif row.sample:
+                sample_rows.append((req, cursor))
+                cursor += 1
+        sampled: list[SampledToken] = []
+        if sample_rows:
+            idx = torch.tensor([i for _, i in sample_rows], device=logits.device)
+            reqs = [r for r, _ in sample_rows]
+            batch = SamplingBatch.build(
+                [r.params for r in reqs], vocab_size=self.vocab_size, device=logits.device,
+                output_ids=[r.output_token_ids for r in reqs],
+                prompt_ids=[r.prompt_token_ids for r in reqs] if any(r.params.repetition_penalty != 1.0 for r in reqs)
+                else None,
+                seeds=[r.seed for r in reqs], eos_id=self.eos_id)
+            out = sample(logits[idx], batch)
+            ids = out.token_ids.tolist()
+            lps = out.logprobs.tolist()
+            tops = out.top_ids.tolist() if out.top_ids is not None else None
+            topv = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+            for i, r in enumerate(reqs):
+                top = None
+                if r.params.logprobs is not None:
+                    k = r.params.logprobs
+                    top = {ids[i]: lps[i]}
+                    if tops is not None and k:
+                        top.update({t: v for t, v in zip(tops[i][:k], topv[i][:k])})
+                sampled.append(SampledToken(r, ids[i], lps[i], top))
+        return RunnerOutput(sampled, prompt_lp)
+
+    def _prompt_logprobs(self, req: Request, start: int, chunk: torch.Tensor) -> list[dict[int, float] | None]:
+        """Entry i: logprob of prompt token start+i+1 (and the top-k) from the logits at position start+i."""
+        lp = torch.log_softmax(chunk.float(), dim=-1)
+        k = req.params.prompt_logprobs or 0
+        toks = req.prompt_token_ids
+        out: list[dict[int, float] | None] = []
+        top_v, top_i = (lp.topk(k, dim=-1) if k else (None, None))
+        for i in range(chunk.shape[0]):
+            nxt = start + i + 1
+            if nxt >= len(toks):
+                break
+            d = {toks[nxt]: float(lp[i, toks[nxt]])}
+            if k:
+                d.update({int(t): float(v) for t, v in zip(top_i[i].tolist(), top_v[i].tolist())})
+            out.append(d)
+        return out

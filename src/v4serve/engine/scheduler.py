@@ -1,0 +1,179 @@
+"""Continuous batching: each step fills a token budget with decode rows and prefill chunks together.
+
+Policy:
+* decode rows first, in arrival order: a running request is never starved by prefills;
+* then running prefills, then waiting requests (FIFO), each capped at `prefill_chunk` tokens per step so a cold
+  100K-token prompt cannot stall warm short turns; chunk ends land on block boundaries when the prompt goes on
+  (window checkpoints and prefix hits live on block boundaries);
+* admission stops at `max_num_seqs` running requests or when blocks run short;
+* when a running request needs a block and none is free, the most recently admitted other request is preempted
+  (its blocks and slot are freed; its full blocks stay in the prefix cache, so its recompute is usually a hit).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..cache.manager import KVCacheManager, SlotOp
+from .request import FinishReason, Request, RequestStatus
+
+
+@dataclass
+class ScheduledRow:
+    request: Request
+    start: int  # first position computed
+    num_tokens: int
+    sample: bool  # the row ends at the last known token: sample the next one
+
+
+@dataclass
+class SchedulerOutput:
+    rows: list[ScheduledRow]
+    slot_ops: list[SlotOp]
+    num_tokens: int
+    preempted: list[Request] = field(default_factory=list)
+    failed: list[Request] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.rows
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, prefill_chunk: int,
+                 block_size: int, window: int, align_chunks: bool, decoder_trim: bool):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.budget = max_num_batched_tokens
+        self.prefill_chunk = prefill_chunk
+        self.block_size = block_size
+        self.window = window
+        self.align_chunks = align_chunks
+        self.decoder_trim = decoder_trim
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # --- queue ---------------------------------------------------------------------------------------
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def abort(self, req: Request) -> None:
+        self.finish(req, FinishReason.ABORT)
+
+    def finish(self, req: Request, reason: FinishReason, stop_reason: str | int | None = None) -> None:
+        if req.is_finished:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    # --- one step ------------------------------------------------------------------------------------
+    def _chunk(self, req: Request, budget: int) -> int:
+        remaining = req.num_tokens - req.num_computed
+        n = min(remaining, budget, self.prefill_chunk if remaining > 1 else 1)
+        end = req.num_computed + n
+        if self.align_chunks and n < remaining and end >= self.block_size:
+            aligned = end // self.block_size * self.block_size
+            if aligned > req.num_computed:
+                n = aligned - req.num_computed
+        return n
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.budget
+        rows: list[ScheduledRow] = []
+        preempted: list[Request] = []
+        failed: list[Request] = []
+        # running requests: decodes first (stable: arrival order within each group)
+        order = sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_time))
+        scheduled: set[str] = set()
+        for req in order:
+            if budget <= 0:
+                break
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self._chunk(req, budget)
+            while not self.kv.ensure_blocks(req, req.num_computed + n):
+                victim = self._victim(exclude=req)
+                if victim is None:
+                    break
+                if victim.request_id in scheduled:
+                    budget += sum(r.num_tokens for r in rows if r.request is victim)
+                    rows = [r for r in rows if r.request is not victim]
+                    scheduled.discard(victim.request_id)
+                self._preempt(victim)
+                preempted.append(victim)
+            else:
+                rows.append(self._row(req, n))
+                scheduled.add(req.request_id)
+                budget -= n
+                continue
+            # nothing left to preempt: the request alone exceeds the cache
+            self.finish(req, FinishReason.ERROR)
+            req.error = "the request needs more KV-cache blocks than the engine has; raise --kv-cache-memory " \
+                        "(or --gpu-memory-utilization) or lower --max-model-len"
+            failed.append(req)
+        # admission
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.kv.has_free_slot():
+            req = self.waiting[0]
+            self.kv.admit(req)
+            n = self._chunk(req, budget)
+            if not self.kv.ensure_blocks(req, req.num_computed + n):
+                self.kv.free(req)
+                if not self.running and not rows:
+                    self.waiting.popleft()
+                    self.finish(req, FinishReason.ERROR)
+                    req.error = "the prompt needs more KV-cache blocks than the engine has; raise " \
+                                "--kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len"
+                    failed.append(req)
+                    continue
+                self.kv.pending = [op for op in self.kv.pending if op.dst != req.slot]
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            rows.append(self._row(req, n))
+            budget -= n
+        return SchedulerOutput(rows, self.kv.take_ops(), self.budget - budget, preempted, failed)
+
+    def _row(self, req: Request, n: int) -> ScheduledRow:
+        return ScheduledRow(req, req.num_computed, n, req.num_computed + n == req.num_tokens)
+
+    def _victim(self, exclude: Request) -> Request | None:
+        cands = [r for r in self.running if r is not exclude]
+        return max(cands, key=lambda r: r.arrival_time) if cands else None
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.free(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    # --- after the step -----------------------------------------------------------------------------
+    def advance(self, out: SchedulerOutput) -> None:
+        """Account for the computed rows (before sampled tokens are appended)."""
+        for row in out.rows:
+            req = row.request
+            if req.status != RequestStatus.RUNNING:
+                continue
+            req.num_computed = row.start + row.num_tokens
+            self.kv.after_step(req)
+
+    def decoder_floor(self, req: Request) -> int:
+        """V4.1 trimmed prefill: decoder layers need only the last `window` positions of what is known."""
+        if not self.decoder_trim or req.params.prompt_logprobs is not None:
+            return 0
+        return max(req.window_floor, req.prefill_target - self.window)

@@ -1,0 +1,129 @@
+"""`v4serve info`: parameters, layer kinds, weight bytes and KV-cache bytes, all computed from the config."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from .cache.spec import make_cache_spec
+from .config import ModelConfig, ceil_div
+from .models.layout import TensorSpec, tensor_specs
+
+
+def layer_kinds(c: ModelConfig) -> list[str]:
+    out = []
+    for i in range(c.n_layers):
+        r = c.ratio(i)
+        if r == 0:
+            out.append("window")
+        elif not c.is_v41:
+            out.append(f"CSA (ratio {r}, indexer)" if r == 4 else f"HCA (ratio {r})")
+        else:
+            role = "KV source" if c.owns_compressor(i) else f"reads layer {c.kv_source(i)}"
+            idx = "index source" if c.runs_indexer(i) else f"top-k of layer {c.index_source(i)}"
+            dec = ", decoder" if i >= c.decoder_start else ""
+            out.append(f"CSA2 ratio {r}: {role}; {idx}{dec}")
+    return out
+
+
+def stored_bytes(spec: TensorSpec, c: ModelConfig, quantized: bool) -> dict[str, int]:
+    """Bytes of one tensor as released, split by storage format."""
+    n = spec.numel
+    if spec.kind == "index":
+        return {"int64": 8 * n}
+    if spec.kind == "f32":
+        return {"f32": 4 * n}
+    if not quantized or spec.kind == "bf16":
+        return {"bf16": 2 * n}
+    if spec.kind == "expert" and c.expert_dtype == "fp4":
+        return {"fp4": n // 2, "e8m0 scales": n // 32}
+    if spec.kind == "engram":
+        return {"fp8": n, "e8m0 scales": n // 32}
+    out_f, in_f = spec.shape[0], spec.shape[-1]
+    return {"fp8": n, "e8m0 scales": ceil_div(out_f, c.weight_block) * ceil_div(in_f, c.weight_block)}
+
+
+def _is_active(spec: TensorSpec, c: ModelConfig) -> float:
+    """Fraction of a tensor a token touches: routed experts are used by top-k of n; the vocab tables by one row."""
+    if ".experts." in spec.name:
+        return c.n_activated_experts / c.n_routed_experts
+    if spec.name == "embed.weight" or spec.kind == "engram" or spec.name.endswith("tid2eid"):
+        return 1.0 / spec.shape[0]
+    return 1.0
+
+
+def parameter_counts(c: ModelConfig) -> dict[str, int]:
+    specs = tensor_specs(c, include_mtp=True)
+    trunk = [s for s in specs if not s.name.startswith("mtp.")]
+    total = sum(s.numel for s in trunk)
+    mtp = sum(s.numel for s in specs if s.name.startswith("mtp."))
+    active = int(sum(s.numel * _is_active(s, c) for s in trunk))
+    out = {"total": total, "mtp_or_draft": mtp, "active_per_token": active}
+    if c.is_v41:
+        from .models.v41.accounting import active_params
+
+        ap = active_params(c)
+        out["active_per_prompt_token"] = ap["prefill_per_token"]
+        out["active_per_generated_token"] = ap["decode_per_token"]
+        out["active_per_token"] = ap["decode_per_token"]
+    return out
+
+
+def weight_bytes(c: ModelConfig, quantized: bool = True) -> dict[str, int]:
+    acc: Counter[str] = Counter()
+    for s in tensor_specs(c, include_mtp=True):
+        acc.update(stored_bytes(s, c, quantized))
+    return dict(acc)
+
+
+def kv_formats(c: ModelConfig) -> dict[str, dict[str, float]]:
+    """KV bytes per token (growing part) and per sequence (window, compressor state) for each record format."""
+    combos = [("bf16", "bf16"), ("fp8", "fp8"), ("fp8", "fp4")] if not c.is_v41 else [("bf16", "bf16"), ("fp4", "fp4")]
+    out = {}
+    for kv, idx in combos:
+        spec = make_cache_spec(c, block_size=256, kv_dtype=kv, index_dtype=idx)
+        out[f"kv={kv}, index={idx}"] = spec.by_kind()
+    return out
+
+
+def model_info(c: ModelConfig) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "name": c.name, "family": c.family, "layers": c.n_layers, "hidden": c.dim,
+        "parameters": parameter_counts(c),
+        "layer_kinds": layer_kinds(c),
+        "layer_kind_counts": dict(Counter(k.split(":")[0] for k in layer_kinds(c))),
+        "weight_bytes": weight_bytes(c, quantized=True),
+        "kv_cache": kv_formats(c),
+    }
+    info["weight_bytes"]["total"] = sum(v for k, v in info["weight_bytes"].items() if k != "total")
+    if c.is_v41:
+        from .models.v41.accounting import engram_row_counts
+
+        info["engram_rows"] = dict(zip(map(str, c.engram_layers), engram_row_counts(c)))
+        info["decoder_layers"] = f"{c.decoder_start}..{c.n_layers - 1}"
+    return info
+
+
+def format_info(info: dict[str, Any]) -> str:
+    p = info["parameters"]
+    lines = [f"{info['name']} ({info['family']}): {info['layers']} layers, hidden {info['hidden']}",
+             f"parameters: {p['total'] / 1e9:.2f}B total (+{p['mtp_or_draft'] / 1e9:.2f}B MTP/draft)"]
+    if "active_per_prompt_token" in p:
+        lines.append(f"active per prompt token: {p['active_per_prompt_token'] / 1e9:.2f}B; "
+                     f"per generated token: {p['active_per_generated_token'] / 1e9:.2f}B")
+    else:
+        lines.append(f"active per token: {p['active_per_token'] / 1e9:.2f}B")
+    lines.append("layer kinds: " + ", ".join(f"{k} x{n}" for k, n in info["layer_kind_counts"].items()))
+    wb = info["weight_bytes"]
+    lines.append("weight bytes (released formats): " + ", ".join(
+        f"{k} {v / 1e9:.2f} GB" for k, v in wb.items() if k != "total") + f"; total {wb['total'] / 1e9:.2f} GB")
+    lines.append("KV cache:")
+    for name, d in info["kv_cache"].items():
+        lines.append(f"  {name}: {d['total_per_token']:.2f} B/token ({d['compressed_entries_per_token']:.2f} "
+                     f"compressed + {d['index_keys_per_token']:.2f} index keys); per sequence "
+                     f"{d['window_per_sequence'] / 2**20:.2f} MiB window + "
+                     f"{d['compressor_state_per_sequence'] / 2**20:.2f} MiB compressor state")
+    if "engram_rows" in info:
+        lines.append("Engram rows: " + ", ".join(f"layer {k}: {v:,}" for k, v in info["engram_rows"].items()))
+        lines.append(f"decoder layers (trimmed prefill): {info['decoder_layers']}")
+    return "\n".join(lines)

@@ -1,0 +1,158 @@
+"""DeepSeek-V4.1 attention: V4's low-rank queries / single K=V head / window / sink / grouped output, with CSA2.
+
+Per layer: its own q path (no per-head query norm in V4.1), its own 128-position window KV (the whole 512-vector
+FP8-simulated per 32 after RoPE), its own sink and output projection. On layers with a nonzero ratio, the
+query also attends to up to `index_topk` compressed entries of the most recent *KV source*:
+* KV sources run the CSA2 compressor (ratio 2: gated pooling of 2 positions; ratio 1: one entry per position,
+  ungated; no overlap, no APE). Its latent (RMS-normed, before RoPE) gives both the compressed entry (RoPE at
+  the group's first position, NVFP4-simulated) and the index key (`wk`, `k_norm`, RoPE, MXFP4-simulated).
+* index sources score and select (indexer.py); the other layers reuse the last index source's selection.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...config import ModelConfig
+from ...ops import compressor as comp
+from ...ops import quant
+from ...ops.attention import sparse_attention
+from ...ops.indexer import index_scores
+from ...ops.linear import Linear
+from ...ops.norm import rms_norm
+from ...ops.rope import apply_rope, inv_freq, rope_cos_sin
+from ..numerics import Numerics
+from ..v4.attention import simulate
+from ..v4.context import StepContext
+from ..v4.modules import CompressorParams, Norm, param
+from .indexer import Selection, candidate_blocks, mask_invisible, select_entries
+
+
+class V41Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, numerics: Numerics):
+        super().__init__()
+        c = config
+        self.config, self.layer, self.numerics = c, layer, numerics
+        is_trunk = layer < c.n_layers
+        self.ratio = c.compress_ratios[layer] if is_trunk else 0  # DSpark blocks are window-only
+        H, hd = c.n_heads, c.head_dim
+        self.wq_a = Linear(c.dim, c.q_lora_rank)
+        self.q_norm = Norm(c.q_lora_rank, c.norm_eps)
+        self.wq_b = Linear(c.q_lora_rank, H * hd)
+        self.wkv = Linear(c.dim, hd)
+        self.kv_norm = Norm(hd, c.norm_eps)
+        self.wo_a = Linear(H * hd // c.o_groups, c.o_groups * c.o_lora_rank)
+        self.wo_b = Linear(c.o_groups * c.o_lora_rank, c.dim)
+        self.attn_sink = param(H)
+        self.source = c.kv_source(layer) if self.ratio else -1
+        self.compressor: CompressorParams | None = None
+        self.indexer: nn.Module | None = None
+        if self.ratio and c.owns_compressor(layer):
+            self.compressor = CompressorParams(c.dim, hd, self.ratio, overlap=False, gated=self.ratio > 1,
+                                               ape=False, eps=c.norm_eps)
+        if self.ratio and c.runs_indexer(layer):
+            self.indexer = nn.Module()
+            self.indexer.wq_b = Linear(c.q_lora_rank, c.index_n_heads * c.index_head_dim)
+            self.indexer.weights_proj = Linear(c.dim, c.index_n_heads)
+            if self.compressor is not None:
+                self.indexer.wk = Linear(hd, c.index_head_dim)
+                self.indexer.k_norm = Norm(c.index_head_dim, c.norm_eps)
+        cand = c.candidate_source_layer
+        self.publishes_candidates = self.indexer is not None and layer == cand
+        self.uses_candidates = self.indexer is not None and 0 <= cand < layer
+
+    # --- the shared pieces (also used by DSpark blocks) -----------------------------------------------
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.config
+        qr = self.q_norm(self.wq_a(x))
+        q = self.wq_b(qr).view(x.shape[0], c.n_heads, c.head_dim)
+        return apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1)), qr
+
+    def window_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
+        return simulate(kv, self.numerics.window_kv, self.config.rope_dim)
+
+    def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
+        wo_a = self.wo_a.weight.view(c.o_groups, c.o_lora_rank, -1)
+        o = torch.einsum("tgd,grd->tgr", o.reshape(o.shape[0], c.o_groups, -1), wo_a)
+        return self.wo_b(o.flatten(1))
+
+    # --- forward ---------------------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor:
+        hd = self.config.head_dim
+        cos, sin = ctx.rope(self.ratio > 0)
+        q, qr = self.queries(x, cos, sin)
+        kv = self.window_kv(x, cos, sin)
+        kv_win, valid_win = ctx.gather_window(self.layer, kv)
+        parts, masks = [kv_win], [valid_win]
+        if self.ratio:
+            if self.compressor is not None:
+                self.compress(x, ctx)
+            if self.indexer is not None:
+                self.select(x, qr, ctx, sel)
+            rows, valid = self.compressed_rows(ctx, sel)
+            parts.append(ctx.pools.compressed[self.source].read(rows, kv.dtype))
+            masks.append(valid)
+        o = sparse_attention(q, torch.cat(parts, 1), torch.cat(masks, 1), self.attn_sink, hd ** -0.5)
+        ctx.write_window(self.layer, kv)
+        return self.output(o, cos, sin)
+
+    def compressed_rows(self, ctx: StepContext, sel: Selection) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pool rows [T, k] of the selected entries of the KV source's cache, and which picks are real."""
+        idx = sel.topk
+        rows = ctx.entry_rows(self.source)[ctx.step.token_row]  # [T, E]
+        return torch.gather(rows, 1, idx.clamp(min=0)), idx >= 0
+
+    def compress(self, x: torch.Tensor, ctx: StepContext) -> None:
+        """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""
+        p, step, pools, L = self.compressor, ctx.step, ctx.pools, self.layer
+        xf = x.float()
+        kv = p.wkv(xf)
+        if p.wgate is None:  # ratio 1: every position is its own entry
+            groups = comp.Groups(step.token_row, step.positions, torch.ones_like(step.positions, dtype=torch.bool))
+            pooled = kv
+        else:
+            state = pools.state[L]
+            src = comp.PositionSource(step, p.ratio, overlap=False)
+            kv_src, score_src = src.table(state.kv, state.score, kv, p.wgate(xf))
+            groups = comp.completed_groups(step, p.ratio)
+            pooled = comp.pool_entries(kv_src, score_src, src, groups, p.head_dim)
+            state.kv[step.row_slot], state.score[step.row_slot] = comp.next_state(kv_src, score_src, src)
+        latent = rms_norm(pooled.to(x.dtype), p.norm.weight, p.norm.eps)
+        cos, sin = rope_cos_sin(groups.entry * p.ratio, inv_freq(self.config, True))
+        rows = ctx.entry_write_rows(L, groups.row, groups.entry, groups.valid)
+        entries = simulate(apply_rope(latent, cos, sin), self.numerics.compressed_kv, self.config.rope_dim)
+        pools.compressed[L].write(rows, entries)
+        ix = self.indexer
+        keys = apply_rope(ix.k_norm(ix.wk(latent.float()).to(x.dtype)), cos, sin)
+        pools.index_keys[L].write(rows, self._index_format(keys))
+
+    def _index_format(self, x: torch.Tensor) -> torch.Tensor:
+        return quant.fp4_simulate(x, 32) if self.numerics.index_fp4 else x
+
+    def index_scores(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """[T, E] scores of every entry of the KV source (invisible ones included; the caller masks)."""
+        c, step = self.config, ctx.step
+        ix = self.indexer
+        cos, sin = ctx.rope(True)
+        qi = ix.wq_b(qr).view(step.num_tokens, c.index_n_heads, c.index_head_dim)
+        qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
+        w = ix.weights_proj(x).float() * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
+        keys = ctx.pools.index_keys[self.source].read(ctx.entry_rows(self.source), x.dtype)  # [R, E, d]
+        return index_scores(qi, w, keys[step.token_row])
+
+    def select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, sel: Selection) -> None:
+        c = self.config
+        scores = self.index_scores(x, qr, ctx)
+        visible = ctx.visible(self.ratio)
+        if self.publishes_candidates:
+            sel.candidates = candidate_blocks(mask_invisible(scores, visible), visible, c.candidate_topk_blocks,
+                                              c.candidate_block_size)
+        cands = sel.candidates if self.uses_candidates else None
+        if self.uses_candidates and cands is None:
+            raise RuntimeError(f"layer {self.layer} masks to candidate blocks, but layer "
+                               f"{c.candidate_source_layer} published none in this step")
+        sel.topk = select_entries(scores, visible, c.index_topk, cands)

@@ -1,0 +1,95 @@
+"""One DeepSeek-V4.1 block: (Engram) -> attention -> MoE, on the 4-stream residual with single-pass mHC.
+
+Single-pass ("lagged") mHC: every sub-layer computes (pre, post, comb) from its own input streams and uses
+post / comb for its own expansion, but its input is collapsed with the `pre` of the *previous* sub-layer:
+attention with the previous block's FFN `pre` (a one-hot on stream 0 before block 0), the FFN with this block's
+attention `pre`. The block returns its FFN `pre` for the next one (and for the final collapse).
+MoE: bias-routed everywhere (`bias`, or `bias_vl` for image-placeholder tokens), routing weights normalised with
++1e-20, the shared expert SwiGLU-clamped like the routed ones.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...config import ModelConfig
+from ...ops import moe as moe_ops
+from ...ops.mhc import HCParams, hc_coefficients, hc_collapse, hc_expand, hc_mixes
+from ..numerics import Numerics
+from ..v4.context import StepContext
+from ..v4.modules import Norm, param
+from ..v4.moe import MoE
+from .attention import V41Attention
+from .engram import Engram
+from .indexer import Selection
+
+
+class V41MoE(MoE):
+    def __init__(self, config: ModelConfig, layer: int, numerics: Numerics, n_experts: int | None = None,
+                 topk: int | None = None):
+        super().__init__(config, layer, numerics, n_experts, topk)
+        self.gate.bias_vl = param(self.n_experts)
+
+    def forward(self, x: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        c, nm = self.config, self.numerics
+        g = self.gate
+        bias = torch.where(image.unsqueeze(1), g.bias_vl.unsqueeze(0), g.bias.unsqueeze(0))  # selection only
+        weights, ids = moe_ops.route(x, g.weight, bias, None, None, self.topk, c.score_func, c.route_scale,
+                                     nm.gate_eps, c.norm_topk_prob)
+        act = c.weight_block if nm.act_quant and self.experts.quantized else 0
+        y = moe_ops.experts_forward(x, self.experts.w1, self.experts.w2, self.experts.w3, weights, ids,
+                                    c.swiglu_limit, act, nm.weight_before_w2, self.grouped)
+        if c.n_shared_experts:
+            se = self.shared_experts
+            sact = c.weight_block if nm.act_quant and se.w1.quantized else 0
+            y = y + moe_ops.dense_mlp(x, se.w1.weight, se.w2.weight, se.w3.weight,
+                                      c.swiglu_limit if self.shared_clamp else 0.0, sact)
+        return y.to(x.dtype)
+
+
+class V41Block(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int, numerics: Numerics, n_experts: int | None = None,
+                 topk: int | None = None):
+        super().__init__()
+        c = config
+        self.config, self.layer = c, layer
+        self.attn = V41Attention(c, layer, numerics)
+        self.ffn = V41MoE(c, layer, numerics, n_experts, topk)
+        self.attn_norm = Norm(c.dim, c.norm_eps)
+        self.ffn_norm = Norm(c.dim, c.norm_eps)
+        mix, hd = (2 + c.hc_mult) * c.hc_mult, c.hc_mult * c.dim
+        self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale = param(mix, hd), param(mix), param(3)
+        self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale = param(mix, hd), param(mix), param(3)
+        is_engram = layer < c.n_layers and layer in c.engram_layers
+        self.engram = Engram(c, layer) if is_engram else None
+
+    def coefficients(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        c = self.config
+        p = HCParams(getattr(self, f"hc_{which}_fn"), getattr(self, f"hc_{which}_base"),
+                     getattr(self, f"hc_{which}_scale"))
+        return hc_coefficients(hc_mixes(x, p.fn, c.norm_eps), p, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps)
+
+    def forward(self, x: torch.Tensor, pre: torch.Tensor, ctx: StepContext, sel: Selection,
+                image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hc, D] (Engram already applied), pre [T, hc] of the previous sub-layer -> (x', this FFN's pre)."""
+        return self.ffn_part(self.attn_part(x, pre, lambda y: self.attn(y, ctx, sel)), image)
+
+    def attn_part(self, x: torch.Tensor, pre: torch.Tensor, attn) -> tuple[torch.Tensor, torch.Tensor]:
+        pre_a, post, comb = self.coefficients(x, "attn")
+        y = self.attn_norm(hc_collapse(x, pre))
+        return hc_expand(attn(y), x, post, comb), pre_a
+
+    def ffn_part(self, state: tuple[torch.Tensor, torch.Tensor], image: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, pre_a = state
+        pre_f, post, comb = self.coefficients(x, "ffn")
+        y = self.ffn_norm(hc_collapse(x, pre_a))
+        return hc_expand(self.ffn(y, image), x, post, comb), pre_f
+
+
+def identity_pre(x: torch.Tensor) -> torch.Tensor:
+    """The one-hot `pre` (stream 0) that the first sub-layer collapses with."""
+    pre = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    pre[:, 0] = 1.0
+    return pre

@@ -1,0 +1,109 @@
+"""Engram (DeepSeek-V4.1 layers 1 and 14): a hashed n-gram memory written into the residual streams.
+
+For each token the layer gathers its 24 table rows (see engram_hash.py), concatenates them [24 * 256] and
+projects with `wkv` to one key per stream [hc, dim] plus one shared value [dim]. Per (token, stream k):
+
+    dot_k  = sum_d X_k,d * q_weight_k,d * k_weight_k,d * key_k,d * rsqrt(mean(X_k^2) + eps)
+             * rsqrt(mean(key_k^2) + eps) * dim^-0.5
+    gate_k = sigmoid(sign(dot_k) * sqrt(max(|dot_k|, 1e-6)))
+    X_k   <- X_k + gate_k * value                                  (gate 0 for dead tokens: image placeholders)
+
+The tables are large (~98 GB FP8 each for V4.1-Flash) and only 24 rows per token are read, so `EngramTable`
+keeps the stored FP8 rows with their per-32 e8m0 scales (never a dequantized copy) and can live in host memory
+(pinned): a step then gathers its rows on the host and copies only those to the device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...config import ModelConfig
+from ...ops import quant
+from ...ops.linear import Linear
+from ..v4.modules import param
+
+GATE_FLOOR = 1e-6  # |dot| floor under the signed square root (the reference's clamp value)
+
+
+class EngramTable(nn.Module):
+    """`engram.embed`: rows [N, head_dim] stored FP8 e4m3 + float32 power-of-two scales [N, head_dim/32], or floats.
+
+    `set_stored` is how the loader hands over a checkpoint tensor (kept in its stored format);
+    `place(on_host=...)` moves the table between device and (pinned) host memory.
+    """
+
+    keeps_stored_format = True
+
+    def __init__(self, rows: int, head_dim: int):
+        super().__init__()
+        self.rows, self.head_dim = rows, head_dim
+        self.register_buffer("weight", torch.zeros(0, head_dim), persistent=False)
+        self.register_buffer("scale", None, persistent=False)
+
+    def set_stored(self, tensor: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> None:
+        if tuple(tensor.shape) != (self.rows, self.head_dim):
+            raise ValueError(f"Engram table of shape {list(tensor.shape)} does not fit [{self.rows}, {self.head_dim}]")
+        if tensor.dtype == torch.float8_e4m3fn:
+            if scale is None:
+                raise ValueError("an FP8 Engram table needs its per-32 scales")
+            self.weight = tensor
+            self.scale = quant.e8m0_to_float(scale) if scale.dtype in (torch.uint8, torch.float8_e8m0fnu) \
+                else scale.float()
+        else:
+            self.weight, self.scale = tensor.to(dtype), None
+
+    def place(self, on_host: bool, pin: bool = True, device: torch.device | str | None = None) -> None:
+        """Move the table to (pinned) host memory, or to `device`."""
+        if on_host:
+            def move(t: torch.Tensor) -> torch.Tensor:
+                t = t.to("cpu")
+                return t.pin_memory() if pin and torch.cuda.is_available() else t
+        else:
+            def move(t: torch.Tensor) -> torch.Tensor:
+                return t.to(device)
+        self.weight = move(self.weight)
+        if self.scale is not None:
+            self.scale = move(self.scale)
+
+    def forward(self, rows: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """rows [...] int64 (any device) -> dequantized rows [..., head_dim] on rows' device."""
+        dev = rows.device
+        host = self.weight.device != dev
+        idx = rows.to(self.weight.device) if host else rows
+        vals = self.weight[idx]
+        sc = self.scale[idx] if self.scale is not None else None
+        if host:  # gather on the host, ship only the rows this step reads
+            vals = vals.to(dev, non_blocking=True)
+            sc = sc.to(dev, non_blocking=True) if sc is not None else None
+        if sc is not None:
+            vals = (vals.float().unflatten(-1, (-1, 32)) * sc.unsqueeze(-1)).flatten(-2)
+        return vals.to(out_dtype)
+
+
+class Engram(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        c = config
+        self.config = c
+        self.index = c.engram_layers.index(layer)  # which of the hasher's layers this is
+        self.columns = (c.engram_max_ngram - 1) * c.engram_n_heads
+        self.embed = EngramTable(c.engram_num_embeddings[self.index], c.engram_head_dim)
+        self.wkv = Linear(self.columns * c.engram_head_dim, (c.hc_mult + 1) * c.dim)
+        self.q_weight = param(c.hc_mult, c.dim)
+        self.k_weight = param(c.hc_mult, c.dim)
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """x [T, hc, D] streams; rows [T, columns] this layer's row ids; live [T] bool -> updated streams."""
+        c = self.config
+        T, n, D = x.shape
+        emb = self.embed(rows, x.dtype).reshape(T, -1)
+        kv = self.wkv(emb).float()
+        key, value = kv[:, : n * D].view(T, n, D), kv[:, n * D:]
+        h = x.float()
+        rstd = torch.rsqrt(h.square().mean(-1) + c.norm_eps) * torch.rsqrt(key.square().mean(-1) + c.norm_eps)
+        w = self.q_weight.float() * self.k_weight.float()  # only ever used as a product
+        dot = (h * w * key).sum(-1) * rstd * D ** -0.5  # [T, hc]
+        gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(GATE_FLOOR).sqrt(), dot))
+        gate = gate * live.unsqueeze(1).to(gate.dtype)
+        return (h + gate.unsqueeze(-1) * value.unsqueeze(1)).to(x.dtype)
