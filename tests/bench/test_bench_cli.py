@@ -2,8 +2,12 @@
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # the stand-in server next to this file
 from fake_openai_server import FakeOpenAIServer, FakeServerConfig
 
 from v4serve.bench.cli import build_trace_source, register_bench
@@ -131,6 +135,7 @@ def test_agentic_and_serve_commands_write_results(tmp_path, capsys):
     doc = json.loads(agentic.read_text())
     assert doc["label"] == "stand-in" and [p["concurrency"] for p in doc["points"]] == [1, 2]
     assert doc["trace"]["source"] == "synthetic" and doc["server_models"]["data"][0]["id"] == "fake-v4"
+    assert doc["trace"]["synthetic_config"]["max_context"] == 2000  # min(server max_model_len, 1M x scale)
     assert doc["command"][:3] == ["v4serve", *doc["command"][1:3]]
     assert list(tmp_path.glob("agentic-*.md")) and list(tmp_path.glob("agentic-*.png"))
     (serve,) = tmp_path.glob("serve-*.json")

@@ -1,8 +1,12 @@
 """The classic serving benchmark: vLLM-named metrics by hand, and a run against the stand-in."""
 
 import asyncio
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # the stand-in server next to this file
 from fake_openai_server import FakeOpenAIServer, FakeServerConfig
 
 from v4serve.bench.client import StreamResult

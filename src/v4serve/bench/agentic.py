@@ -146,15 +146,13 @@ async def run_point(
         assert gate.window_start is not None
         await asyncio.sleep(max(0.0, gate.window_start + cfg.duration_s - time.perf_counter()))
         gate.close()
-        pacer.wake_all()
-        _, pending = await asyncio.wait(lanes, timeout=cfg.drain_timeout_s or cfg.request_timeout_s)
-        for task in pending:
+        pacer.close()
+        await asyncio.wait(lanes, timeout=cfg.drain_timeout_s or cfg.request_timeout_s)
+    finally:  # stragglers past the drain timeout (or an interrupted run) are cancelled, unrecorded
+        tasks = [*lanes, watcher, progress]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    finally:
-        for task in (watcher, progress):
-            task.cancel()
-        await asyncio.gather(watcher, progress, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     window_start = (gate.window_start or ctx.t0) - ctx.t0
     measured_end = max((r.end_s for r in ctx.records if r.phase == "measured"), default=0.0)

@@ -70,7 +70,12 @@ def _add_agentic(sub: Any) -> None:
     )
     p.add_argument("--scale", type=float, default=1.0, help="multiply trace token counts (synthetic, weka)")
     p.add_argument("--output-scale", type=float, help="multiply output lengths (default: --scale)")
-    p.add_argument("--max-context", type=int, help="end a session before a request exceeds this many tokens")
+    p.add_argument(
+        "--max-context",
+        type=int,
+        help="end a session before a request exceeds this many tokens "
+        "(default: the server's max_model_len from /v1/models)",
+    )
     p.add_argument("--no-subagents", action="store_true", help="synthetic sessions without subagent groups")
     p.add_argument(
         "--warmup-requests", type=int, default=10, help="warm-up requests per lane before the barrier"
@@ -85,9 +90,9 @@ def _add_agentic(sub: Any) -> None:
     )
     p.add_argument(
         "--replies",
-        choices=("auto", "live", "recorded"),
+        choices=("auto", "live"),
         default="auto",
-        help="assistant history: live server text, or the trace's recorded replies when it has them",
+        help="assistant history: the trace's recorded replies when it has them (auto), or the server's text",
     )
     p.add_argument("--cache-salt", action="store_true", help="also send the session salt as `cache_salt`")
     p.add_argument(
@@ -170,10 +175,28 @@ def build_trace_source(args: argparse.Namespace) -> tuple[TraceSource, dict[str,
     return SyntheticTraceSource(config), {"synthetic_config": asdict(config)}
 
 
+def server_max_model_len(base_url: str) -> int | None:
+    """`max_model_len` of the first model in GET /v1/models (vLLM and v4serve report it), if any."""
+    from v4serve.bench.client import normalize_base_url
+
+    try:
+        card = httpx.get(f"{normalize_base_url(base_url)}/v1/models", timeout=30).json()["data"][0]
+        return int(card["max_model_len"]) if card.get("max_model_len") else None
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
 def cmd_agentic(args: argparse.Namespace) -> int:
     from v4serve.bench.agentic import AgenticConfig, run_agentic
     from v4serve.bench.report import agentic_document, load_documents, markdown_report, write_agentic_report
 
+    if args.max_context is None and (limit := server_max_model_len(args.base_url)):
+        # Sessions end before a request would not fit the server (or the scaled 1M default).
+        if args.trace == "synthetic":
+            from v4serve.bench.synthetic import SyntheticTraceConfig
+
+            limit = min(limit, SyntheticTraceConfig(scale=args.scale).context_limit)
+        args.max_context = limit
     source, trace_extra = build_trace_source(args)
     cfg = AgenticConfig(
         base_url=args.base_url,

@@ -8,7 +8,8 @@ Timing rules (the same as `vllm bench serve`):
   that carries several tokens (speculative decoding, server-side batching of the stream) still
   gives a single gap; token-normalised speed is available as TPOT from the request's totals.
 * Token counts come from the server's `usage` (`stream_options.include_usage`), never from
-  counting chunks; `prompt_tokens_details.cached_tokens` is the server's prefix-cache hit.
+  counting chunks; a stream without usage counts as a failed request.
+  `prompt_tokens_details.cached_tokens` is the server's prefix-cache hit.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ async def stream_request(client: httpx.AsyncClient, url: str, payload: dict[str,
                         result.itl_s.append(now - last)
                     last = now
         result.e2el_s = time.perf_counter() - start
-        result.ok = True
+        if result.completion_tokens is None:  # all counts must be the server's
+            result.error = "the stream carried no usage (stream_options.include_usage)"
+        else:
+            result.ok = True
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:500]
     finally:

@@ -2,9 +2,9 @@
 
 Each case is a list of user/assistant messages (tool calls flattened into text) that ends with a
 user message, plus the recorded final reply. Turn k sends the messages up to the k-th user
-message; its output length is forced to the token count of the recorded reply, and in
-"recorded" reply mode that reply text goes into the history (so the conversation content stays
-real). The cases carry no timing, so think times are drawn from the synthetic distribution.
+message; its output length is forced to the token count of the recorded reply, and (unless
+`--replies live`) that reply text goes into the history, so the conversation content stays real.
+The cases carry no timing, so think times are drawn from the synthetic distribution.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ spends its warm-up budget, then waits at a barrier; when all lanes are there the
 opens for everyone at once; when it closes, the next admission raises `WindowClosed` and the
 requests already in flight finish (drain).
 
-`Pacer` runs think-time sleeps. A sleep ends early when the window closes, or when the whole
-system has had nothing in flight for `global_idle_cap_s` (AgentX caps global idle time at 10 s).
+`Pacer` runs think-time sleeps. A sleep ends early when the window closes (and none starts after
+that), or when the whole system has had nothing in flight for `global_idle_cap_s` (AgentX caps
+global idle time at 10 s).
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class Pacer:
         self.max_inflight = 0
         self._idle_since: float | None = time.perf_counter()
         self._wake = asyncio.Event()
+        self.closed = False
 
     def started(self) -> None:
         self.inflight += 1
@@ -88,7 +90,7 @@ class Pacer:
             self._idle_since = time.perf_counter()
 
     async def sleep(self, seconds: float) -> None:
-        if seconds <= 0:
+        if seconds <= 0 or self.closed:
             return
         try:
             await asyncio.wait_for(self._wake.wait(), seconds)
@@ -99,6 +101,11 @@ class Pacer:
         # Sleepers hold the old event; later sleeps use a fresh one.
         self._wake.set()
         self._wake = asyncio.Event()
+
+    def close(self) -> None:
+        """The window is over: end every think time now and skip later ones (drain quickly)."""
+        self.closed = True
+        self.wake_all()
 
     async def watch_idle(self) -> None:
         """Background task: wakes every sleeper once the system has been idle for the cap."""

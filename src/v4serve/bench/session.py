@@ -2,7 +2,7 @@
 
 Each request's messages are an exact textual extension of the previous request's in the same
 conversation: previous messages + the assistant reply (the server's actual text, or the recorded
-reply for real traces in "recorded" mode) + the next tool-result/user message. The first message
+reply of a real trace, unless replies="live") + the next tool-result/user message. The first message
 of a session starts with a unique salt, so sessions never share cache with each other while each
 keeps its own reuse. Subagent groups fan out after their anchor turn and join before the next.
 """
@@ -31,7 +31,9 @@ class ReplayOptions:
     chat_url: str
     think_time_scale: float = 1.0
     max_think_time_s: float = 300.0
-    replies: str = "auto"  # "live": server text; "recorded": trace text when present; "auto" = recorded
+    replies: str = (
+        "auto"  # "auto": the trace's recorded reply when it has one, else live; "live": always live
+    )
     send_cache_salt: bool = False  # also send the salt as the vLLM-style `cache_salt` field
     extra_body: dict[str, Any] | None = None
     failure_backoff_s: float = 0.5
@@ -64,6 +66,7 @@ class SessionRunner:
     def __init__(self, lane: int, ctx: LaneContext) -> None:
         self.lane = lane
         self.ctx = ctx
+        self._session_id = ""
 
     async def run(self, session: SessionTrace, salt: str, start_turn: int = 0) -> None:
         """Replay `session`; with start_turn > 0, prime its prefix first (max_tokens=1)."""
@@ -95,11 +98,11 @@ class SessionRunner:
                 return  # a failed turn ends this conversation; the lane moves on
             reply = self._reply_text(turn, res)
             for group in turn.subagents:
-                await self._fan_out(chain, t, reply, group.children)
+                await self._fan_out(chain, reply, group.children)
                 if self.ctx.gate.closed:
                     raise WindowClosed
 
-    async def _fan_out(self, parent: _Chain, t: int, reply: str, children: list[Conversation]) -> None:
+    async def _fan_out(self, parent: _Chain, reply: str, children: list[Conversation]) -> None:
         async def run_child(child: Conversation) -> None:
             if child.inherits_parent:
                 messages = parent.messages + [{"role": "assistant", "content": reply}]

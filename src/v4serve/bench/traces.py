@@ -28,7 +28,7 @@ class Turn:
     think_time_s: float = 0.0  # client-side delay before this request (after the previous reply/join)
     subagents: list[SubagentGroup] = field(default_factory=list)  # spawned after this reply
     user_text: str | None = None  # recorded message text; synthesised when None
-    reply_text: str | None = None  # recorded assistant reply, used by `replies="recorded"`
+    reply_text: str | None = None  # recorded assistant reply, sent back unless replies="live"
     reset: bool = False  # context was compacted: the conversation restarts from this message
     reuse_tokens: int | None = None  # recorded reusable prefix (WEKA hash ids); derived when None
 

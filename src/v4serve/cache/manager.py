@@ -8,8 +8,9 @@ How a prefix hit at block boundary M is made exact or approximate:
 * V4.1 with SWA bounded replay (default): recompute positions [M - window, M) through every layer with their
   window attention clipped at M - window, reusing the cached compressed entries. Approximate by design.
 * Exact (V4, and V4.1 with --no-swa-bounded-replay): the cheaper of (a) restoring a window checkpoint taken at a
-  boundary C <= M and computing from C, or (b) replaying from S = M - R, where R = window + (L - 1)(window - 1)
-  is the depth of the window dependency through L layers, so that every layer's window at M is exact.
+  boundary C <= M and computing from C, or (b) replaying from S = M - R (rounded down to a multiple of every
+  compress ratio, so compressor groups start clean), where R = window + (L - 1)(window - 1) is the depth of the
+  window dependency through L layers, so that every layer's window at M is exact.
 """
 
 from __future__ import annotations

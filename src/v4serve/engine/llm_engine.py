@@ -119,7 +119,8 @@ class LLMEngine:
         self.kv = KVCacheManager(geom, self.capacity.num_blocks, cfg.max_num_seqs, self.capacity.num_checkpoints,
                                  cfg.enable_prefix_caching, bool(cfg.swa_bounded_replay))
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.prefill_chunk,
-                                   cfg.block_size, mc.window_size, align_chunks=cfg.enable_prefix_caching,
+                                   cfg.block_size, mc.window_size,
+                                   align_chunks=self.capacity.num_checkpoints > 0,
                                    decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay))
         graphs = None
         if self.device.type == "cuda" and not cfg.enforce_eager:

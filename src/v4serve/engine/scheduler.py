@@ -3,8 +3,8 @@
 Policy:
 * decode rows first, in arrival order: a running request is never starved by prefills;
 * then running prefills, then waiting requests (FIFO), each capped at `prefill_chunk` tokens per step so a cold
-  100K-token prompt cannot stall warm short turns; chunk ends land on block boundaries when the prompt goes on
-  (window checkpoints and prefix hits live on block boundaries);
+  100K-token prompt cannot stall warm short turns; with window checkpoints, chunk ends land on block boundaries
+  (checkpoints and prefix hits live there);
 * admission stops at `max_num_seqs` running requests or when blocks run short;
 * when a running request needs a block and none is free, the most recently admitted other request is preempted
   (its blocks and slot are freed; its full blocks stay in the prefix cache, so its recompute is usually a hit).
@@ -80,13 +80,16 @@ class Scheduler:
 
     # --- one step ------------------------------------------------------------------------------------
     def _chunk(self, req: Request, budget: int) -> int:
+        """Tokens to compute for `req` this step. With window checkpoints, a chunk ends on a block boundary, and the
+        last chunk of a prompt stops at the prompt's last boundary first, so the window state there (where the
+        session's next turn will resume) can be snapshotted."""
         remaining = req.num_tokens - req.num_computed
         n = min(remaining, budget, self.prefill_chunk if remaining > 1 else 1)
-        end = req.num_computed + n
-        if self.align_chunks and n < remaining and end >= self.block_size:
-            aligned = end // self.block_size * self.block_size
-            if aligned > req.num_computed:
-                n = aligned - req.num_computed
+        if self.align_chunks and n > 1:
+            end = req.num_computed + n
+            boundary = (end - 1 if n == remaining else end) // self.block_size * self.block_size
+            if boundary > req.num_computed:
+                n = boundary - req.num_computed
         return n
 
     def schedule(self) -> SchedulerOutput:

@@ -7,16 +7,16 @@ from functools import lru_cache
 import torch
 
 
-@lru_cache(maxsize=8)
-def hadamard_matrix(n: int) -> torch.Tensor:
+@lru_cache(maxsize=16)
+def hadamard_matrix(n: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
     if n & (n - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {n}")
     h = torch.ones(1, 1)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h * n**-0.5
+    return (h * n**-0.5).to(device)
 
 
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
-    h = hadamard_matrix(x.shape[-1]).to(device=x.device)
+    h = hadamard_matrix(x.shape[-1], x.device)
     return (x.float() @ h).to(x.dtype)  # symmetric, so x @ H == H x per row

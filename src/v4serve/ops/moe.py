@@ -63,7 +63,7 @@ def experts_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: tor
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
         tok = torch.div(order, k, rounding_mode="floor")
-        counts = torch.bincount(flat, minlength=E)
+        counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
         offs = torch.cumsum(counts, 0).to(torch.int32)
         xs = xq[tok]
         g = torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)

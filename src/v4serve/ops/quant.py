@@ -11,6 +11,8 @@ a byte holds the even element.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 FP8_MAX = 448.0
@@ -19,6 +21,12 @@ FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # Midpoints between consecutive FP4 magnitudes, and whether a tie rounds up (to an even code).
 _FP4_MIDS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 _FP4_TIE_UP = (False, True, False, True, False, True, False)
+
+
+@functools.lru_cache(maxsize=8)
+def _fp4_table(device: torch.device) -> torch.Tensor:
+    """The e2m1 magnitudes as a device tensor (cached: no host-to-device copy inside a CUDA graph)."""
+    return torch.tensor(FP4_VALUES, dtype=torch.float32, device=device)
 
 
 def _pow2_ceil(x: torch.Tensor) -> torch.Tensor:
@@ -86,20 +94,20 @@ def fp4_round(v: torch.Tensor) -> torch.Tensor:
     idx = torch.zeros_like(a, dtype=torch.int64)
     for mid, tie_up in zip(_FP4_MIDS, _FP4_TIE_UP):
         idx += (a > mid) | ((a == mid) & tie_up)
-    table = torch.tensor(FP4_VALUES, dtype=torch.float32, device=v.device)
+    table = _fp4_table(v.device)
     return table[idx].copysign(v) * (v != 0)
 
 
 def fp4_codes(v: torch.Tensor) -> torch.Tensor:
     """e2m1 values -> 4-bit codes (uint8, 0..15)."""
     a = v.abs()
-    table = torch.tensor(FP4_VALUES, dtype=torch.float32, device=v.device)
+    table = _fp4_table(v.device)
     mag = (a.unsqueeze(-1) == table).float().argmax(-1).to(torch.uint8)
     return mag | ((v < 0) & (a > 0)).to(torch.uint8) << 3
 
 
 def fp4_from_codes(codes: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(FP4_VALUES, dtype=torch.float32, device=codes.device)
+    table = _fp4_table(codes.device)
     mag = table[(codes & 7).long()]
     return torch.where((codes & 8) != 0, -mag, mag)
 

@@ -14,8 +14,9 @@ import torch
 from ..config import ModelConfig, yarn_correction_range
 
 
-@lru_cache(maxsize=16)
-def _inv_freq_cached(dim: int, theta: float, yarn: tuple[float, int, int] | None) -> torch.Tensor:
+@lru_cache(maxsize=32)
+def _inv_freq_cached(dim: int, theta: float, yarn: tuple[float, int, int] | None,
+                     device: torch.device = torch.device("cpu")) -> torch.Tensor:
     freqs = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
     if yarn is not None:
         factor, low, high = yarn
@@ -23,21 +24,22 @@ def _inv_freq_cached(dim: int, theta: float, yarn: tuple[float, int, int] | None
         ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (hi - low)).clamp(0, 1)
         smooth = 1 - ramp
         freqs = freqs / factor * (1 - smooth) + freqs * smooth
-    return freqs
+    return freqs.to(device)
 
 
-def inv_freq(config: ModelConfig, compressed: bool) -> torch.Tensor:
+def inv_freq(config: ModelConfig, compressed: bool, device: torch.device | str = "cpu") -> torch.Tensor:
     """Per-pair inverse frequencies [rope_dim/2] for a window-only (False) or compressed (True) layer."""
+    device = torch.device(device)
     if not compressed:
-        return _inv_freq_cached(config.rope_dim, float(config.rope_theta), None)
+        return _inv_freq_cached(config.rope_dim, float(config.rope_theta), None, device)
     low, high = yarn_correction_range(config)
     yarn = (float(config.rope_factor), low, high) if config.original_seq_len > 0 else None
-    return _inv_freq_cached(config.rope_dim, float(config.compress_rope_theta), yarn)
+    return _inv_freq_cached(config.rope_dim, float(config.compress_rope_theta), yarn, device)
 
 
 def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [..., rope_dim/2] (float32) for integer positions."""
-    ang = positions.to(torch.float32).unsqueeze(-1) * freqs.to(positions.device)
+    ang = positions.to(torch.float32).unsqueeze(-1) * freqs
     return ang.cos(), ang.sin()
 
 

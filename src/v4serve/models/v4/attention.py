@@ -105,7 +105,7 @@ class V4Attention(nn.Module):
     def _entry_rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from ...ops.rope import inv_freq, rope_cos_sin
 
-        return rope_cos_sin(pos, inv_freq(self.config, True))
+        return rope_cos_sin(pos, inv_freq(self.config, True, pos.device))
 
     def _index_format(self, x: torch.Tensor) -> torch.Tensor:
         if self.numerics.index_rotate:

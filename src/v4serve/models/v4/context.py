@@ -43,7 +43,7 @@ class StepContext:
     # --- RoPE ---------------------------------------------------------------------------------------
     def rope(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if compressed not in self._rope:
-            self._rope[compressed] = rope_cos_sin(self.step.positions, inv_freq(self.config, compressed))
+            self._rope[compressed] = rope_cos_sin(self.step.positions, inv_freq(self.config, compressed, self.step.device))
         return self._rope[compressed]
 
     # --- window gather ----------------------------------------------------------------------------
