@@ -14,3 +14,94 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# A real `v4serve serve` process on a free loopback port (tests/server/test_server_*.py, the benchmark E2E test)
+# ------------------------------------------------------------------------------------------------------------
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import urllib.error  # noqa: E402
+import urllib.request  # noqa: E402
+
+import pytest  # noqa: E402
+
+TINY_SERVER_ARGS = ["tiny-v4-flash", "--block-size", "64", "--max-model-len", "4096", "--kv-cache-memory", "256MiB",
+                    "--device", "cpu"]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class V4ServeProcess:
+    """One `python -m v4serve.cli serve ...` subprocess; `url` once /health answers."""
+
+    def __init__(self, args: list[str], ready_timeout: float = 180.0) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="v4serve-test-", suffix=".log", delete=False)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "V4SERVE_CPU_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env.pop("V4SERVE_API_KEY", None)
+        cmd = [sys.executable, "-m", "v4serve.cli", "serve", *args, "--port", str(self.port),
+               "--uvicorn-log-level", "warning"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + ready_timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"v4serve serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"v4serve serve not healthy after {ready_timeout:.0f} s:\n{self.output()}")
+            time.sleep(0.25)
+
+    def output(self) -> str:
+        self.log.flush()
+        with open(self.log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()[-6000:]
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def tiny_server_url():
+    """URL of a shared `v4serve serve tiny-v4-flash` (block size 64, context 4096) on a free port."""
+    server = V4ServeProcess(TINY_SERVER_ARGS)
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def v4serve_process():
+    """Factory for servers with their own flags: `v4serve_process([...args])` -> V4ServeProcess (stopped at the
+    end of the session if the test did not stop it)."""
+    started: list[V4ServeProcess] = []
+
+    def start(args: list[str]) -> V4ServeProcess:
+        server = V4ServeProcess(args)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -145,7 +145,7 @@ def test_greedy_decode_after_prefill_equals_full_recompute(preset):
             seq.append(int(dec[-1].argmax()))
             dec.append(lm.model(build_step([RowSpec([seq[-1]], len(seq) - 1, 2, blocks)]), pools).logits[0])
     full = one_shot(lm, seq)  # one prefill over prompt + generated tokens
-    dec = torch.stack(dec[:-1])  # logits for positions 69 .. 69 + steps - 1
+    dec = torch.stack(dec)  # logits for positions 69 .. 69 + steps
     err = rel_err(dec, full[len(prompt) - 1:])
     assert err.max().item() <= TOL, f"decode step {int(err.argmax())}: rel err {err.max():.3g}"
     assert seq[len(prompt):] == full[len(prompt) - 1:-1].argmax(-1).tolist()

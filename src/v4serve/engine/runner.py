@@ -63,7 +63,10 @@ class ModelRunner:
                 blocks=req.blocks, window_floor=req.window_floor, cached_len=req.cached_len,
                 decoder_floor=decoder_floor(req),
                 logits="all" if want_all else ("last" if row.sample else "none")))
-        step = build_step(specs, self.device, max_context=max(r.start + r.num_tokens for r in sched.rows))
+        # on the GPU every step sizes its compressed gathers by max_model_len, as the captured graphs do, so eager
+        # and graphed steps run the same kernels on the same shapes (identical outputs)
+        ctx = self.max_model_len if self.device.type == "cuda" else max(r.start + r.num_tokens for r in sched.rows)
+        step = build_step(specs, self.device, max_context=ctx)
         if self.extras_fn is not None:
             step.extras.update(self.extras_fn(sched, step))
         return step

@@ -45,7 +45,7 @@ def assign(model: nn.Module, spec: TensorSpec, tensor: torch.Tensor, scale: torc
         mod.set_stored(tensor, scale, dtype)
         return
     if isinstance(mod, Linear) and rest == "weight":
-        in_compressor = "compressor" in walked or walked[-1:] == ["wk"] or "engram" in walked
+        in_compressor = "compressor" in walked or walked[-1:] == ["wk"]
         mod.set_weight(tensor, scale, config.weight_block, torch.float32 if in_compressor else dtype)
         return
     if "." in rest or not hasattr(mod, rest):

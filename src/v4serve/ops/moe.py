@@ -76,8 +76,10 @@ def experts_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: tor
         y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs).float()
         if not weight_before_w2:
             y = y * wsort
-        out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
-        return out.index_add_(0, tok, y)
+        # un-sort and sum the k contributions of each token in a fixed order (atomics would make it run-dependent)
+        out = torch.empty(T * k, x.shape[1], dtype=torch.float32, device=x.device)
+        out[order] = y
+        return out.view(T, k, -1).sum(1)
     out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
     for e in torch.unique(ids).tolist():
         t_idx, slot = torch.nonzero(ids == e, as_tuple=True)

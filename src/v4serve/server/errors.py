@@ -93,21 +93,27 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _respond(request: Request, err: APIError) -> JSONResponse:
+    state = getattr(request.app.state, "v4", None)
+    if state is not None:
+        state.metrics.errors.labels(request.url.path, str(err.status)).inc()
+    return error_response(request.url.path, err)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, err: APIError) -> JSONResponse:
-        return error_response(request.url.path, err)
+        return _respond(request, err)
 
     @app.exception_handler(ValidationError)
     async def _validation(request: Request, err: ValidationError) -> JSONResponse:
-        return error_response(request.url.path, from_validation(err))
+        return _respond(request, from_validation(err))
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {"loc": (), "msg": "invalid request"}
         param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        return error_response(request.url.path, APIError(f"{param}: {first['msg']}" if param else first["msg"],
-                                                         param=param))
+        return _respond(request, APIError(f"{param}: {first['msg']}" if param else first["msg"], param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
@@ -117,11 +123,9 @@ def install_error_handlers(app: FastAPI) -> None:
             message = f"method {request.method} is not allowed on {request.url.path}"
         else:
             message = str(err.detail)
-        return error_response(request.url.path, APIError(message, err.status_code,
-                                                         headers=dict(err.headers or {})))
+        return _respond(request, APIError(message, err.status_code, headers=dict(err.headers or {})))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(request.url.path,
-                              APIError(f"internal server error: {type(err).__name__}: {err}", 500))
+        return _respond(request, APIError(f"internal server error: {type(err).__name__}: {err}", 500))

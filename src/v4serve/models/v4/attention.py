@@ -20,6 +20,8 @@ from ..numerics import Numerics
 from .context import StepContext
 from .modules import CompressorParams, Norm, param
 
+TOKEN_CHUNK = 1024  # tokens whose KV rows are gathered at once (bounds long-prefill memory)
+
 
 def simulate(x: torch.Tensor, fmt: str | None, rope_dim: int) -> torch.Tensor:
     """The reference's quant-dequant of cached rows (V4: FP8 on the nope dims, per 64)."""
@@ -124,8 +126,7 @@ class V4Attention(nn.Module):
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
         kv = simulate(kv, self.numerics.window_kv, c.rope_dim)
 
-        kv_win, valid_win = ctx.gather_window(self.layer, kv)
-        parts, masks = [kv_win], [valid_win]
+        sel_rows = sel_valid = None
         if self.ratio:
             L = self.layer
             run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], self._finish_entry)
@@ -139,15 +140,30 @@ class V4Attention(nn.Module):
                 idx = self._select(x, qr, ctx, rows, visible)
                 sel_rows = torch.gather(rows[step.token_row], 1, idx.clamp(min=0))
                 sel_valid = idx >= 0
-            parts.append(pools.compressed[L].read(sel_rows, kv.dtype))
-            masks.append(sel_valid)
-        o = sparse_attention(q, torch.cat(parts, 1), torch.cat(masks, 1), self.attn_sink, hd ** -0.5)
+        o = self._attend(q, kv, ctx, sel_rows, sel_valid)
         ctx.write_window(self.layer, kv)
         o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
         g = c.o_groups
         wo_a = self.wo_a.weight.view(g, c.o_lora_rank, -1)
         o = torch.einsum("tgd,grd->tgr", o.reshape(T, g, -1), wo_a)
         return self.wo_b(o.flatten(1))
+
+    def _attend(self, q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, sel_rows: torch.Tensor | None,
+                sel_valid: torch.Tensor | None) -> torch.Tensor:
+        """Window + selected compressed entries per token, gathered a chunk of tokens at a time (bounded memory)."""
+        src = ctx.window_source(self.layer, kv)
+        comp = ctx.pools.compressed.get(self.layer)
+        outs = []
+        for lo in range(0, q.shape[0], TOKEN_CHUNK):
+            hi = min(q.shape[0], lo + TOKEN_CHUNK)
+            parts, masks = [src[ctx.win_src[lo:hi]]], [ctx.win_valid[lo:hi]]
+            if sel_rows is not None:
+                parts.append(comp.read(sel_rows[lo:hi], kv.dtype))
+                masks.append(sel_valid[lo:hi])
+            kv_sel = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+            valid = torch.cat(masks, 1) if len(masks) > 1 else masks[0]
+            outs.append(sparse_attention(q[lo:hi], kv_sel, valid, self.attn_sink, self.config.head_dim ** -0.5))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, rows: torch.Tensor,
                 visible: torch.Tensor) -> torch.Tensor:
@@ -161,5 +177,9 @@ class V4Attention(nn.Module):
         qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
         w = ix.weights_proj(x).float() * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
         keys = pools.index_keys[L].read(rows, x.dtype)  # [R, E, d]
-        scores = index_scores(qi, w, keys[step.token_row])
-        return select_topk(scores, visible, c.index_topk)
+        picks = []
+        for lo in range(0, T, TOKEN_CHUNK):
+            hi = min(T, lo + TOKEN_CHUNK)
+            scores = index_scores(qi[lo:hi], w[lo:hi], keys[step.token_row[lo:hi]])
+            picks.append(select_topk(scores, visible[lo:hi], c.index_topk))
+        return torch.cat(picks) if len(picks) > 1 else picks[0]

@@ -47,11 +47,14 @@ class StepContext:
         return self._rope[compressed]
 
     # --- window gather ----------------------------------------------------------------------------
+    def window_source(self, layer: int, fresh_kv: torch.Tensor) -> torch.Tensor:
+        """[rows' rings before this step | this step's KV]: what `win_src` indexes."""
+        ring = self.pools.window[layer].read(self.ring_rows, fresh_kv.dtype)
+        return torch.cat([ring, fresh_kv])
+
     def gather_window(self, layer: int, fresh_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """KV rows [T, W, D] of every token's window and their validity [T, W]."""
-        ring = self.pools.window[layer].read(self.ring_rows, fresh_kv.dtype)
-        src = torch.cat([ring, fresh_kv])
-        return src[self.win_src], self.win_valid
+        return self.window_source(layer, fresh_kv)[self.win_src], self.win_valid
 
     def write_window(self, layer: int, kv: torch.Tensor) -> None:
         self.pools.window[layer].write(self.win_write, kv)

@@ -94,7 +94,7 @@ class DSpark:
     def write_context(self, taps: torch.Tensor, ctx: StepContext) -> None:
         """taps [T, n_targets * dim] for ctx.step's tokens -> each stage's window ring."""
         first = self.stages[0]
-        main_x = first.main_norm(first.main_proj(taps.to(first.main_norm.weight.dtype)))
+        main_x = first.main_norm(first.main_proj(taps.to(first.main_proj.weight.dtype)))
         cos, sin = ctx.rope(False)
         for j, stage in enumerate(self.stages):
             ctx.write_window(self.cache_layer(j), stage.attn.window_kv(main_x, cos, sin))

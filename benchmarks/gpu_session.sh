@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: install carried wheels, run the CUDA tests, then the offline benchmark.
+# usage (on the GPU machine, repo root): bash benchmarks/gpu_session.sh [tests|bench|all] [extra args for offline.py]
+set -uo pipefail
+what=${1:-all}; shift || true
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
+export PYTHONUNBUFFERED=1 V4SERVE_TEST_DEVICE=cuda
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+git rev-parse --short HEAD 2>/dev/null || true
+rc=0
+if [[ $what == tests || $what == all ]]; then
+  timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
+  rc=${PIPESTATUS[0]}
+fi
+if [[ $what == bench || $what == all ]]; then
+  timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
+fi
+exit $rc
