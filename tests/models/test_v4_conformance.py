@@ -49,7 +49,11 @@ def runs(ckpt_root):  # noqa: F811
             return cache[preset]
         folder = str(checkpoint(ckpt_root, preset, 1, "float32"))
         hf = hf_model(folder)
-        toks = tokens(N_PROMPT, 100)
+        # The indexer's top-k can meet exact ties (several entries scoring 0.0 when every head's ReLU is 0);
+        # v4serve breaks them toward the lower entry, transformers' torch.topk in its own order. Both are valid
+        # selections but give different logits, so the prompt is one whose run meets no tie at the top-k edge
+        # (prompt seed 100 meets one in tiny-v4-pro's decode at position 323).
+        toks = tokens(N_PROMPT, 103)
         with torch.no_grad():
             o = hf(torch.tensor([toks]), use_cache=True)
             ref_prompt, pkv = o.logits[0], o.past_key_values

@@ -112,8 +112,6 @@ class KVCacheManager:
         B, W = self.g.block_size, self.g.window
         if not self.caching:
             return self._miss(req, "disabled")
-        if req.params.prompt_logprobs is not None:
-            return self._miss(req, "prompt_logprobs")
         req.block_hashes = block_hashes(req.all_token_ids, B, req.cache_salt, req.block_hashes)
         max_blocks = (req.num_tokens - 1) // B
         if max_blocks == 0:
@@ -183,7 +181,7 @@ class KVCacheManager:
     # --- after a step -----------------------------------------------------------------------------
     def after_step(self, req: Request) -> None:
         """Publish newly completed blocks to the prefix cache; snapshot the window at a new boundary."""
-        if not self.caching or req.params.prompt_logprobs is not None:
+        if not self.caching:
             return
         B = self.g.block_size
         full = req.num_computed // B

@@ -171,7 +171,7 @@ class LLMEngine:
 
     # --- requests -----------------------------------------------------------------------------------
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None,
-                    cache_salt: str | None = None) -> list[str]:
+                    cache_salt: str | None = None, trim_target: int | None = None) -> list[str]:
         """Queue a request (n > 1: n sibling requests sharing the prompt). Returns the engine request ids."""
         request_id = request_id or uuid.uuid4().hex
         self.validate(prompt_token_ids, params)
@@ -183,7 +183,7 @@ class LLMEngine:
         max_new = self.max_model_len - len(prompt_token_ids)
         for rid, seed in zip(ids, seeds):
             p = params if params.max_tokens is not None else params.clone(max_tokens=max_new)
-            req = Request(rid, list(prompt_token_ids), p, cache_salt=cache_salt, seed=seed)
+            req = Request(rid, list(prompt_token_ids), p, cache_salt=cache_salt, seed=seed, trim_target=trim_target)
             self.requests[rid] = req
             self.outputs[rid] = OutputProcessor(req, self.tokenizer, self.model_config.eos_token_id,
                                                 self.max_model_len)
@@ -234,10 +234,13 @@ class LLMEngine:
         out = self.runner.execute(sched, self.scheduler.decoder_floor)
         self.scheduler.advance(sched)
         now = time.monotonic()
+        starts = {r.request.request_id: r.start for r in sched.rows}
         for rid, entries in out.prompt_logprobs.items():
             req = self.requests[rid]
-            if not req.prompt_logprobs:
-                req.prompt_logprobs = [None]
+            # entry i scores prompt token i; positions served from the prefix cache have none
+            need = starts[rid] + 1
+            if len(req.prompt_logprobs) < need:
+                req.prompt_logprobs.extend([None] * (need - len(req.prompt_logprobs)))
             req.prompt_logprobs.extend(entries)
         for s in out.sampled:
             req = s.request

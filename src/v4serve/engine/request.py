@@ -43,6 +43,7 @@ class Request:
     window_floor: int = 0  # replay start: window KV below it is not visible
     cached_len: int = 0  # compressed entries below this are shared from the prefix cache (not rewritten)
     prefill_target: int = 0  # tokens known when this prefill started (V4.1 decoder trim)
+    trim_target: int | None = None  # decoder trim reference length (None: prefill_target; see Scheduler)
     num_cached_tokens: int = 0  # prompt tokens not recomputed (reported as usage cached_tokens)
     checkpoint_hash: bytes | None = None  # this request's latest window checkpoint
     num_preemptions: int = 0

@@ -55,14 +55,16 @@ class ModelRunner:
 
     def build(self, sched: SchedulerOutput, decoder_floor) -> StepInput:
         specs = []
+        self._logits_from = []
         for row in sched.rows:
             req = row.request
             want_all = req.params.prompt_logprobs is not None and row.start < req.num_prompt_tokens
+            floor = decoder_floor(req)
+            self._logits_from.append(max(row.start, floor) if want_all else -1)
             specs.append(RowSpec(
                 token_ids=req.all_token_ids[row.start:row.start + row.num_tokens], start=row.start, slot=req.slot,
-                blocks=req.blocks, window_floor=req.window_floor, cached_len=req.cached_len,
-                decoder_floor=decoder_floor(req),
-                logits="all" if want_all else ("last" if row.sample else "none")))
+                blocks=req.blocks, window_floor=req.window_floor, cached_len=req.cached_len, decoder_floor=floor,
+                logits="all" if want_all else ("last" if row.sample else "none"), logits_from=max(row.start, floor)))
         # on the GPU every step sizes its compressed gathers by max_model_len, as the captured graphs do, so eager
         # and graphed steps run the same kernels on the same shapes (identical outputs)
         ctx = self.max_model_len if self.device.type == "cuda" else max(r.start + r.num_tokens for r in sched.rows)
@@ -86,13 +88,12 @@ class ModelRunner:
         sample_rows: list[tuple[Request, int]] = []
         prompt_lp: dict[str, list[dict[int, float] | None]] = {}
         cursor = 0
-        for row in sched.rows:
+        for row, first in zip(sched.rows, self._logits_from):
             req = row.request
-            want_all = req.params.prompt_logprobs is not None and row.start < req.num_prompt_tokens
-            if want_all:
-                n = row.num_tokens
+            if first >= 0:  # prompt logprobs: logits of every position from `first` on
+                n = row.start + row.num_tokens - first
                 chunk = logits[cursor:cursor + n]
-                prompt_lp[req.request_id] = self._prompt_logprobs(req, row.start, chunk)
+                prompt_lp[req.request_id] = [None] * (first - row.start) + self._prompt_logprobs(req, first, chunk)
                 if row.sample:
                     sample_rows.append((req, cursor + n - 1))
                 cursor += n

@@ -176,7 +176,15 @@ class Scheduler:
             self.kv.after_step(req)
 
     def decoder_floor(self, req: Request) -> int:
-        """V4.1 trimmed prefill: decoder layers need only the last `window` positions of what is known."""
-        if not self.decoder_trim or req.params.prompt_logprobs is not None:
+        """V4.1 trimmed prefill: decoder layers need only the last `window` positions of what is known.
+
+        A request asking for prompt logprobs is not trimmed (it wants logits at every position) unless it names its
+        own trim reference (`trim_target`, used by the fidelity evaluation to teacher-force a continuation after a
+        trimmed prompt)."""
+        if not self.decoder_trim:
+            return 0
+        if req.trim_target is not None:
+            return max(req.window_floor, req.trim_target - self.window)
+        if req.params.prompt_logprobs is not None:
             return 0
         return max(req.window_floor, req.prefill_target - self.window)

@@ -10,7 +10,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..ops.linear import Linear, dequantize, stored_format
 from .checkpoint import iter_random_checkpoint
-from .layout import TensorSpec
+from .layout import TensorSpec, tensor_specs
 from .numerics import Numerics
 from .weights import CheckpointError, CheckpointReader, ParallelRank, check_and_iter
 
@@ -71,9 +71,16 @@ def apply_numerics(model: nn.Module, numerics: Numerics, config: ModelConfig) ->
             m.act_group = config.weight_block if quantized else 0
 
 
+CPU_GENERATION_LIMIT = 2_000_000_000  # parameters
+
+
 def load_random(model: nn.Module, config: ModelConfig, seed: int, storage: str, dtype: torch.dtype,
                 device: torch.device, include_mtp: bool) -> None:
-    gen_device = device if device.type == "cuda" else torch.device("cpu")
+    """Deterministic random weights. Models up to 2B parameters are drawn on the CPU, so a preset is the same model
+    on every device (and equals `make-checkpoint` output); larger ones are drawn on the target GPU (fast, but a
+    different random model than the CPU would draw)."""
+    n_params = sum(s.numel for s in tensor_specs(config, include_mtp))
+    gen_device = device if device.type == "cuda" and n_params > CPU_GENERATION_LIMIT else torch.device("cpu")
     for spec, tensors in iter_random_checkpoint(config, seed, storage, gen_device, include_mtp):
         t = tensors[spec.name]
         scale = next((v for k, v in tensors.items() if k != spec.name), None)

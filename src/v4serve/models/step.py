@@ -84,7 +84,8 @@ class RowSpec:
     window_floor: int = 0
     cached_len: int = 0
     decoder_floor: int = 0
-    logits: str = "last"  # "last", "all" or "none"
+    logits: str = "last"  # "last", "all" (every token from logits_from on) or "none"
+    logits_from: int = 0
 
 
 def build_step(rows: list[RowSpec], device: torch.device | str = "cpu", max_context: int | None = None) -> StepInput:
@@ -98,7 +99,7 @@ def build_step(rows: list[RowSpec], device: torch.device | str = "cpu", max_cont
         pos += range(row.start, row.start + len(row.token_ids))
         trow += [r] * len(row.token_ids)
         if row.logits == "all":
-            lidx += range(base, base + len(row.token_ids))
+            lidx += range(base + max(0, row.logits_from - row.start), base + len(row.token_ids))
         elif row.logits == "last" and row.token_ids:
             lidx.append(base + len(row.token_ids) - 1)
     lens = [len(r.token_ids) for r in rows]

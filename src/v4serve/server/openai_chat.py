@@ -214,6 +214,11 @@ async def create_chat_completion(request: Request) -> Response:
     arrival = time.monotonic()
     req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
     model = st.check_model(req.model)
+    if (req.response_format or {}).get("type") == "json_object":
+        raise APIError('response_format: {"type": "json_object"} needs constrained decoding, which this server '
+                       'does not do; send {"type": "json_schema", "json_schema": {"schema": ...}} (the schema is '
+                       "written into the prompt, as DeepSeek's encoder does) or ask for JSON in the prompt",
+                       param="response_format", code="unsupported_parameter")
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     thinking, effort = chat_options(req.chat_template_kwargs, req.reasoning_effort, st)

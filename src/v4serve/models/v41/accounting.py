@@ -47,7 +47,7 @@ def active_params(config: ModelConfig) -> dict[str, int]:
             decode += a
             if layer < c.decoder_start:
                 prefill += a
-    return {"prefill_per_token": int(round(prefill)), "decode_per_token": int(round(decode))}
+    return {"prefill_per_token": round(prefill), "decode_per_token": round(decode)}
 
 
 def total_params(config: ModelConfig, include_mtp: bool = True) -> dict[str, int]:

@@ -122,7 +122,7 @@ class V41Attention(nn.Module):
             pooled = comp.pool_entries(kv_src, score_src, src, groups, p.head_dim)
             state.kv[step.row_slot], state.score[step.row_slot] = comp.next_state(kv_src, score_src, src)
         latent = rms_norm(pooled.to(x.dtype), p.norm.weight, p.norm.eps)
-        cos, sin = rope_cos_sin(groups.entry * p.ratio, inv_freq(self.config, True))
+        cos, sin = rope_cos_sin(groups.entry * p.ratio, inv_freq(self.config, True, groups.entry.device))
         rows = ctx.entry_write_rows(L, groups.row, groups.entry, groups.valid)
         entries = simulate(apply_rope(latent, cos, sin), self.numerics.compressed_kv, self.config.rope_dim)
         pools.compressed[L].write(rows, entries)

@@ -113,7 +113,7 @@ class DSpark:
         ids = torch.full((R, B), c.dspark_noise_token_id, dtype=torch.int64, device=dev)
         ids[:, 0] = anchor_ids
         pos = (anchor_pos.unsqueeze(1) + 1 + torch.arange(B, device=dev)).reshape(-1)
-        cos, sin = rope_cos_sin(pos, inv_freq(c, False))
+        cos, sin = rope_cos_sin(pos, inv_freq(c, False, pos.device))
         # context: each stage's ring at positions a-W+1 .. a (valid from max(0, window_floor))
         cpos = anchor_pos.unsqueeze(1) - (W - 1) + torch.arange(W, device=dev)
         floor = torch.zeros_like(anchor_pos) if window_floor is None else window_floor

@@ -47,6 +47,7 @@ def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: i
     """scores [T, E] (invisible entries -inf), visible [T] -> bool [T, E] mask of the kept blocks' entries.
 
     A block that holds no visible entry scores -inf and is never kept; the block of entry visible-1 is forced in.
+    The mask covers visible entries only (the newest block's not-yet-complete tail is left out).
     """
     T, E = scores.shape
     blocks = F.pad(scores.float(), (0, -E % block), value=NEG_INF).unflatten(-1, (-1, block)).amax(-1)  # [T, NB]
@@ -57,7 +58,8 @@ def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, topk_blocks: i
     top = ordered_keys(blocks).topk(min(topk_blocks, nb), dim=-1).indices
     keep = torch.zeros(T, nb, dtype=torch.bool, device=scores.device)
     keep.scatter_(1, top, torch.gather(blocks, 1, top) > NEG_INF)
-    return keep.repeat_interleave(block, dim=1)[:, :E]
+    j = torch.arange(E, device=scores.device)
+    return keep.repeat_interleave(block, dim=1)[:, :E] & (j.unsqueeze(0) < visible.unsqueeze(1))
 
 
 def select_entries(scores: torch.Tensor, visible: torch.Tensor, k: int,
