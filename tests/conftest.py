@@ -6,6 +6,15 @@ small ops by orders of magnitude.
 """
 
 import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
 
 if not os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -19,16 +28,6 @@ torch.set_num_threads(1)
 # ------------------------------------------------------------------------------------------------------------
 # A real `v4serve serve` process on a free loopback port (tests/server/test_server_*.py, the benchmark E2E test)
 # ------------------------------------------------------------------------------------------------------------
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import urllib.error  # noqa: E402
-import urllib.request  # noqa: E402
-
-import pytest  # noqa: E402
-
 TINY_SERVER_ARGS = ["tiny-v4-flash", "--block-size", "64", "--max-model-len", "4096", "--kv-cache-memory", "256MiB",
                     "--device", "cpu"]
 
@@ -45,12 +44,15 @@ class V4ServeProcess:
     def __init__(self, args: list[str], ready_timeout: float = 180.0) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile(prefix="v4serve-test-", suffix=".log", delete=False)
+        fd, self.log_path = tempfile.mkstemp(prefix="v4serve-test-", suffix=".log")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "V4SERVE_CPU_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("V4SERVE_API_KEY", None)
         cmd = [sys.executable, "-m", "v4serve.cli", "serve", *args, "--port", str(self.port),
                "--uvicorn-log-level", "warning"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        try:
+            self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+        finally:
+            os.close(fd)
         deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:
@@ -62,13 +64,16 @@ class V4ServeProcess:
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
+                log = self.output()
                 self.stop()
-                raise RuntimeError(f"v4serve serve not healthy after {ready_timeout:.0f} s:\n{self.output()}")
+                raise RuntimeError(f"v4serve serve not healthy after {ready_timeout:.0f} s:\n{log}")
             time.sleep(0.25)
 
     def output(self) -> str:
-        self.log.flush()
-        with open(self.log.name, encoding="utf-8", errors="replace") as f:
+        """The last lines of the server's log (stdout and stderr)."""
+        if not os.path.exists(self.log_path):
+            return "(log removed)"
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
             return f.read()[-6000:]
 
     def stop(self, timeout: float = 30.0) -> int:
@@ -79,7 +84,8 @@ class V4ServeProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        self.log.close()
+        if os.path.exists(self.log_path):
+            os.unlink(self.log_path)
         return self.proc.returncode
 
 

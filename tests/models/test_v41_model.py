@@ -14,6 +14,7 @@ from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
 from v4serve.models.v41.attention import V41Attention
 from v4serve.models.v41.engine_hooks import engram_step_extras
+from v4serve.models.v41.indexer import candidate_mask
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +96,29 @@ def test_decode_after_prefill_equals_full_recompute(tiny):
             assert (lg[1] - full_b[pb]).abs().max() < 1e-4
 
 
+def test_tiled_gathers_equal_untiled(tiny, monkeypatch):
+    """Token chunks of the gathers and entry tiles of the index scores do not change the result."""
+    from v4serve.models.v41 import attention, indexer
+
+    toks = _tokens(70, 11)
+    whole = _prefill(tiny, _pools(tiny), toks, 0, [0, 1, 2], [70], logits="all")
+    monkeypatch.setattr(attention, "TOKEN_CHUNK", 9)
+    monkeypatch.setattr(indexer, "ENTRY_CHUNK", 5)
+    tiled = _prefill(tiny, _pools(tiny), toks, 0, [0, 1, 2], [70], logits="all")
+    assert (tiled - whole).abs().max() < 1e-6
+
+
+def test_quantized_cache_records_are_lossless(tiny):
+    """The 890 B/token formats (FP8-per-32 window, NVFP4 entries, MXFP4 index keys) store V4.1's simulated values
+    exactly, and so does BF16."""
+    toks = _tokens(60, 12)
+    got = {}
+    for kv in ("auto", "fp4", "bf16"):
+        pools = KVPools(make_cache_spec(tiny.config, block_size=32, kv_dtype=kv), num_blocks=8, num_slots=1)
+        got[kv] = _prefill(tiny, pools, toks, 0, [0, 1], [35, 25], logits="all")
+    assert torch.equal(got["fp4"], got["auto"]) and torch.equal(got["bf16"], got["auto"])
+
+
 # --- sharing and selection ---------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _record_selection():
@@ -104,10 +128,12 @@ def _record_selection():
 
     def wrapped(self, ctx, sel):
         rows, valid = orig(self, ctx, sel)
+        vis, c = ctx.visible(self.ratio), self.config
         seen[self.layer] = {"topk": sel.topk.clone(), "valid": valid, "source": self.source,
                             "kv": ctx.pools.compressed[self.source].read(rows, torch.float32),
-                            "candidates": None if sel.candidates is None else sel.candidates.clone(),
-                            "visible": ctx.visible(self.ratio)}
+                            "candidates": None if sel.blocks is None else candidate_mask(
+                                sel.blocks, ctx.max_entries(self.ratio), c.candidate_block_size, vis),
+                            "visible": vis}
         return rows, valid
 
     V41Attention.compressed_rows = wrapped
@@ -202,6 +228,7 @@ def test_bounded_replay_long_prompt(tiny):
     exact = _prefill(tiny, exact_pools, prompt, 0, [0, 1, 2, 3], [n])
     one = _run(tiny, one_pools, [RowSpec(prompt, 0, 0, [0, 1, 2, 3], decoder_floor=floor)], [toks])
     assert one.decoder_rows.tolist() == list(range(floor, n))
+    assert one.hidden.shape == (n, c.hc_mult, c.dim) and one.draft_taps.shape == (W, 3 * c.dim)
     chunked = _prefill(tiny, chunk_pools, prompt, 0, [0, 1, 2, 3], [30, 50, 20], floor=floor)
     assert (chunked - one.logits).abs().max() < 1e-4
     # decode continues from the bounded caches (decode rows have floor 0: every layer runs)

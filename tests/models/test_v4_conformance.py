@@ -77,9 +77,9 @@ def runs(ckpt_root):  # noqa: F811
                 step = build_step([RowSpec([tok], N_PROMPT + i, 1, blocks)])
                 our_dec.append(lm.model(step, pools).logits[0])
                 tok = int(our_dec[-1].argmax())
-        cache[preset] = dict(folder=folder, toks=toks, ref_prompt=ref_prompt, ref_toks=ref_toks,
-                             ref_dec=torch.stack(ref_dec), ours_prompt=ours_prompt, our_toks=our_toks,
-                             our_dec=torch.stack(our_dec))
+        cache[preset] = {"folder": folder, "toks": toks, "ref_prompt": ref_prompt, "ref_toks": ref_toks,
+                         "ref_dec": torch.stack(ref_dec), "ours_prompt": ours_prompt, "our_toks": our_toks,
+                         "our_dec": torch.stack(our_dec)}
         return cache[preset]
 
     return get

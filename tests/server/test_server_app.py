@@ -216,7 +216,8 @@ async def test_chat_errors_are_400_with_param(body: dict, param: str, code: str 
 
 async def test_malformed_bodies() -> None:
     async with make_client(ScriptedEngine()) as c:
-        r = await c.post("/v1/chat/completions", content=b'{"messages": [', headers={"content-type": "application/json"})
+        r = await c.post("/v1/chat/completions", content=b'{"messages": [',
+                         headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
         r = await c.post("/v1/chat/completions", content=b"[1, 2]")
         assert r.status_code == 400 and "object" in r.json()["error"]["message"]
@@ -240,8 +241,11 @@ async def test_overload_is_429_with_retry_after() -> None:
         assert r.status_code == 429 and r.headers["retry-after"] == "3"
         assert r.json()["error"]["code"] == "queue_full"
         assert all(x.status_code == 200 for x in await asyncio.gather(*slow))
-        r = await c.post("/v1/chat/completions", json={"messages": user(), "n": 4})
-        assert r.status_code == 429  # n siblings count as n requests
+        one = asyncio.ensure_future(c.post("/v1/chat/completions", json={"messages": user()}))
+        await asyncio.sleep(0.1)
+        r = await c.post("/v1/chat/completions", json={"messages": user(), "n": 3})
+        assert r.status_code == 429  # n siblings count as n requests: 1 + 3 > 3
+        assert (await one).status_code == 200
 
 
 async def test_api_key_and_body_limit() -> None:
@@ -294,7 +298,8 @@ async def test_anthropic_messages_with_tools() -> None:
         assert body["content"][1]["input"] == {"path": "a.py"} and body["content"][1]["id"].startswith("toolu_")
         assert body["stop_reason"] == "tool_use"
         prompt = engine.prompts[-1]
-        assert "<tool_result>print(1)</tool_result>" in prompt and prompt.index("Be brief.") < prompt.index("read a.py")
+        assert "<tool_result>print(1)</tool_result>" in prompt
+        assert prompt.index("Be brief.") < prompt.index("read a.py")
         r = await c.post("/v1/messages", json={"max_tokens": 64, "messages": history, "tools": tools,
                                                "stream": True})
         names = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
@@ -335,3 +340,18 @@ async def test_tokenize_detokenize_and_metrics() -> None:
     assert samples[("v4serve_prefix_cache_hit_rate", ())] == 0.5
     assert samples[("v4serve_kv_cache_bytes", (("kind", "compressed"),))] == 10
     assert samples[("v4serve_request_errors_total", (("route", "/v1/chat/completions"), ("status", "400")))] == 1
+
+
+async def test_values_that_could_hurt_the_engine_are_refused() -> None:
+    engine = ScriptedEngine()
+    async with make_client(engine) as c:
+        for extra, param in [({"seed": 2**70}, "seed"), ({"n": 50}, "n"), ({"stop_token_ids": [10**9]},
+                             "stop_token_ids"), ({"max_completion_tokens": 0}, "max_completion_tokens"),
+                             ({"top_k": -5}, "top_k"), ({"stop": [""]}, "stop"), ({"logprobs": True,
+                             "top_logprobs": 50}, "logprobs"), ({"min_tokens": 9, "max_tokens": 3}, "min_tokens")]:
+            r = await c.post("/v1/chat/completions", json={"messages": user(), **extra})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+        r = await c.post("/v1/chat/completions", content=b'{"messages": [{"role": "user", "content": "x"}], '
+                                                        b'"temperature": NaN}')
+        assert r.status_code == 400
+    assert engine.prompts == []

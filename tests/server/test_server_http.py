@@ -80,16 +80,16 @@ def test_streaming_disconnect_aborts_and_frees_blocks(http: httpx.Client) -> Non
         got = [line for line, _ in zip(lines, range(8)) if line.startswith("data: ")]
         assert len(got) >= 3  # role chunk + tokens: the request is running
         m = metrics(http)
-        assert m[("v4serve_num_requests_running", ())] == 1 and m[("v4serve_kv_cache_blocks", (("state", "used"),))] > 0
+        assert m[("v4serve_num_requests_running", ())] == 1
+        assert m[("v4serve_kv_cache_blocks", (("state", "used"),))] > 0
     m = wait_idle(http)  # leaving the block closed the connection mid-stream
     assert aborted(m, "chat") == before + 1
 
 
 def test_non_streaming_disconnect_aborts(tiny_server_url: str, http: httpx.Client) -> None:
     before = aborted(metrics(http), "completions")
-    with httpx.Client(base_url=tiny_server_url, timeout=1.5) as impatient:
-        with pytest.raises(httpx.ReadTimeout):
-            impatient.post("/v1/completions", json={"prompt": "Go on and on", **LONG})
+    with httpx.Client(base_url=tiny_server_url, timeout=1.5) as impatient, pytest.raises(httpx.ReadTimeout):
+        impatient.post("/v1/completions", json={"prompt": "Go on and on", **LONG})
     m = wait_idle(http)
     assert aborted(m, "completions") == before + 1
 
@@ -155,5 +155,5 @@ def test_metrics_parse(http: httpx.Client) -> None:
         assert expected in names, expected
     assert m[("v4serve_engine_alive", ())] == 1
     assert m[("v4serve_kv_cache_blocks", (("state", "total"),))] > 0
-    assert set(k[1][0][1] for k in m if k[0] == "v4serve_kv_cache_bytes") >= {"compressed", "index_keys", "window"}
+    assert {k[1][0][1] for k in m if k[0] == "v4serve_kv_cache_bytes"} >= {"compressed", "index_keys", "window"}
     assert m[("v4serve_generation_tokens_total", ())] >= 2

@@ -100,3 +100,14 @@ def test_engine_death_fails_health_and_exits_nonzero(v4serve_process) -> None:
     assert code == 1, server.output()
     assert "engine died" in server.output()
     del saw_503  # /health is 503 only in the short window before the exit; test_server_app checks the route
+
+
+def test_demo_checkpoint_is_written_once(tmp_path: Path) -> None:
+    from v4serve.server.launch import demo_checkpoint
+
+    folder = demo_checkpoint(tmp_path)
+    assert folder.name == "demo-tiny-v4-flash" and (folder / "config.json").is_file()
+    assert [p.name for p in tmp_path.iterdir()] == [folder.name]  # written aside, then renamed: no leftovers
+    stamp = (folder / "config.json").stat().st_mtime_ns
+    assert demo_checkpoint(tmp_path) == folder
+    assert (folder / "config.json").stat().st_mtime_ns == stamp

@@ -58,8 +58,12 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
                                checkpoint_folder=str(engine.loaded.folder) if engine.loaded.folder else None)))
     poller = zmq.Poller()
     poller.register(pull, zmq.POLLIN)
+    parent = os.getppid()
     try:
         while True:
+            if os.getppid() != parent:  # the server died without telling us: do not outlive it
+                log.error("the API server process is gone; the engine exits")
+                return
             busy = engine.has_unfinished()
             events = dict(poller.poll(0 if busy else 50))
             while pull in events:
@@ -241,10 +245,14 @@ class AsyncEngineClient:
         if not self.alive:
             raise EngineDeadError(self.fatal or "engine is not running")
         self._tokens += 1
+        token = self._tokens
         fut = asyncio.get_running_loop().create_future()
-        self._stats[self._tokens] = fut
-        await self.push.send(P.encode(P.GetStats(self._tokens)))
-        return await asyncio.wait_for(fut, timeout)
+        self._stats[token] = fut
+        await self.push.send(P.encode(P.GetStats(token)))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._stats.pop(token, None)
 
     async def shutdown(self) -> None:
         if self.proc is not None and self.proc.is_alive():

@@ -43,6 +43,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.graphs = graphs
         self.extras_fn = None  # model-specific per-step extras (V4.1 Engram n-gram history)
+        self.logits_tap = None  # observer of each step's logits (the fidelity evaluation reads full distributions)
 
     def apply_ops(self, ops: list[SlotOp]) -> None:
         for op in ops:
@@ -82,6 +83,8 @@ class ModelRunner:
             logits = self.graphs.run(sched, step)
         if logits is None:
             logits = self.model(step, self.pools).logits
+        if self.logits_tap is not None:
+            self.logits_tap(sched, logits, self._logits_from)
         return self._sample(sched, logits)
 
     def _sample(self, sched: SchedulerOutput, logits: torch.Tensor) -> RunnerOutput:

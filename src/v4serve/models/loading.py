@@ -84,7 +84,13 @@ def load_random(model: nn.Module, config: ModelConfig, seed: int, storage: str, 
     for spec, tensors in iter_random_checkpoint(config, seed, storage, gen_device, include_mtp):
         t = tensors[spec.name]
         scale = next((v for k, v in tensors.items() if k != spec.name), None)
-        assign(model, spec, t.to(device), scale.to(device) if scale is not None else None, config, dtype)
+        dev = _placement(model, spec, device)
+        assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+
+
+def _placement(model: nn.Module, spec: TensorSpec, device: torch.device) -> torch.device:
+    """V4.1 Engram tables stay in host memory when the model asks for it (they never transit the GPU)."""
+    return torch.device("cpu") if spec.kind == "engram" and getattr(model, "engram_on_host", False) else device
 
 
 def load_checkpoint(model: nn.Module, folder: str | Path, config: ModelConfig, dtype: torch.dtype,
@@ -95,4 +101,5 @@ def load_checkpoint(model: nn.Module, folder: str | Path, config: ModelConfig, d
                                   "model forward runs at world size 1 until the parallel-layouts work lands")
     reader = CheckpointReader(folder)
     for spec, t, scale in check_and_iter(reader, config, include_mtp):
-        assign(model, spec, t.to(device), scale.to(device) if scale is not None else None, config, dtype)
+        dev = _placement(model, spec, device)
+        assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)

@@ -13,6 +13,7 @@ _delta / _stop, message_delta (stop_reason, usage), message_stop.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,6 +32,7 @@ from .streaming import EngineCall, EventStream, sse, until_disconnected
 if TYPE_CHECKING:
     from .app import ServerState
 
+log = logging.getLogger("v4serve.server")
 router = APIRouter()
 
 
@@ -109,6 +111,17 @@ def _text_of(content: Any, where: str) -> str:
     return "\n\n".join(texts)
 
 
+def _result_parts(content: Any) -> list[dict[str, Any]]:
+    """A tool_result's content as OpenAI parts; images and documents become "[Unsupported image]" etc. in the
+    prompt, as DeepSeek's encoder renders non-text tool output."""
+    if content is None or isinstance(content, str):
+        return [{"type": "text", "text": content or ""}]
+    if not isinstance(content, list):
+        raise APIError("tool_result content must be a string or a list of blocks", param="messages")
+    return [{"type": "text", "text": b.get("text") or ""} if isinstance(b, dict) and b.get("type") == "text"
+            else {"type": b.get("type") if isinstance(b, dict) else "unknown"} for b in content]
+
+
 def to_openai_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Anthropic system + messages -> OpenAI-format messages for chat.encode_chat."""
     out: list[dict[str, Any]] = []
@@ -129,10 +142,11 @@ def to_openai_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict
         for j, block in enumerate(blocks):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "tool_result":
-                text = _text_of(block.get("content"), f"{where}.content[{j}].content")
+                content = _result_parts(block.get("content"))
                 if block.get("is_error"):
-                    text = f"Error: {text}"
-                results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": text})
+                    content = [{"type": "text", "text": "Error:"}, *content]
+                results.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""),
+                                "content": content})
             elif kind == "text":
                 texts.append(block.get("text") or "")
             else:
@@ -236,7 +250,8 @@ async def create_message(request: Request) -> Response:
     if req.n not in (None, 1):
         raise APIError("n: the Messages API returns one message", param="n")
     plan = await _plan(st, req)
-    sampling = sampling_for(req, st.ready.vocab_size, max_tokens=req.max_tokens, logprobs=None)  # type: ignore[arg-type]
+    sampling = sampling_for(req, st.ready.vocab_size,  # type: ignore[arg-type] - the same sampling fields
+                            max_tokens=req.max_tokens, logprobs=None)
     check_context(len(plan.prompt_ids), req.max_tokens, st.ready.max_model_len, prompt_param="messages")
     message_id = _message_id()
     call = EngineCall(st.client, st.admission, st.metrics, "messages", message_id, plan.prompt_ids, sampling,
@@ -276,4 +291,7 @@ async def _stream(call: EngineCall, choice: ChatChoice, out: MessageAssembler) -
                     yield sse(data, name)
     except APIError as err:
         yield sse(err.anthropic_body(), "error")
+    except Exception as err:  # a bug must end the stream with a reason, not a cut connection
+        log.exception("error while streaming")
+        yield sse(APIError(f"internal server error: {type(err).__name__}: {err}", 500).anthropic_body(), "error")
 

@@ -12,7 +12,15 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from .parsers import ContentDelta, Event, ReasoningDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, collect
+from .parsers import (
+    ContentDelta,
+    Event,
+    ReasoningDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    collect,
+)
 from .streaming import sse
 
 if TYPE_CHECKING:

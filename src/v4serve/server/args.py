@@ -40,7 +40,7 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--retry-after", type=int, default=1,
                    help="seconds in the Retry-After header of 429 answers (queue beyond --max-queue-len)")
     g.add_argument("--engine-ready-timeout", type=float,
-                   default=float(os.environ.get("V4SERVE_ENGINE_READY_TIMEOUT_S", 1800)),
+                   default=float(os.environ.get("V4SERVE_ENGINE_READY_TIMEOUT_S", "1800")),
                    help="seconds to wait for the engine to load the model")
     g.add_argument("--graceful-shutdown-timeout", type=float, default=10.0,
                    help="on SIGINT/SIGTERM, seconds open requests get to finish before they are cancelled")

@@ -26,7 +26,7 @@ from pathlib import Path
 import uvicorn
 
 from ..engine.core import AsyncEngineClient, EngineDeadError
-from ..presets import DEMO_PRESET
+from ..presets import DEMO_PRESET, is_preset
 
 log = logging.getLogger("v4serve.server")
 HOME_ENV = "V4SERVE_HOME"
@@ -50,6 +50,9 @@ def demo_checkpoint(home: Path | None = None) -> Path:
     try:
         log.info("writing the demo model (%s, fp8, random weights) to %s (first run only)", DEMO_PRESET, folder)
         write_checkpoint(get_preset(DEMO_PRESET), tmp, seed=0, dtype="fp8")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private
         try:
             os.rename(tmp, folder)
         except OSError:
@@ -82,6 +85,11 @@ def serve(args: Namespace) -> int:
     from ..engine.config import EngineConfig
     from ..models.factory import resolve_config
 
+    names = args.served_model_name or []
+    if args.model is None and len(names) > 1 and (is_preset(names[-1]) or Path(names[-1]).is_dir()):
+        # `--served-model-name a b MODEL`: argparse gave MODEL to the names (it takes as many as it can)
+        args.model = names.pop()
+        log.info("serving %s (read as MODEL, not as a served name; put MODEL first to avoid this)", args.model)
     model = args.model or str(demo_checkpoint())
     resolve_config(model)  # a wrong MODEL fails here, before an engine process starts
     if not args.served_model_name:

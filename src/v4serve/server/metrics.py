@@ -28,7 +28,7 @@ class EngineStatsCollector(Collector):
     def __init__(self) -> None:
         self.stats: dict[str, Any] | None = None
 
-    def collect(self):  # noqa: ANN201 - prometheus_client's interface
+    def collect(self):
         s = self.stats
         if not s:
             return

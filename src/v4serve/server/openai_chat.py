@@ -10,6 +10,7 @@ whose arguments stream as they are generated, never any markup in `content` or `
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -23,8 +24,16 @@ from ..engine.protocol import Delta
 from .chat import ChatFormatError, encode_chat, forced_prefix, tools_for_prompt
 from .errors import APIError
 from .logprobs import TokenText, chat_logprobs
-from .parsers import (ContentDelta, Event, OutputParser, ReasoningDelta, ToolCallArgsDelta, ToolCallStart, collect,
-                      new_call_id)
+from .parsers import (
+    ContentDelta,
+    Event,
+    OutputParser,
+    ReasoningDelta,
+    ToolCallArgsDelta,
+    ToolCallStart,
+    collect,
+    new_call_id,
+)
 from .protocol import ChatCompletionRequest, check_context, parse_body, resolve_thinking, sampling_for
 from .reasoning import count_reasoning_tokens
 from .streaming import EngineCall, EventStream, sse, until_disconnected
@@ -32,6 +41,7 @@ from .streaming import EngineCall, EventStream, sse, until_disconnected
 if TYPE_CHECKING:
     from .app import ServerState
 
+log = logging.getLogger("v4serve.server")
 router = APIRouter()
 
 
@@ -58,7 +68,7 @@ def chat_options(kwargs: dict[str, Any] | None, effort: Any, st: ServerState) ->
 def format_error(err: ChatFormatError) -> APIError:
     text = str(err)
     for field in ("tool_choice", "tools", "messages", "response_format", "reasoning_effort"):
-        if text.startswith(field) or f" {field} " in text[:40] or text.startswith(f"unknown {field}"):
+        if text.startswith((field, f"unknown {field}")) or f" {field} " in text[:40]:
             return APIError(text, param=field)
     return APIError(text, param="messages" if "conversation" in text else None)
 
@@ -201,7 +211,7 @@ def usage(prompt_tokens: int, choices: Sequence[ChatChoice]) -> dict[str, Any]:
 
 
 def sibling_index(request_id: str) -> int:
-    head, sep, tail = request_id.rpartition("#")
+    _, sep, tail = request_id.rpartition("#")
     return int(tail) if sep and tail.isdigit() else 0
 
 
@@ -254,7 +264,8 @@ async def _complete(call: EngineCall, choices: list[ChatChoice], head: dict[str,
     if failed:
         raise APIError(failed, 400, code="engine_error")
     body = {**head, "object": "chat.completion", "choices": [
-        {"index": c.index, "message": c.message(), "logprobs": None if c.top_logprobs is None else {"content": c.logprobs},
+        {"index": c.index, "message": c.message(),
+         "logprobs": None if c.top_logprobs is None else {"content": c.logprobs},
          "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in choices],
         "usage": usage(n_prompt, choices)}
     return JSONResponse(body)
@@ -290,4 +301,7 @@ async def _stream(call: EngineCall, choices: list[ChatChoice], head: dict[str, A
             yield sse({**head, "choices": [], "usage": usage(n_prompt, choices)})
     except APIError as err:
         yield sse(err.openai_body())
+    except Exception as err:  # a bug must end the stream with a reason, not a cut connection
+        log.exception("error while streaming")
+        yield sse(APIError(f"internal server error: {type(err).__name__}: {err}", 500).openai_body())
     yield sse("[DONE]")

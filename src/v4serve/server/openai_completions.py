@@ -9,6 +9,7 @@ k*n choices, index = prompt * n + sample.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +29,7 @@ from .streaming import EngineCall, EventStream, merge, sse, until_disconnected
 if TYPE_CHECKING:
     from .app import ServerState
 
+log = logging.getLogger("v4serve.server")
 router = APIRouter()
 
 
@@ -62,9 +64,7 @@ class _Choice:
 
 async def _prompts(st: ServerState, prompt: Any) -> tuple[list[list[int]], list[str]]:
     """(token ids, text) of each prompt in the request."""
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    elif prompt and isinstance(prompt[0], int):
+    if isinstance(prompt, str) or prompt and isinstance(prompt[0], int):
         prompt = [prompt]
     if not prompt:
         raise APIError("prompt: must not be empty", param="prompt")
@@ -167,4 +167,7 @@ async def _stream(calls: list[EngineCall], choices: list[_Choice], n: int, head:
             yield sse({**head, "choices": [], "usage": _usage(n_prompt, choices, n)})
     except APIError as err:
         yield sse(err.openai_body())
+    except Exception as err:  # a bug must end the stream with a reason, not a cut connection
+        log.exception("error while streaming")
+        yield sse(APIError(f"internal server error: {type(err).__name__}: {err}", 500).openai_body())
     yield sse("[DONE]")

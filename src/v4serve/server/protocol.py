@@ -156,12 +156,14 @@ def sampling_for(req: _Sampling, vocab_size: int, *, max_tokens: int | None, log
         frequency_penalty=given(req.frequency_penalty, 0.0), repetition_penalty=given(req.repetition_penalty, 1.0),
         stop=req.stop, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos, logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output)
+    if req.seed is not None and not -(2**63) <= req.seed < 2**63:
+        raise APIError(f"seed: must be a 64-bit integer, got {req.seed}", param="seed", code="invalid_value")
     try:
         params.validate(vocab_size)
     except SamplingParamsError as err:
         param = max_tokens_param if err.field == "max_tokens" else err.field
-        raise APIError(str(err).replace("max_tokens", param, 1) if param != err.field else str(err),
-                       param=param, code="invalid_value") from None
+        reason = str(err).split(": ", 1)[-1]
+        raise APIError(f"{param}: {reason}", param=param, code="invalid_value") from None
     return SamplingMsg(**{name: getattr(params, name) for name in SamplingMsg.__struct_fields__})
 
 

@@ -46,6 +46,9 @@ class Admission:
         if not client.alive:
             raise APIError(f"the engine is not running: {(client.fatal or 'stopped').splitlines()[0]}", 503,
                            code="engine_dead")
+        if n > self.limit:
+            raise APIError(f"n: {n} completions exceed what this server runs or queues at once ({self.limit}, "
+                           "--max-num-seqs + --max-queue-len)", param="n", code="invalid_value")
         if self.in_flight + n > self.limit:
             raise APIError(f"the server is at capacity ({self.in_flight} requests running or queued, limit "
                            f"{self.limit} = --max-num-seqs + --max-queue-len); retry after {self.retry_after} s",
@@ -65,7 +68,8 @@ class EngineCall:
                  request_id: str, prompt_ids: list[int], sampling: SamplingMsg, cache_salt: str | None,
                  arrival: float) -> None:
         self.client, self.admission, self.metrics, self.route = client, admission, metrics, route
-        self.request_id, self.prompt_ids, self.sampling, self.cache_salt = request_id, prompt_ids, sampling, cache_salt
+        self.request_id, self.prompt_ids, self.sampling = request_id, prompt_ids, sampling
+        self.cache_salt = cache_salt
         self.arrival = arrival
         self.n = max(1, sampling.n)
         admission.acquire(self.n, client)
@@ -115,8 +119,8 @@ class EngineCall:
         self.admission.release(self.n)
         unfinished = self.n - len(self._finished)
         if unfinished > 0:
-            for _ in range(unfinished):
-                self.metrics.requests.labels(self.route, "abort").inc()
+            label = "abort" if self.client.alive else "error"
+            self.metrics.requests.labels(self.route, label).inc(unfinished)
             if self.client.alive:  # a task of its own: the caller may be in a cancelled scope
                 _spawn(self.client.abort([self.request_id]))
 

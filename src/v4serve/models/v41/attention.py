@@ -18,7 +18,6 @@ from ...config import ModelConfig
 from ...ops import compressor as comp
 from ...ops import quant
 from ...ops.attention import sparse_attention
-from ...ops.indexer import index_scores
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.rope import apply_rope, inv_freq, rope_cos_sin
@@ -26,7 +25,9 @@ from ..numerics import Numerics
 from ..v4.attention import simulate
 from ..v4.context import StepContext
 from ..v4.modules import CompressorParams, Norm, param
-from .indexer import Selection, candidate_blocks, mask_invisible, select_entries
+from .indexer import Selection, candidate_blocks, candidate_mask, mask_invisible, select_entries, tiled_scores
+
+TOKEN_CHUNK = 1024  # tokens whose KV rows / index scores are gathered at once (bounds long-prefill memory)
 
 
 class V41Attention(nn.Module):
@@ -82,29 +83,40 @@ class V41Attention(nn.Module):
 
     # --- forward ---------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor:
-        hd = self.config.head_dim
         cos, sin = ctx.rope(self.ratio > 0)
         q, qr = self.queries(x, cos, sin)
         kv = self.window_kv(x, cos, sin)
-        kv_win, valid_win = ctx.gather_window(self.layer, kv)
-        parts, masks = [kv_win], [valid_win]
+        rows = valid = None
         if self.ratio:
             if self.compressor is not None:
                 self.compress(x, ctx)
             if self.indexer is not None:
                 self.select(x, qr, ctx, sel)
             rows, valid = self.compressed_rows(ctx, sel)
-            parts.append(ctx.pools.compressed[self.source].read(rows, kv.dtype))
-            masks.append(valid)
-        o = sparse_attention(q, torch.cat(parts, 1), torch.cat(masks, 1), self.attn_sink, hd ** -0.5)
+        o = self.attend(q, kv, ctx, rows, valid)
         ctx.write_window(self.layer, kv)
         return self.output(o, cos, sin)
+
+    def attend(self, q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, rows: torch.Tensor | None,
+               valid: torch.Tensor | None) -> torch.Tensor:
+        """Window + selected compressed entries per token, gathered a chunk of tokens at a time (bounded memory)."""
+        src = ctx.window_source(self.layer, kv)
+        pool = ctx.pools.compressed[self.source] if rows is not None else None
+        outs = []
+        for lo in range(0, q.shape[0], TOKEN_CHUNK):
+            hi = min(q.shape[0], lo + TOKEN_CHUNK)
+            kv_sel, ok = src[ctx.win_src[lo:hi]], ctx.win_valid[lo:hi]
+            if pool is not None:
+                kv_sel = torch.cat([kv_sel, pool.read(rows[lo:hi], kv.dtype)], 1)
+                ok = torch.cat([ok, valid[lo:hi]], 1)
+            outs.append(sparse_attention(q[lo:hi], kv_sel, ok, self.attn_sink, self.config.head_dim ** -0.5))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def compressed_rows(self, ctx: StepContext, sel: Selection) -> tuple[torch.Tensor, torch.Tensor]:
         """Pool rows [T, k] of the selected entries of the KV source's cache, and which picks are real."""
         idx = sel.topk
-        rows = ctx.entry_rows(self.source)[ctx.step.token_row]  # [T, E]
-        return torch.gather(rows, 1, idx.clamp(min=0)), idx >= 0
+        rows = ctx.entry_rows(self.source)[ctx.step.token_row.unsqueeze(1), idx.clamp(min=0)]
+        return rows, idx >= 0
 
     def compress(self, x: torch.Tensor, ctx: StepContext) -> None:
         """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""
@@ -122,7 +134,7 @@ class V41Attention(nn.Module):
             pooled = comp.pool_entries(kv_src, score_src, src, groups, p.head_dim)
             state.kv[step.row_slot], state.score[step.row_slot] = comp.next_state(kv_src, score_src, src)
         latent = rms_norm(pooled.to(x.dtype), p.norm.weight, p.norm.eps)
-        cos, sin = rope_cos_sin(groups.entry * p.ratio, inv_freq(self.config, True, groups.entry.device))
+        cos, sin = rope_cos_sin(groups.entry * p.ratio, inv_freq(self.config, True, x.device))
         rows = ctx.entry_write_rows(L, groups.row, groups.entry, groups.valid)
         entries = simulate(apply_rope(latent, cos, sin), self.numerics.compressed_kv, self.config.rope_dim)
         pools.compressed[L].write(rows, entries)
@@ -133,8 +145,8 @@ class V41Attention(nn.Module):
     def _index_format(self, x: torch.Tensor) -> torch.Tensor:
         return quant.fp4_simulate(x, 32) if self.numerics.index_fp4 else x
 
-    def index_scores(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        """[T, E] scores of every entry of the KV source (invisible ones included; the caller masks)."""
+    def select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, sel: Selection) -> None:
+        """Score the KV source's index keys, (publish candidate blocks,) keep the top-k; chunked over tokens."""
         c, step = self.config, ctx.step
         ix = self.indexer
         cos, sin = ctx.rope(True)
@@ -142,17 +154,21 @@ class V41Attention(nn.Module):
         qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
         w = ix.weights_proj(x).float() * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
         keys = ctx.pools.index_keys[self.source].read(ctx.entry_rows(self.source), x.dtype)  # [R, E, d]
-        return index_scores(qi, w, keys[step.token_row])
-
-    def select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, sel: Selection) -> None:
-        c = self.config
-        scores = self.index_scores(x, qr, ctx)
         visible = ctx.visible(self.ratio)
-        if self.publishes_candidates:
-            sel.candidates = candidate_blocks(mask_invisible(scores, visible), visible, c.candidate_topk_blocks,
-                                              c.candidate_block_size)
-        cands = sel.candidates if self.uses_candidates else None
-        if self.uses_candidates and cands is None:
+        if self.uses_candidates and sel.blocks is None:
             raise RuntimeError(f"layer {self.layer} masks to candidate blocks, but layer "
                                f"{c.candidate_source_layer} published none in this step")
-        sel.topk = select_entries(scores, visible, c.index_topk, cands)
+        picks, blocks = [], []
+        for lo in range(0, step.num_tokens, TOKEN_CHUNK):
+            hi = min(step.num_tokens, lo + TOKEN_CHUNK)
+            scores, vis = tiled_scores(qi[lo:hi], w[lo:hi], keys, step.token_row[lo:hi]), visible[lo:hi]
+            cands = None
+            if self.publishes_candidates:
+                blocks.append(candidate_blocks(mask_invisible(scores, vis), vis, c.candidate_topk_blocks,
+                                               c.candidate_block_size))
+            elif self.uses_candidates:
+                cands = candidate_mask(sel.blocks[lo:hi], scores.shape[1], c.candidate_block_size, vis)
+            picks.append(select_entries(scores, vis, c.index_topk, cands))
+        sel.topk = torch.cat(picks) if len(picks) > 1 else picks[0]
+        if blocks:
+            sel.blocks = torch.cat(blocks) if len(blocks) > 1 else blocks[0]

@@ -35,9 +35,9 @@ class EngramTable(nn.Module):
 
     keeps_stored_format = True
 
-    def __init__(self, rows: int, head_dim: int):
+    def __init__(self, rows: int, head_dim: int, on_host: bool = False):
         super().__init__()
-        self.rows, self.head_dim = rows, head_dim
+        self.rows, self.head_dim, self.on_host = rows, head_dim, on_host
         self.register_buffer("weight", torch.zeros(0, head_dim), persistent=False)
         self.register_buffer("scale", None, persistent=False)
 
@@ -52,13 +52,16 @@ class EngramTable(nn.Module):
                 else scale.float()
         else:
             self.weight, self.scale = tensor.to(dtype), None
+        if self.on_host:
+            self.place(True)
 
     def place(self, on_host: bool, pin: bool = True, device: torch.device | str | None = None) -> None:
         """Move the table to (pinned) host memory, or to `device`."""
+        self.on_host = on_host
         if on_host:
             def move(t: torch.Tensor) -> torch.Tensor:
                 t = t.to("cpu")
-                return t.pin_memory() if pin and torch.cuda.is_available() else t
+                return t.pin_memory() if pin and torch.cuda.is_available() and not t.is_pinned() else t
         else:
             def move(t: torch.Tensor) -> torch.Tensor:
                 return t.to(device)
@@ -82,13 +85,13 @@ class EngramTable(nn.Module):
 
 
 class Engram(nn.Module):
-    def __init__(self, config: ModelConfig, layer: int):
+    def __init__(self, config: ModelConfig, layer: int, table_on_host: bool = False):
         super().__init__()
         c = config
         self.config = c
         self.index = c.engram_layers.index(layer)  # which of the hasher's layers this is
         self.columns = (c.engram_max_ngram - 1) * c.engram_n_heads
-        self.embed = EngramTable(c.engram_num_embeddings[self.index], c.engram_head_dim)
+        self.embed = EngramTable(c.engram_num_embeddings[self.index], c.engram_head_dim, table_on_host)
         self.wkv = Linear(self.columns * c.engram_head_dim, (c.hc_mult + 1) * c.dim)
         self.q_weight = param(c.hc_mult, c.dim)
         self.k_weight = param(c.hc_mult, c.dim)

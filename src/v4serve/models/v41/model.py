@@ -62,6 +62,9 @@ class V41Model(nn.Module):
         self.head.weight = param(c.vocab_size, c.dim)
         self.mtp = nn.ModuleList(DSparkBlock(c, j, numerics) for j in range(c.n_mtp_layers if with_mtp else 0))
         self.engram_on_host = os.environ.get(ENGRAM_HOST_ENV) == "1" if engram_on_host is None else engram_on_host
+        for m in self.modules():  # the loader keeps these tables on the host (models/loading.py `_placement`)
+            if isinstance(m, EngramTable):
+                m.on_host = self.engram_on_host
         self.hasher: EngramHasher | None = None
         self._tokenizer: str | Path | None = None
 
@@ -152,6 +155,8 @@ class V41Model(nn.Module):
         flag = step.extras.get("decoder_trim")
         if flag is not None:
             return bool(flag)
+        if step.extras.get("uniform_decode"):  # decode rows never sit below their floor
+            return False
         return bool((step.decoder_floor > step.row_start).any())
 
     # --- DSpark -------------------------------------------------------------------------------------
