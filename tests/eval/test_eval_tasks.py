@@ -93,18 +93,20 @@ def test_failed_requests_score_zero():
 def test_register_eval_and_hook(tmp_path, capsys):
     added = []
 
-    def add_fidelity(sub):
-        p = sub.add_parser("fidelity")
+    def add_custom(sub):
+        p = sub.add_parser("custom-task")
         p.add_argument("model")
         added.append(p)
 
-    eval_cli.EVAL_SUBCOMMAND_HOOKS.append(add_fidelity)
+    eval_cli.EVAL_SUBCOMMAND_HOOKS.append(add_custom)
     try:
         parser = argparse.ArgumentParser(prog="v4serve")
         eval_cli.register_eval(parser.add_subparsers(dest="command"))
     finally:
-        eval_cli.EVAL_SUBCOMMAND_HOOKS.remove(add_fidelity)
-    assert added and parser.parse_args(["eval", "fidelity", "m"]).model == "m"
+        eval_cli.EVAL_SUBCOMMAND_HOOKS.remove(add_custom)
+    assert added and parser.parse_args(["eval", "custom-task", "m"]).model == "m"
+    fid = parser.parse_args(["eval", "fidelity", "tiny-v41-flash", "--sessions", "2"])
+    assert fid.model == "tiny-v41-flash" and fid.sessions == 2 and fid.func.__name__ == "cmd_fidelity"
     with FakeOpenAIServer(FakeServerConfig(responder=lambda m: "Answer: B")) as server:
         args = parser.parse_args(
             [
