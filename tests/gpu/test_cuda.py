@@ -74,15 +74,16 @@ def test_grouped_moe_matches_reference_loop() -> None:
     assert rel_err(out, ref) < 2e-2
 
 
-def test_cuda_graph_decode_equals_eager() -> None:
+@pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])
+def test_cuda_graph_decode_equals_eager(name: str) -> None:
     from v4serve import LLM, SamplingParams
 
     prompts = [[1000 + i for i in range(n)] for n in (7, 40, 90)]
     sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
     common = dict(device="cuda", kv_cache_memory=256 << 20, max_model_len=1024, block_size=64,
                   cuda_graph_sizes=(1, 2, 4))
-    eager = LLM("tiny-v4-flash", enforce_eager=True, **common).generate(prompts, sp)
-    llm = LLM("tiny-v4-flash", **common)
+    eager = LLM(name, enforce_eager=True, **common).generate(prompts, sp)
+    llm = LLM(name, **common)
     graphed = llm.generate(prompts, sp)
     assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0
     assert [o.token_ids for o in graphed] == [o.token_ids for o in eager]

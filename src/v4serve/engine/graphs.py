@@ -20,7 +20,10 @@ log = logging.getLogger("v4serve.graphs")
 
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, pools: KVPools, sizes: tuple[int, ...], max_model_len: int,
-                 num_blocks: int, block_size: int, device: torch.device):
+                 num_blocks: int, block_size: int, device: torch.device,
+                 extras: dict[str, tuple[int, ...]] | None = None):
+        """`extras`: per-token int64 step extras the model needs (name -> trailing shape), captured as static
+        buffers padded with -1 (V4.1: the Engram n-gram history)."""
         self.model, self.pools, self.device = model, pools, device
         self.max_model_len = max_model_len
         self.sizes = sorted(s for s in sizes if s >= 1)
@@ -33,6 +36,7 @@ class DecodeGraphs:
             "window_floor": torch.zeros(n, **i64), "cached_len": torch.zeros(n, **i64),
             "decoder_floor": torch.zeros(n, **i64),
         }
+        self.extras = {k: torch.full((n, *shape), -1, **i64) for k, shape in (extras or {}).items()}
         self.arange = torch.arange(n, **i64)
         self.ones = torch.ones(n, **i64)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -47,7 +51,8 @@ class DecodeGraphs:
             row_slot=f["row_slot"][:b], row_start=f["positions"][:b], row_len=self.ones[:b],
             row_offset=self.arange[:b], block_table=f["block_table"][:b], window_floor=f["window_floor"][:b],
             cached_len=f["cached_len"][:b], decoder_floor=f["decoder_floor"][:b], logits_index=self.arange[:b],
-            max_context=self.max_model_len, extras={"uniform_decode": True})
+            max_context=self.max_model_len,
+            extras={"uniform_decode": True, "decoder_trim": False, **{k: v[:b] for k, v in self.extras.items()}})
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -77,6 +82,8 @@ class DecodeGraphs:
         f["window_floor"][:b] = 0
         f["cached_len"][:b] = 0
         f["decoder_floor"][:b] = 0
+        for v in self.extras.values():
+            v[:b] = -1
 
     def bucket(self, rows: int) -> int | None:
         return next((s for s in self.sizes if s >= rows), None)
@@ -86,8 +93,8 @@ class DecodeGraphs:
         R = step.num_rows
         if step.num_tokens != R or any(r.request.params.prompt_logprobs is not None for r in sched.rows):
             return None
-        if step.extras and set(step.extras) - {"uniform_decode"}:
-            return None  # model-specific extras are not captured
+        if set(step.extras) - set(self.extras) - {"uniform_decode", "decoder_trim"}:
+            return None  # extras the graphs were not captured with
         b = self.bucket(R)
         if b is None or step.block_table.shape[1] > self.max_blocks:
             return None
@@ -100,6 +107,8 @@ class DecodeGraphs:
         f["window_floor"][:R].copy_(step.window_floor, non_blocking=True)
         f["cached_len"][:R].copy_(step.cached_len, non_blocking=True)
         f["decoder_floor"][:R].copy_(step.decoder_floor, non_blocking=True)
+        for k, v in self.extras.items():
+            v[:R].copy_(step.extras[k], non_blocking=True)
         self.graphs[b].replay()
         self.replays += 1
         return self.outputs[b][:R]

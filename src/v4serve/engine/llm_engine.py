@@ -126,8 +126,9 @@ class LLMEngine:
         if self.device.type == "cuda" and not cfg.enforce_eager:
             from .graphs import DecodeGraphs
 
+            extras = {"engram_prev_ids": (mc.engram_max_ngram - 1,)} if mc.is_v41 and mc.engram_layers else None
             graphs = DecodeGraphs(self.loaded.model, self.pools, cfg.cuda_graph_sizes, self.max_model_len,
-                                  self.capacity.num_blocks, cfg.block_size, self.device)
+                                  self.capacity.num_blocks, cfg.block_size, self.device, extras)
         self.runner = ModelRunner(self.loaded.model, self.pools, mc.vocab_size, mc.eos_token_id, self.device,
                                   self.max_model_len, graphs)
         if mc.is_v41:
