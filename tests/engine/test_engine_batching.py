@@ -17,12 +17,14 @@ from v4serve.engine.llm_engine import LLMEngine
 from v4serve.engine.request import FinishReason
 from v4serve.presets import get_preset
 
+from .common import ENGINE
+
 BLOCK = 32
 
 
 def pool_bytes(preset: str, blocks: int, slots: int, kv_dtype: str = "auto") -> int:
     """KV memory that gives exactly `blocks` blocks and `slots` slots (the engine's capacity formula)."""
-    spec = make_cache_spec(get_preset(preset), BLOCK, kv_dtype, None, torch.float32)
+    spec = make_cache_spec(get_preset(preset), BLOCK, kv_dtype, None, torch.float64)
     return (slots + 1) * spec.slot_bytes() + (blocks + 1) * spec.block_bytes()
 
 
@@ -46,7 +48,7 @@ _singles: dict[str, LLM] = {}
 def _single(preset: str) -> LLM:
     if preset not in _singles:
         _singles[preset] = LLM(preset, block_size=BLOCK, max_num_seqs=1, enable_prefix_caching=False,
-                               kv_cache_memory=pool_bytes(preset, 64, 1))
+                               kv_cache_memory=pool_bytes(preset, 64, 1), **ENGINE)
     return _singles[preset]
 
 
@@ -82,7 +84,7 @@ def test_mixed_workload_equals_one_at_a_time(preset: str) -> None:
 def _cfg(**kw):
     from v4serve.engine.config import EngineConfig
 
-    return EngineConfig(block_size=BLOCK, **kw)
+    return EngineConfig(block_size=BLOCK, **ENGINE, **kw)
 
 
 def assert_all_blocks_free(eng: LLMEngine) -> None:
@@ -111,7 +113,7 @@ def test_prefix_hits_and_shared_prefix_requests_match_cold_runs() -> None:
 
 def test_capacity_matches_formula() -> None:
     preset = "tiny-v4-flash"
-    spec = make_cache_spec(get_preset(preset), BLOCK, "auto", None, torch.float32)
+    spec = make_cache_spec(get_preset(preset), BLOCK, "auto", None, torch.float64)
     budget = 64 << 20
     eng = LLMEngine(preset, _cfg(max_num_seqs=8, kv_cache_memory=budget))
     slots = eng.capacity.num_slots

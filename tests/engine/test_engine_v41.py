@@ -8,6 +8,7 @@ from v4serve.engine.config import EngineConfig
 from v4serve.engine.llm_engine import LLMEngine
 from v4serve.engine.sampling_params import SamplingParams
 
+from .common import ENGINE
 from .test_engine_batching import BLOCK, assert_all_blocks_free, pool_bytes, workload
 from .test_prefix_cache import run_session
 
@@ -20,7 +21,7 @@ _solo: dict[bool, LLMEngine] = {}
 def solo(prompt: list[int], max_tokens: int, bounded: bool = False) -> list[int]:
     """The request alone in an engine without a prefix cache (one engine per mode, reused)."""
     if bounded not in _solo:
-        _solo[bounded] = LLMEngine(PRESET, EngineConfig(block_size=BLOCK, max_num_seqs=1, enable_prefix_caching=False,
+        _solo[bounded] = LLMEngine(PRESET, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=1, enable_prefix_caching=False,
                                                         swa_bounded_replay=bounded,
                                                         kv_cache_memory=pool_bytes(PRESET, 64, 1)))
     eng = _solo[bounded]
@@ -33,7 +34,7 @@ def solo(prompt: list[int], max_tokens: int, bounded: bool = False) -> list[int]
 def test_exact_mode_mixed_workload_equals_one_at_a_time() -> None:
     prompts = workload(7)
     expected = [solo(p, 10) for p in prompts]
-    eng = LLMEngine(PRESET, EngineConfig(block_size=BLOCK, max_num_seqs=7, swa_bounded_replay=False,
+    eng = LLMEngine(PRESET, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=7, swa_bounded_replay=False,
                                          kv_cache_memory=pool_bytes(PRESET, 16, 14), max_num_batched_tokens=96,
                                          long_prefill_token_threshold=40))
     ids = [eng.add_request(p, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))[0] for p in prompts]
@@ -54,7 +55,7 @@ def test_exact_mode_mixed_workload_equals_one_at_a_time() -> None:
 
 
 def test_exact_mode_sessions_hit_and_match_cold_runs() -> None:
-    eng = LLMEngine(PRESET, EngineConfig(block_size=BLOCK, max_num_seqs=2, swa_bounded_replay=False,
+    eng = LLMEngine(PRESET, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=2, swa_bounded_replay=False,
                                          kv_cache_memory=pool_bytes(PRESET, 120, 4)))
     results = run_session(eng, seed=11)
     assert all(r[2] > 0 for r in results[1:])
@@ -67,7 +68,7 @@ def test_bounded_replay_reports_its_divergence(capsys: pytest.CaptureFixture) ->
 
     Outputs may differ from cold exact runs; the share of identical greedy tokens is reported and bounded loosely.
     (On this random tiny model the window is 16 positions, so the approximation is far coarser than V4.1's 128.)"""
-    eng = LLMEngine(PRESET, EngineConfig(block_size=BLOCK, max_num_seqs=2, kv_cache_memory=pool_bytes(PRESET, 120, 4)))
+    eng = LLMEngine(PRESET, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=2, kv_cache_memory=pool_bytes(PRESET, 120, 4)))
     assert eng.cfg.swa_bounded_replay and eng.scheduler.decoder_trim
     same = total = 0
     first_same = 0

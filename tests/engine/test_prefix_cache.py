@@ -11,6 +11,7 @@ from v4serve.engine.config import EngineConfig
 from v4serve.engine.llm_engine import LLMEngine
 from v4serve.engine.sampling_params import SamplingParams
 
+from .common import ENGINE
 from .test_engine_batching import BLOCK, pool_bytes, run_alone
 
 PRESET = "tiny-v4-flash"
@@ -41,7 +42,7 @@ def run_session(eng: LLMEngine, seed: int, turns: int = 3, max_tokens: int = 10,
 
 @pytest.mark.parametrize("checkpoints", [None, 0], ids=["window-checkpoints", "exact-replay"])
 def test_multi_turn_hits_are_exact(checkpoints: int | None) -> None:
-    eng = LLMEngine(PRESET, EngineConfig(block_size=BLOCK, max_num_seqs=2, num_window_checkpoints=checkpoints,
+    eng = LLMEngine(PRESET, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=2, num_window_checkpoints=checkpoints,
                                          kv_cache_memory=pool_bytes(PRESET, 120, 4)))
     results = run_session(eng, seed=3)
     replay = eng.kv.g.replay_depth
@@ -63,7 +64,7 @@ def test_multi_turn_hits_are_exact(checkpoints: int | None) -> None:
 
 
 def test_cache_salt_isolates_sessions() -> None:
-    eng = LLMEngine(PRESET, EngineConfig(block_size=BLOCK, max_num_seqs=2, kv_cache_memory=pool_bytes(PRESET, 120, 4)))
+    eng = LLMEngine(PRESET, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=2, kv_cache_memory=pool_bytes(PRESET, 120, 4)))
     a = run_session(eng, seed=4, turns=1, salt="alice")
     b = run_session(eng, seed=4, turns=1, salt="bob")
     c = run_session(eng, seed=4, turns=1, salt="alice")
@@ -73,7 +74,7 @@ def test_cache_salt_isolates_sessions() -> None:
 
 
 def test_disabled_prefix_caching_reports_no_hits() -> None:
-    eng = LLMEngine(PRESET, EngineConfig(block_size=BLOCK, max_num_seqs=2, enable_prefix_caching=False,
+    eng = LLMEngine(PRESET, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=2, enable_prefix_caching=False,
                                          kv_cache_memory=pool_bytes(PRESET, 120, 4)))
     results = run_session(eng, seed=5, turns=2)
     assert [r[2] for r in results] == [0, 0]

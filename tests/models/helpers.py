@@ -35,8 +35,13 @@ def blocks_for(n_tokens: int) -> int:
 
 
 @functools.cache
-def preset_model(preset: str, numerics: str = "deepseek", seed: int = 0, with_mtp: bool = False) -> LoadedModel:
-    return build_model(preset, seed=seed, numerics=numerics, with_mtp=with_mtp)
+def preset_model(preset: str, numerics: str = "deepseek", seed: int = 0, with_mtp: bool = False,
+                 dtype: torch.dtype = torch.float32) -> LoadedModel:
+    return build_model(preset, seed=seed, numerics=numerics, with_mtp=with_mtp, dtype=dtype)
+
+
+def model_dtype(lm: LoadedModel) -> torch.dtype:
+    return lm.model.embed.weight.dtype
 
 
 @functools.cache
@@ -68,15 +73,16 @@ def ckpt_root(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def new_pools(config: ModelConfig, kv_dtype: str = "auto", index_dtype: str | None = None, num_blocks: int = 24,
-              num_slots: int = 6, with_mtp: bool = False) -> KVPools:
-    spec = make_cache_spec(config, block_size=BLOCK, kv_dtype=kv_dtype, index_dtype=index_dtype, with_mtp=with_mtp)
+              num_slots: int = 6, with_mtp: bool = False, dtype: torch.dtype = torch.float32) -> KVPools:
+    spec = make_cache_spec(config, block_size=BLOCK, kv_dtype=kv_dtype, index_dtype=index_dtype, with_mtp=with_mtp,
+                           compute_dtype=dtype)
     return KVPools(spec, num_blocks=num_blocks, num_slots=num_slots)
 
 
 @torch.no_grad()
 def one_shot(lm: LoadedModel, toks: list[int], kv_dtype: str = "auto") -> torch.Tensor:
     """Logits [len(toks), V] of a single prefill over `toks` in a fresh cache."""
-    pools = new_pools(lm.config, kv_dtype)
+    pools = new_pools(lm.config, kv_dtype, dtype=model_dtype(lm))
     step = build_step([RowSpec(toks, 0, 0, list(range(blocks_for(len(toks)))), logits="all")])
     return lm.model(step, pools).logits
 

@@ -30,7 +30,7 @@ def _tokens(n: int, seed: int) -> list[int]:
 
 
 def _pools(tiny, slots: int = 4) -> KVPools:
-    return KVPools(make_cache_spec(tiny.config, block_size=32, with_mtp=True), num_blocks=24, num_slots=slots)
+    return KVPools(make_cache_spec(tiny.config, block_size=32, with_mtp=True, compute_dtype=torch.float64), num_blocks=24, num_slots=slots)
 
 
 def _run(tiny, pools, rows: list[RowSpec], histories: list[list[int]], **extras):
@@ -114,7 +114,7 @@ def test_quantized_cache_records_are_lossless(tiny):
     toks = _tokens(60, 12)
     got = {}
     for kv in ("auto", "fp4", "bf16"):
-        pools = KVPools(make_cache_spec(tiny.config, block_size=32, kv_dtype=kv), num_blocks=8, num_slots=1)
+        pools = KVPools(make_cache_spec(tiny.config, block_size=32, kv_dtype=kv, compute_dtype=torch.float64), num_blocks=8, num_slots=1)
         got[kv] = _prefill(tiny, pools, toks, 0, [0, 1], [35, 25], logits="all")
     assert torch.equal(got["fp4"], got["auto"]) and torch.equal(got["bf16"], got["auto"])
 

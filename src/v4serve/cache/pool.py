@@ -43,9 +43,10 @@ class RowPool:
 class StatePool:
     """Compressor partial-group state: kv and score [slots + 1, positions, width] in float32."""
 
-    def __init__(self, positions: int, width: int, slots: int, device: torch.device | str):
-        self.kv = torch.zeros(slots + 1, positions, width, dtype=torch.float32, device=device)
-        self.score = torch.full((slots + 1, positions, width), float("-inf"), dtype=torch.float32, device=device)
+    def __init__(self, positions: int, width: int, slots: int, device: torch.device | str,
+                 dtype: torch.dtype = torch.float32):
+        self.kv = torch.zeros(slots + 1, positions, width, dtype=dtype, device=device)
+        self.score = torch.full((slots + 1, positions, width), float("-inf"), dtype=dtype, device=device)
 
     def reset(self, slots: torch.Tensor) -> None:
         self.kv[slots] = 0.0
@@ -53,7 +54,7 @@ class StatePool:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.kv.numel() * 4
+        return 2 * self.kv.numel() * self.kv.element_size()
 
 
 class KVPools:
@@ -82,9 +83,10 @@ class KVPools:
                 if lc.index_keys is not None:
                     self.index_keys[lc.layer] = RowPool(lc.index_keys, num_blocks * epb + epb - 1, device)
                 if lc.state is not None:
-                    self.state[lc.layer] = StatePool(lc.state.slots, lc.state.width, num_slots, device)
+                    self.state[lc.layer] = StatePool(lc.state.slots, lc.state.width, num_slots, device, spec.state_dtype)
                 if lc.index_state is not None:
-                    self.index_state[lc.layer] = StatePool(lc.index_state.slots, lc.index_state.width, num_slots, device)
+                    self.index_state[lc.layer] = StatePool(lc.index_state.slots, lc.index_state.width, num_slots, device,
+                                                           spec.state_dtype)
 
     # --- addressing ----------------------------------------------------------------------------
     @property

@@ -26,7 +26,7 @@ class CompressorStateSpec:
 
     @property
     def bytes(self) -> int:
-        return 2 * self.slots * self.width * 4  # kv and score, float32
+        return 2 * self.slots * self.width * 4  # kv and score, float32 (float64 models: twice; see state_dtype)
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,12 @@ class CacheSpec:
     kv_dtype: str
     index_dtype: str
     layers: tuple[LayerCache, ...] = field(default_factory=tuple)
+    compute_dtype: torch.dtype = torch.float32
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """Compressor state is kept at accumulation precision: float32, or float64 for a float64 model."""
+        return torch.float64 if self.compute_dtype == torch.float64 else torch.float32
 
     # --- per-token (growing) and per-sequence (constant) bytes -----------------------------------
     def compressed_bytes_per_token(self) -> float:
@@ -72,8 +78,9 @@ class CacheSpec:
         return sum(self.config.window_size * lc.window.record_bytes for lc in self.layers)
 
     def state_bytes_per_seq(self) -> int:
-        return sum((lc.state.bytes if lc.state else 0) + (lc.index_state.bytes if lc.index_state else 0)
-                   for lc in self.layers)
+        scale = 2 if self.state_dtype == torch.float64 else 1
+        return scale * sum((lc.state.bytes if lc.state else 0) + (lc.index_state.bytes if lc.index_state else 0)
+                           for lc in self.layers)
 
     def slot_bytes(self) -> int:
         return self.window_bytes_per_seq() + self.state_bytes_per_seq()
@@ -118,4 +125,4 @@ def make_cache_spec(config: ModelConfig, block_size: int = 256, kv_dtype: str = 
             if c.family == "v4":  # V4's indexer has its own overlapped compressor
                 idx_state = CompressorStateSpec(2 * ratio, 2 * c.index_head_dim)
         layers.append(LayerCache(i, win, ratio, comp, keys, state, idx_state))
-    return CacheSpec(c, block_size, kv_dtype, index_dtype, tuple(layers))
+    return CacheSpec(c, block_size, kv_dtype, index_dtype, tuple(layers), compute_dtype)

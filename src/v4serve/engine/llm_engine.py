@@ -62,9 +62,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
-             "float16": torch.float16}
+             "float16": torch.float16, "float64": torch.float64, "fp64": torch.float64}
     if dtype not in table:
-        raise EngineConfigError(f"--dtype must be auto, bfloat16 or float32, got {dtype!r}")
+        raise EngineConfigError(f"--dtype must be auto, bfloat16, float32 or float64, got {dtype!r}")
     return table[dtype]
 
 

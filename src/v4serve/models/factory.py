@@ -61,9 +61,10 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
         if hasattr(net, "bind_tokenizer"):  # V4.1 Engram hashes with the checkpoint's own tokenizer
             net.bind_tokenizer(folder)
     apply_numerics(net, nm, config)
-    if device.type == "cuda":
+    if device.type == "cuda":  # static-shape MoE (graph-safe): grouped GEMMs where torch has them, else dense
+        mode = "grouped" if dtype in (torch.bfloat16, torch.float16) else "dense"
         for m in net.modules():
             if hasattr(m, "grouped"):
-                m.grouped = True
+                m.grouped = mode
     net.eval()
     return LoadedModel(net, config, model, folder)

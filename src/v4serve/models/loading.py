@@ -46,7 +46,8 @@ def assign(model: nn.Module, spec: TensorSpec, tensor: torch.Tensor, scale: torc
         return
     if isinstance(mod, Linear) and rest == "weight":
         in_compressor = "compressor" in walked or walked[-1:] == ["wk"]
-        mod.set_weight(tensor, scale, config.weight_block, torch.float32 if in_compressor else dtype)
+        wide = torch.promote_types(torch.float32, dtype)  # the reference runs compressors in float32 (or wider)
+        mod.set_weight(tensor, scale, config.weight_block, wide if in_compressor else dtype)
         return
     if "." in rest or not hasattr(mod, rest):
         raise CheckpointError(f"tensor {name} has no place in the {config.family} model (resolved to "
@@ -57,7 +58,8 @@ def assign(model: nn.Module, spec: TensorSpec, tensor: torch.Tensor, scale: torc
     else:
         fmt = stored_format(tensor)
         value = dequantize(tensor, scale, fmt, config.weight_block) if fmt != "float" else tensor.float()
-        value = value.to(torch.float32 if spec.kind == "f32" or len(spec.shape) == 1 else dtype)
+        value = value.to(torch.promote_types(torch.float32, dtype) if spec.kind == "f32" or len(spec.shape) == 1
+                         else dtype)
     if cur is not None and tuple(cur.shape) != tuple(value.shape):
         raise CheckpointError(f"tensor {name} has shape {list(value.shape)}; the model needs {list(cur.shape)}")
     setattr(mod, rest, nn.Parameter(value, requires_grad=False))

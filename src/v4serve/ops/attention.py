@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import torch
 
+from .precision import acc_dtype
+
 
 def sparse_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """q [T, H, D], kv [T, K, D], valid [T, K] bool, sink [H] -> out [T, H, D] (q's dtype)."""
-    s = torch.einsum("thd,tkd->thk", q.float(), kv.float()) * scale
+    a = acc_dtype(q, kv)
+    s = torch.einsum("thd,tkd->thk", q.to(a), kv.to(a)) * scale
     s = s.masked_fill(~valid.unsqueeze(1), float("-inf"))
-    sink_l = sink.float().view(1, -1, 1).expand(s.shape[0], -1, 1)
+    sink_l = sink.to(a).view(1, -1, 1).expand(s.shape[0], -1, 1)
     m = torch.maximum(s.amax(-1, keepdim=True), sink_l)
     p = torch.exp(s - m)
     denom = p.sum(-1, keepdim=True) + torch.exp(sink_l - m)
-    out = torch.einsum("thk,tkd->thd", p / denom, kv.float())
+    out = torch.einsum("thk,tkd->thd", p / denom, kv.to(a))
     return out.to(q.dtype)
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import torch
 
+from .precision import acc_dtype
+
 
 def index_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """q [T, h, d], w [T, h], keys [T, E, d] (each token's row of keys) -> [T, E] float32."""
-    s = torch.einsum("thd,ted->the", q.float(), keys.float()).relu_()
-    return torch.einsum("the,th->te", s, w.float())
+    a = acc_dtype(q, keys)
+    s = torch.einsum("thd,ted->the", q.to(a), keys.to(a)).relu_()
+    return torch.einsum("the,th->te", s, w.to(a))
 
 
 def ordered_keys(scores: torch.Tensor) -> torch.Tensor:

@@ -50,7 +50,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: b
     """
     rd = cos.shape[-1] * 2
     nope, rope = x[..., :-rd], x[..., -rd:]
-    r = rope.float().unflatten(-1, (-1, 2))
+    r = rope.to(torch.float64 if rope.dtype == torch.float64 else torch.float32).unflatten(-1, (-1, 2))
     a, b = r[..., 0], r[..., 1]
     s = -sin if inverse else sin
     out = torch.stack((a * cos - b * s, a * s + b * cos), dim=-1).flatten(-2).to(x.dtype)

@@ -15,6 +15,7 @@ from ...ops.hadamard import hadamard_rotate
 from ...ops.indexer import index_scores, select_topk
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
+from ...ops.precision import acc_dtype, wide
 from ...ops.rope import apply_rope
 from ..numerics import Numerics
 from .context import StepContext
@@ -43,7 +44,7 @@ def run_compressor(p: CompressorParams, x: torch.Tensor, ctx: StepContext, layer
                    finish) -> None:
     """Project, pool completed groups, finish them (norm / RoPE / simulation) and store; update the state."""
     step = ctx.step
-    xf = x.float()
+    xf = x.to(acc_dtype(x))
     kv = p.wkv(xf)
     if p.wgate is not None:
         score = p.wgate(xf)
@@ -175,7 +176,7 @@ class V4Attention(nn.Module):
         cos, sin = ctx.rope(True)
         qi = ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim)
         qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
-        w = ix.weights_proj(x).float() * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
+        w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
         keys = pools.index_keys[L].read(rows, x.dtype)  # [R, E, d]
         picks = []
         for lo in range(0, T, TOKEN_CHUNK):

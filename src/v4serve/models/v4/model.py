@@ -15,6 +15,7 @@ from ...cache.pool import KVPools
 from ...config import ModelConfig
 from ...ops.linear import Linear
 from ...ops.mhc import hc_head_collapse
+from ...ops.precision import wide
 from ..numerics import Numerics
 from ..step import StepInput
 from .block import V4Block
@@ -71,7 +72,8 @@ class V4Model(nn.Module):
                norm: Norm) -> torch.Tensor:
         c = self.config
         y = hc_head_collapse(x, fn, base, scale, c.norm_eps, c.hc_eps)
-        return norm(y).float() @ self.head.weight.float().t()
+        h = wide(norm(y))
+        return h @ self.head.weight.to(h.dtype).t()
 
     def forward(self, step: StepInput, pools: KVPools) -> ModelOutput:
         c = self.config

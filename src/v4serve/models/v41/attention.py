@@ -20,6 +20,7 @@ from ...ops import quant
 from ...ops.attention import sparse_attention
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
+from ...ops.precision import wide
 from ...ops.rope import apply_rope, inv_freq, rope_cos_sin
 from ..numerics import Numerics
 from ..v4.attention import simulate
@@ -121,7 +122,7 @@ class V41Attention(nn.Module):
     def compress(self, x: torch.Tensor, ctx: StepContext) -> None:
         """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""
         p, step, pools, L = self.compressor, ctx.step, ctx.pools, self.layer
-        xf = x.float()
+        xf = wide(x)
         kv = p.wkv(xf)
         if p.wgate is None:  # ratio 1: every position is its own entry
             groups = comp.Groups(step.token_row, step.positions, torch.ones_like(step.positions, dtype=torch.bool))
@@ -139,7 +140,7 @@ class V41Attention(nn.Module):
         entries = simulate(apply_rope(latent, cos, sin), self.numerics.compressed_kv, self.config.rope_dim)
         pools.compressed[L].write(rows, entries)
         ix = self.indexer
-        keys = apply_rope(ix.k_norm(ix.wk(latent.float()).to(x.dtype)), cos, sin)
+        keys = apply_rope(ix.k_norm(ix.wk(wide(latent)).to(x.dtype)), cos, sin)
         pools.index_keys[L].write(rows, self._index_format(keys))
 
     def _index_format(self, x: torch.Tensor) -> torch.Tensor:
@@ -152,7 +153,7 @@ class V41Attention(nn.Module):
         cos, sin = ctx.rope(True)
         qi = ix.wq_b(qr).view(step.num_tokens, c.index_n_heads, c.index_head_dim)
         qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
-        w = ix.weights_proj(x).float() * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
+        w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
         keys = ctx.pools.index_keys[self.source].read(ctx.entry_rows(self.source), x.dtype)  # [R, E, d]
         visible = ctx.visible(self.ratio)
         if self.uses_candidates and sel.blocks is None:

@@ -21,6 +21,7 @@ from torch import nn
 from ...config import ModelConfig
 from ...ops import quant
 from ...ops.linear import Linear
+from ...ops.precision import wide
 from ..v4.modules import param
 
 GATE_FLOOR = 1e-6  # |dot| floor under the signed square root (the reference's clamp value)
@@ -101,9 +102,9 @@ class Engram(nn.Module):
         c = self.config
         T, n, D = x.shape
         emb = self.embed(rows, x.dtype).reshape(T, -1)
-        kv = self.wkv(emb).float()
+        kv = wide(self.wkv(emb))
         key, value = kv[:, : n * D].view(T, n, D), kv[:, n * D:]
-        h = x.float()
+        h = wide(x)
         rstd = torch.rsqrt(h.square().mean(-1) + c.norm_eps) * torch.rsqrt(key.square().mean(-1) + c.norm_eps)
         w = self.q_weight.float() * self.k_weight.float()  # only ever used as a product
         dot = (h * w * key).sum(-1) * rstd * D ** -0.5  # [T, hc]
