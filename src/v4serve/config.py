@@ -183,9 +183,46 @@ def default_compress_ratios(family: Family, n_layers: int) -> tuple[int, ...]:
     return tuple(ratios) + (0,)
 
 
+# config.json names of ModelConfig fields, so errors name what the user wrote
+_HF_NAMES = {
+    "dim": "hidden_size", "n_layers": "num_hidden_layers", "n_mtp_layers": "num_nextn_predict_layers",
+    "n_heads": "num_attention_heads", "window_size": "sliding_window", "n_activated_experts": "num_experts_per_tok",
+    "moe_inter_dim": "moe_intermediate_size", "n_hash_layers": "num_hash_layers", "score_func": "scoring_func",
+    "route_scale": "routed_scaling_factor", "norm_eps": "rms_norm_eps", "max_position": "max_position_embeddings",
+}
+_INT_FIELDS = (
+    "vocab_size", "hidden_size", "dim", "num_hidden_layers", "n_layers", "num_nextn_predict_layers", "n_mtp_layers",
+    "num_attention_heads", "n_heads", "head_dim", "qk_rope_head_dim", "rope_head_dim", "q_lora_rank", "o_groups",
+    "o_lora_rank", "sliding_window", "window_size", "max_position_embeddings", "index_n_heads", "index_head_dim",
+    "index_topk", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "n_activated_experts",
+    "moe_intermediate_size", "moe_inter_dim", "num_hash_layers", "n_hash_layers", "hc_mult", "hc_sinkhorn_iters",
+    "bos_token_id", "original_seq_len", "candidate_source_layer_id", "candidate_topk_blocks", "candidate_block_size",
+    "engram_max_ngram_size", "engram_vocab_size", "engram_n_heads", "engram_head_dim", "engram_pad_token_id",
+    "engram_compressed_vocab_size", "dspark_block_size", "dspark_noise_token_id", "dspark_markov_rank",
+    "dspark_n_routed_experts", "dspark_num_experts_per_tok", "image_token_id",
+)
+_FLOAT_FIELDS = (
+    "rope_theta", "compress_rope_theta", "rope_factor", "beta_fast", "beta_slow", "routed_scaling_factor",
+    "route_scale", "swiglu_limit", "hc_eps", "rms_norm_eps", "norm_eps", "partial_rotary_factor",
+)
+
+
+def _check_types(merged: dict[str, Any]) -> None:
+    """Wrong JSON types fail with the field's name (not a bare int()/float() error)."""
+    for name in _INT_FIELDS:
+        v = merged.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ConfigError(f"config field '{name}': must be an integer, got {v!r}")
+    for name in _FLOAT_FIELDS:
+        v = merged.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ConfigError(f"config field '{name}': must be a number, got {v!r}")
+
+
 def validate(c: ModelConfig) -> None:
     def bad(field_name: str, msg: str) -> None:
-        raise ConfigError(f"config field '{field_name}': {msg}")
+        hf = _HF_NAMES.get(field_name)
+        raise ConfigError(f"config field '{hf or field_name}'{f' ({field_name})' if hf else ''}: {msg}")
 
     if c.family not in ("v4", "v41"):
         bad("family", f"unknown model family {c.family!r}; expected 'v4' or 'v41'")
@@ -304,6 +341,8 @@ def config_from_dict(hf: dict[str, Any], inference: dict[str, Any] | None = None
         raise ConfigError(f"config field 'model_type': {model_type!r} is not a DeepSeek-V4 model "
                           "(expected 'deepseek_v4' or 'deepseek_v41')")
     merged = {**src, **inf}  # the reference's names sit beside the HF ones
+
+    _check_types(merged)
 
     def req(*names: str) -> Any:
         v = _get(merged, *names)

@@ -150,6 +150,9 @@ BAD = {
               ["weight_block_size", "quantization_config.weight_block_size"]),
     "block_size": (_set(quantization_config={"quant_method": "fp8", "weight_block_size": [96, 96]}),
                    ["weight_block_size"]),
+    "hidden_type": (_set(hidden_size="big"), ["hidden_size"]),
+    "theta_type": (_set(rope_theta=[1]), ["rope_theta"]),
+    "layers_bool": (_set(num_hidden_layers=True), ["num_hidden_layers"]),
     "layer_types": (lambda d: (d.pop("compress_ratios"), d.update(layer_types=["sliding_attention", "mystery"]
                                                                     + ["sliding_attention"] * 41)),
                     ["layer_types"]),
