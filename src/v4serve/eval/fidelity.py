@@ -75,6 +75,12 @@ def _run(engine, prompt: list[int], max_tokens: int, **kw) -> Any:
     return engine.release(rid)
 
 
+def _turn1(engine, s: Session, reply_len: int) -> Any:
+    """Turn 1 on an otherwise empty prefix cache, so the following turn 2 sees exactly its own turn 1 cached."""
+    engine.kv.reset_prefix_cache()
+    return _run(engine, s.prompt1, reply_len)
+
+
 def teacher_forced_logits(engine, tap: LogitsTap, s: Session) -> torch.Tensor:
     """Next-token logits at each position of the continuation, after turn 2's (cached) prompt."""
     p2 = s.prompt2
@@ -99,18 +105,14 @@ def run_fidelity(model: str, sessions: list[Session], continuation: int, engine_
         tap = LogitsTap()
         eng.runner.logits_tap = tap
         logits, greedy, cached = [], [], []
-        def turn1(s: Session):
-            eng.kv.reset_prefix_cache()  # each turn 2 sees a cache holding exactly its turn 1
-            return _run(eng, s.prompt1, reply_len)
-
         for s in sessions:
-            r1 = turn1(s)
+            r1 = _turn1(eng, s, reply_len)
             if mode == "exact":
                 s.reply1 = list(r1.output_token_ids)
                 s.continuation = list(_run(eng, s.prompt2, continuation).output_token_ids)
-            turn1(s)
+            _turn1(eng, s, reply_len)
             logits.append(teacher_forced_logits(eng, tap, s))
-            turn1(s)
+            _turn1(eng, s, reply_len)
             g = _run(eng, s.prompt2, continuation)
             greedy.append(list(g.output_token_ids))
             cached.append(g.num_cached_tokens)

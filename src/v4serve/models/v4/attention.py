@@ -68,6 +68,19 @@ def run_compressor(p: CompressorParams, x: torch.Tensor, ctx: StepContext, layer
 
 
 
+def add_projections(m: nn.Module, c: ModelConfig) -> None:
+    """The per-layer projections of every DeepSeek-V4-family attention (names as in the checkpoints)."""
+    H, hd = c.n_heads, c.head_dim
+    m.wq_a = Linear(c.dim, c.q_lora_rank)
+    m.q_norm = Norm(c.q_lora_rank, c.norm_eps)
+    m.wq_b = Linear(c.q_lora_rank, H * hd)
+    m.wkv = Linear(c.dim, hd)
+    m.kv_norm = Norm(hd, c.norm_eps)
+    m.wo_a = Linear(H * hd // c.o_groups, c.o_groups * c.o_lora_rank)
+    m.wo_b = Linear(c.o_groups * c.o_lora_rank, c.dim)
+    m.attn_sink = param(H)
+
+
 class V4Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int, numerics: Numerics):
         super().__init__()
@@ -75,15 +88,8 @@ class V4Attention(nn.Module):
         self.config, self.layer, self.numerics = c, layer, numerics
         self.ratio = c.compress_ratios[layer]
         self.is_trunk = layer < c.n_layers
-        H, hd = c.n_heads, c.head_dim
-        self.wq_a = Linear(c.dim, c.q_lora_rank)
-        self.q_norm = Norm(c.q_lora_rank, c.norm_eps)
-        self.wq_b = Linear(c.q_lora_rank, H * hd)
-        self.wkv = Linear(c.dim, hd)
-        self.kv_norm = Norm(hd, c.norm_eps)
-        self.wo_a = Linear(H * hd // c.o_groups, c.o_groups * c.o_lora_rank)
-        self.wo_b = Linear(c.o_groups * c.o_lora_rank, c.dim)
-        self.attn_sink = param(H)
+        hd = c.head_dim
+        add_projections(self, c)
         self.compressor: CompressorParams | None = None
         self.indexer: nn.Module | None = None
         if self.ratio and self.is_trunk:

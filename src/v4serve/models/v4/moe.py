@@ -68,6 +68,11 @@ class MoE(nn.Module):
         c, nm = self.config, self.numerics
         weights, ids = moe_ops.route(x, self.gate.weight, self.gate.bias, self.gate.tid2eid, token_ids, self.topk,
                                      c.score_func, c.route_scale, nm.gate_eps, c.norm_topk_prob)
+        return self.combine(x, weights, ids)
+
+    def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert."""
+        c, nm = self.config, self.numerics
         act = c.weight_block if nm.act_quant and self.experts.quantized else 0
         y = moe_ops.experts_forward(x, self.experts.w1, self.experts.w2, self.experts.w3, weights, ids,
                                     c.swiglu_limit, act, nm.weight_before_w2, self.grouped)

@@ -23,9 +23,9 @@ from ...ops.norm import rms_norm
 from ...ops.precision import wide
 from ...ops.rope import apply_rope, inv_freq, rope_cos_sin
 from ..numerics import Numerics
-from ..v4.attention import simulate
+from ..v4.attention import add_projections, simulate
 from ..v4.context import StepContext
-from ..v4.modules import CompressorParams, Norm, param
+from ..v4.modules import CompressorParams, Norm
 from .indexer import Selection, candidate_blocks, candidate_mask, mask_invisible, select_entries, tiled_scores
 
 TOKEN_CHUNK = 1024  # tokens whose KV rows / index scores are gathered at once (bounds long-prefill memory)
@@ -38,15 +38,8 @@ class V41Attention(nn.Module):
         self.config, self.layer, self.numerics = c, layer, numerics
         is_trunk = layer < c.n_layers
         self.ratio = c.compress_ratios[layer] if is_trunk else 0  # DSpark blocks are window-only
-        H, hd = c.n_heads, c.head_dim
-        self.wq_a = Linear(c.dim, c.q_lora_rank)
-        self.q_norm = Norm(c.q_lora_rank, c.norm_eps)
-        self.wq_b = Linear(c.q_lora_rank, H * hd)
-        self.wkv = Linear(c.dim, hd)
-        self.kv_norm = Norm(hd, c.norm_eps)
-        self.wo_a = Linear(H * hd // c.o_groups, c.o_groups * c.o_lora_rank)
-        self.wo_b = Linear(c.o_groups * c.o_lora_rank, c.dim)
-        self.attn_sink = param(H)
+        add_projections(self, c)
+        hd = c.head_dim
         self.source = c.kv_source(layer) if self.ratio else -1
         self.compressor: CompressorParams | None = None
         self.indexer: nn.Module | None = None

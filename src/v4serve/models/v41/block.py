@@ -37,15 +37,7 @@ class V41MoE(MoE):
         bias = torch.where(image.unsqueeze(1), g.bias_vl.unsqueeze(0), g.bias.unsqueeze(0))  # selection only
         weights, ids = moe_ops.route(x, g.weight, bias, None, None, self.topk, c.score_func, c.route_scale,
                                      nm.gate_eps, c.norm_topk_prob)
-        act = c.weight_block if nm.act_quant and self.experts.quantized else 0
-        y = moe_ops.experts_forward(x, self.experts.w1, self.experts.w2, self.experts.w3, weights, ids,
-                                    c.swiglu_limit, act, nm.weight_before_w2, self.grouped)
-        if c.n_shared_experts:
-            se = self.shared_experts
-            sact = c.weight_block if nm.act_quant and se.w1.quantized else 0
-            y = y + moe_ops.dense_mlp(x, se.w1.weight, se.w2.weight, se.w3.weight,
-                                      c.swiglu_limit if self.shared_clamp else 0.0, sact)
-        return y.to(x.dtype)
+        return self.combine(x, weights, ids)
 
 
 class V41Block(nn.Module):
