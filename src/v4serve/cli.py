@@ -88,6 +88,11 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     config, _ = resolve_config(args.model)
     info = model_info(config)
+    if args.kv_cache_memory:
+        from .info import capacity_info
+
+        info["capacity"] = capacity_info(config, args.kv_cache_memory, args.kv_cache_dtype, args.block_size,
+                                         args.max_num_seqs)
     print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
@@ -137,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="parameters, layer kinds, weight and KV-cache bytes (needs only config.json)")
     i.add_argument("model", help="preset name or a folder holding config.json")
     i.add_argument("--json", action="store_true")
+    i.add_argument("--kv-cache-memory", type=_bytes, default=None,
+                   help="also say how many tokens and 142K-token sessions a KV cache of this size holds")
+    i.add_argument("--kv-cache-dtype", default="fp8", choices=["auto", "bf16", "fp8", "fp4"])
+    i.add_argument("--block-size", type=int, default=256)
+    i.add_argument("--max-num-seqs", type=int, default=64)
     i.set_defaults(func=cmd_info)
 
     m = sub.add_parser("make-checkpoint", help="write a random checkpoint in the official layout")

@@ -104,6 +104,24 @@ def model_info(c: ModelConfig) -> dict[str, Any]:
     return info
 
 
+def capacity_info(c: ModelConfig, kv_bytes: int, kv_dtype: str, block_size: int, max_num_seqs: int) -> dict[str, Any]:
+    """What a KV cache of `kv_bytes` holds, with the engine's own split between slots and blocks."""
+    import torch
+
+    from .engine.config import EngineConfig
+    from .engine.llm_engine import AGENTX_SESSION_TOKENS, plan_capacity
+
+    if c.is_v41 and kv_dtype == "fp8":
+        kv_dtype = "fp4"  # V4.1's compressed format
+    cfg = EngineConfig(kv_cache_memory=kv_bytes, kv_cache_dtype=kv_dtype, block_size=block_size,
+                       max_num_seqs=max_num_seqs, swa_bounded_replay=c.is_v41)
+    spec = make_cache_spec(c, block_size, kv_dtype, None, torch.bfloat16)
+    cap = plan_capacity(spec, cfg, kv_bytes, c.max_position)
+    return {"kv_cache_bytes": kv_bytes, "kv_cache_dtype": kv_dtype, "blocks": cap.num_blocks,
+            "tokens": cap.tokens(block_size), "slots": cap.num_slots, "window_checkpoints": cap.num_checkpoints,
+            f"sessions_of_{AGENTX_SESSION_TOKENS}_tokens": cap.sessions(block_size)}
+
+
 def format_info(info: dict[str, Any]) -> str:
     p = info["parameters"]
     lines = [f"{info['name']} ({info['family']}): {info['layers']} layers, hidden {info['hidden']}",
@@ -123,6 +141,12 @@ def format_info(info: dict[str, Any]) -> str:
                      f"compressed + {d['index_keys_per_token']:.2f} index keys); per sequence "
                      f"{d['window_per_sequence'] / 2**20:.2f} MiB window + "
                      f"{d['compressor_state_per_sequence'] / 2**20:.2f} MiB compressor state")
+    if "capacity" in info:
+        cap = info["capacity"]
+        n_sessions = next(v for k, v in cap.items() if k.startswith("sessions_of_"))
+        lines.append(f"a {cap['kv_cache_bytes'] / 2**30:.1f} GiB KV cache ({cap['kv_cache_dtype']}): {cap['blocks']:,} "
+                     f"blocks = {cap['tokens']:,} tokens, {cap['slots']} slots ({cap['window_checkpoints']} window "
+                     f"checkpoints); holds {n_sessions} AgentX-median sessions of 142,000 tokens")
     if "engram_rows" in info:
         lines.append("Engram rows: " + ", ".join(f"layer {k}: {v:,}" for k, v in info["engram_rows"].items()))
         lines.append(f"decoder layers (trimmed prefill): {info['decoder_layers']}")
