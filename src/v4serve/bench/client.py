@@ -80,17 +80,7 @@ def chat_payload(
     extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A streaming chat request; `force_length` pins the completion to exactly max_tokens."""
-    payload: dict[str, Any] = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "temperature": 0.0,
-    }
-    if force_length:
-        payload |= {"ignore_eos": True, "min_tokens": max_tokens}
-    return payload | (extra_body or {})
+    return _streaming_payload({"model": model, "messages": messages}, max_tokens, force_length, extra_body)
 
 
 def completion_payload(
@@ -101,14 +91,13 @@ def completion_payload(
     force_length: bool = True,
     extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    payload: dict[str, Any] = {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "temperature": 0.0,
-    }
+    return _streaming_payload({"model": model, "prompt": prompt}, max_tokens, force_length, extra_body)
+
+
+def _streaming_payload(base: dict[str, Any], max_tokens: int, force_length: bool,
+                       extra_body: dict[str, Any] | None) -> dict[str, Any]:
+    payload = base | {"max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
+                      "temperature": 0.0}
     if force_length:
         payload |= {"ignore_eos": True, "min_tokens": max_tokens}
     return payload | (extra_body or {})

@@ -110,7 +110,13 @@ def moe_specs(prefix: str, c: ModelConfig, hash_routed: bool, n_experts: int | N
         out.append(TensorSpec(f"{p}gate.tid2eid", (c.vocab_size, c.n_activated_experts), "index", "tid2eid"))
     else:
         out.append(TensorSpec(f"{p}gate.bias", (E,), "f32", "gate_bias"))
-    for e in range(E):
+    return out + expert_specs(p, c, E)
+
+
+def expert_specs(p: str, c: ModelConfig, n_experts: int) -> list[TensorSpec]:
+    """Routed experts (FP4 in the release) and the shared expert (FP8) under `p` = '<block>.ffn.'."""
+    out = []
+    for e in range(n_experts):
         out += [TensorSpec(f"{p}experts.{e}.w1.weight", (c.moe_inter_dim, c.dim), "expert"),
                 TensorSpec(f"{p}experts.{e}.w2.weight", (c.dim, c.moe_inter_dim), "expert"),
                 TensorSpec(f"{p}experts.{e}.w3.weight", (c.moe_inter_dim, c.dim), "expert")]

@@ -26,7 +26,7 @@ float32 here either way).
 from __future__ import annotations
 
 from ...config import ModelConfig
-from ..layout import TensorSpec, _hc, attention_specs
+from ..layout import TensorSpec, _hc, attention_specs, expert_specs
 
 
 def moe_specs(prefix: str, c: ModelConfig, n_experts: int) -> list[TensorSpec]:
@@ -34,15 +34,7 @@ def moe_specs(prefix: str, c: ModelConfig, n_experts: int) -> list[TensorSpec]:
     out = [TensorSpec(f"{p}gate.weight", (n_experts, c.dim), "bf16"),
            TensorSpec(f"{p}gate.bias", (n_experts,), "f32", "gate_bias"),
            TensorSpec(f"{p}gate.bias_vl", (n_experts,), "f32", "gate_bias")]
-    for e in range(n_experts):
-        out += [TensorSpec(f"{p}experts.{e}.w1.weight", (c.moe_inter_dim, c.dim), "expert"),
-                TensorSpec(f"{p}experts.{e}.w2.weight", (c.dim, c.moe_inter_dim), "expert"),
-                TensorSpec(f"{p}experts.{e}.w3.weight", (c.moe_inter_dim, c.dim), "expert")]
-    if c.n_shared_experts:
-        out += [TensorSpec(f"{p}shared_experts.w1.weight", (c.moe_inter_dim, c.dim), "dense"),
-                TensorSpec(f"{p}shared_experts.w2.weight", (c.dim, c.moe_inter_dim), "dense"),
-                TensorSpec(f"{p}shared_experts.w3.weight", (c.moe_inter_dim, c.dim), "dense")]
-    return out
+    return out + expert_specs(p, c, n_experts)
 
 
 def engram_specs(prefix: str, c: ModelConfig, rows: int) -> list[TensorSpec]:
