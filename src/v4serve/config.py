@@ -362,6 +362,10 @@ def config_from_dict(hf: dict[str, Any], inference: dict[str, Any] | None = None
         except KeyError as e:
             raise ConfigError(f"config field 'layer_types': unknown layer type {e.args[0]!r}") from None
     ratios_t = _int_list(ratios, "compress_ratios") if ratios is not None else default_compress_ratios(family, n_layers)
+    if n_layers <= len(ratios_t) < n_layers + n_mtp:
+        # draft blocks (MTP / DSpark) attend over their window only; some releases list fewer of them (0731 ships a
+        # 3-block draft next to a 44-entry schedule)
+        ratios_t = ratios_t + (0,) * (n_layers + n_mtp - len(ratios_t))
 
     rope = _get(merged, "rope_scaling", default=None) or {}
     rp = merged.get("rope_parameters")

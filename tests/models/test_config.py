@@ -138,7 +138,7 @@ BAD = {
     "missing_hidden_size": (_del("hidden_size"), ["hidden_size"]),
     "zero_heads": (_set(num_attention_heads=0), ["num_attention_heads", "n_heads"]),
     "o_groups": (_set(o_groups=7), ["o_groups"]),
-    "ratios_length": (_set(compress_ratios=FLASH_RATIOS[:-1]), ["compress_ratios"]),
+    "ratios_length": (_set(compress_ratios=FLASH_RATIOS[:40]), ["compress_ratios"]),  # fewer than the layers
     "ratio_value": (_set(compress_ratios=[0, 0, 3] + FLASH_RATIOS[3:]), ["compress_ratios"]),
     "ratio_type": (_set(compress_ratios=["4"] * 44), ["compress_ratios"]),
     "topk_experts": (_set(num_experts_per_tok=300), ["num_experts_per_tok"]),
@@ -197,3 +197,15 @@ def test_load_config_folder_errors(tmp_path):
     (tmp_path / "inference").mkdir()
     (tmp_path / "inference" / "config.json").write_text(json.dumps(V4_FLASH_INFERENCE))
     assert load_config(tmp_path) == get_preset("v4-flash").replace(name=tmp_path.name)
+
+
+def test_v4_flash_0731_config_parses_as_v4_flash_geometry():
+    """V4-Flash-0731: the V4-Flash architecture with new weights and a 3-block DSpark draft (block size 5)."""
+    d = copy.deepcopy(V4_FLASH_CONFIG)
+    d.update(num_nextn_predict_layers=3, dspark_block_size=5)
+    c = config_from_dict(d)
+    flash = get_preset("v4-flash")
+    assert c.family == "v4" and c.n_mtp_layers == 3
+    assert c.compress_ratios[: c.n_layers] == flash.compress_ratios[: flash.n_layers]
+    assert c.compress_ratios[c.n_layers:] == (0, 0, 0)
+    assert (c.dim, c.n_layers, c.n_routed_experts, c.index_topk) == (flash.dim, flash.n_layers, 256, 512)
