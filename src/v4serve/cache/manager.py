@@ -204,6 +204,12 @@ class KVCacheManager:
         req.checkpoint_hash = h
         self.stats.checkpoints_taken += 1
 
+    def cancel_admission(self, req: Request) -> None:
+        """Undo `admit` for a request that could not get its first blocks (it stays waiting)."""
+        slot = req.slot
+        self.free(req)
+        self.pending = [op for op in self.pending if op.dst != slot]
+
     def take_ops(self) -> list[SlotOp]:
         ops, self.pending = self.pending, []
         return ops

@@ -139,6 +139,7 @@ class LLMEngine:
             graphs.capture()
         self.requests: dict[str, Request] = {}
         self.outputs: dict[str, OutputProcessor] = {}
+        self._ended: list[Request] = []  # aborted outside a step: reported by the next step
         self.load_seconds = time.monotonic() - t0
         log.info(self.describe_capacity())
 
@@ -154,7 +155,8 @@ class LLMEngine:
         return int(self.cfg.gpu_memory_utilization * total - used - reserve)
 
     def _activation_reserve(self) -> int:
-        """Peak activation memory of the largest step, bounded from the budget (profiled lazily by the runner)."""
+        """An estimate of the largest step's activation memory (attention gathers, mHC streams, logits), kept out of
+        the KV budget; capped at 24 GiB, plus 2 GiB for graphs and the allocator."""
         mc = self.loaded.config
         toks = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len or DEFAULT_MAX_MODEL_LEN)
         per_token = 4 * (mc.n_heads * (mc.window_size + mc.index_topk) * 4 + mc.hc_mult * mc.dim * 8 + mc.vocab_size)
@@ -216,16 +218,15 @@ class LLMEngine:
             if req is not None and not req.is_finished:
                 self.scheduler.abort(req)
                 req.finished_time = time.monotonic()
+                self._ended.append(req)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
 
     # --- stepping -------------------------------------------------------------------------------------
     def step(self) -> list[StepDelta]:
-        deltas: list[StepDelta] = []
-        for req in list(self.requests.values()):  # report aborted requests once
-            if req.is_finished and req.request_id in self.outputs:
-                deltas.append(self._finish_delta(req))
+        ended, self._ended = self._ended, []
+        deltas: list[StepDelta] = [self._finish_delta(req) for req in ended if req.request_id in self.outputs]
         sched = self.scheduler.schedule()
         for req in sched.failed:
             req.finished_time = time.monotonic()
@@ -304,3 +305,4 @@ class LLMEngine:
         for req in list(self.requests.values()):
             if not req.is_finished:
                 self.scheduler.finish(req, reason)
+                self._ended.append(req)

@@ -132,7 +132,7 @@ class Scheduler:
             self.kv.admit(req)
             n = self._chunk(req, budget)
             if not self.kv.ensure_blocks(req, req.num_computed + n):
-                self.kv.free(req)
+                self.kv.cancel_admission(req)
                 if not self.running and not rows:
                     self.waiting.popleft()
                     self.finish(req, FinishReason.ERROR)
@@ -140,7 +140,6 @@ class Scheduler:
                                 "--kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len"
                     failed.append(req)
                     continue
-                self.kv.pending = [op for op in self.kv.pending if op.dst != req.slot]
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
