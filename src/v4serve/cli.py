@@ -38,6 +38,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "V4.1); --no-swa-bounded-replay is exact")
     g.add_argument("--num-window-checkpoints", type=int, default=None)
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--kernels", default="auto", choices=["auto", "triton", "reference"],
+                   help="op bodies: auto (the Triton kernels on CUDA, the plain-torch reference elsewhere); "
+                        "reference forces the plain-torch path")
     g.add_argument("--max-queue-len", type=int, default=1024)
 
 
@@ -55,7 +58,7 @@ def _bytes(s: str) -> int:
 ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dtype", "index_cache_dtype",
                "gpu_memory_utilization", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
-               "num_window_checkpoints", "enforce_eager", "max_queue_len")
+               "num_window_checkpoints", "enforce_eager", "kernels", "max_queue_len")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

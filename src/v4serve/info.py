@@ -6,7 +6,8 @@ from collections import Counter
 from typing import Any
 
 from .cache.spec import make_cache_spec
-from .config import ModelConfig, ceil_div
+from .config import ModelConfig
+from .models.footprint import checkpoint_bytes, engine_bytes
 from .models.layout import TensorSpec, tensor_specs
 
 
@@ -24,23 +25,6 @@ def layer_kinds(c: ModelConfig) -> list[str]:
             dec = ", decoder" if i >= c.decoder_start else ""
             out.append(f"CSA2 ratio {r}: {role}; {idx}{dec}")
     return out
-
-
-def stored_bytes(spec: TensorSpec, c: ModelConfig, quantized: bool) -> dict[str, int]:
-    """Bytes of one tensor as released, split by storage format."""
-    n = spec.numel
-    if spec.kind == "index":
-        return {"int64": 8 * n}
-    if spec.kind == "f32":
-        return {"f32": 4 * n}
-    if not quantized or spec.kind == "bf16":
-        return {"bf16": 2 * n}
-    if spec.kind == "expert" and c.expert_dtype == "fp4":
-        return {"fp4": n // 2, "e8m0 scales": n // 32}
-    if spec.kind == "engram":
-        return {"fp8": n, "e8m0 scales": n // 32}
-    out_f, in_f = spec.shape[0], spec.shape[-1]
-    return {"fp8": n, "e8m0 scales": ceil_div(out_f, c.weight_block) * ceil_div(in_f, c.weight_block)}
 
 
 def _is_active(spec: TensorSpec, c: ModelConfig) -> float:
@@ -70,10 +54,7 @@ def parameter_counts(c: ModelConfig) -> dict[str, int]:
 
 
 def weight_bytes(c: ModelConfig, quantized: bool = True) -> dict[str, int]:
-    acc: Counter[str] = Counter()
-    for s in tensor_specs(c, include_mtp=True):
-        acc.update(stored_bytes(s, c, quantized))
-    return dict(acc)
+    return checkpoint_bytes(c, include_mtp=True, storage="fp8" if quantized else "bfloat16")
 
 
 def kv_formats(c: ModelConfig) -> dict[str, dict[str, float]]:
@@ -96,6 +77,7 @@ def model_info(c: ModelConfig) -> dict[str, Any]:
         "kv_cache": kv_formats(c),
     }
     info["weight_bytes"]["total"] = sum(v for k, v in info["weight_bytes"].items() if k != "total")
+    info["engine_weight_bytes"] = engine_bytes(c, include_mtp=True)  # held on the GPU: stored formats, bf16 compute
     if c.is_v41:
         from .models.v41.accounting import engram_row_counts
 
@@ -135,6 +117,8 @@ def format_info(info: dict[str, Any]) -> str:
     wb = info["weight_bytes"]
     lines.append("weight bytes (released formats): " + ", ".join(
         f"{k} {v / 1e9:.2f} GB" for k, v in wb.items() if k != "total") + f"; total {wb['total'] / 1e9:.2f} GB")
+    lines.append(f"weight bytes held by the engine (stored formats; norms and mHC widened to float32): "
+                 f"{info['engine_weight_bytes'] / 1e9:.2f} GB ({info['engine_weight_bytes'] / wb['total']:.3f}x)")
     lines.append("KV cache:")
     for name, d in info["kv_cache"].items():
         lines.append(f"  {name}: {d['total_per_token']:.2f} B/token ({d['compressed_entries_per_token']:.2f} "

@@ -41,7 +41,7 @@ def preset_model(preset: str, numerics: str = "deepseek", seed: int = 0, with_mt
 
 
 def model_dtype(lm: LoadedModel) -> torch.dtype:
-    return lm.model.embed.weight.dtype
+    return lm.model.dtype
 
 
 @functools.cache

@@ -51,7 +51,7 @@ def dense_logits(model, toks: list[int]) -> torch.Tensor:
     rows = model.engram_hasher().row_ids(ids, prev)
     live = ids != c.image_token_id
     image = ~live
-    x = model.embed.weight[ids].unsqueeze(1).repeat(1, c.hc_mult, 1)
+    x = model.embed.weight[ids].to(model.dtype).unsqueeze(1).repeat(1, c.hc_mult, 1)
     pre = torch.zeros(S, c.hc_mult)
     pre[:, 0] = 1
     win = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - c.window_size)

@@ -30,6 +30,7 @@ class EngineConfig:
     swa_bounded_replay: bool | None = None  # None = on for V4.1, off (exact) for V4
     num_window_checkpoints: int | None = None  # window snapshots kept for exact prefix hits (None = max_num_seqs)
     enforce_eager: bool = False
+    kernels: str = "auto"  # auto = Triton kernels on CUDA, the plain-torch reference elsewhere (ops/backend.py)
     cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     max_queue_len: int = 1024
     with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
@@ -56,6 +57,8 @@ class EngineConfig:
             bad("kv_cache_dtype", f"must be auto, bf16, fp8 or fp4, got {self.kv_cache_dtype!r}")
         if self.index_cache_dtype not in (None, "auto", "bf16", "fp8", "fp4"):
             bad("index_cache_dtype", f"must be auto, bf16, fp8 or fp4, got {self.index_cache_dtype!r}")
+        if self.kernels not in ("auto", "triton", "reference"):
+            bad("kernels", f"must be auto, triton or reference, got {self.kernels!r}")
         if self.max_queue_len < 1:
             bad("max_queue_len", f"must be at least 1, got {self.max_queue_len}")
 

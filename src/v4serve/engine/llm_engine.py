@@ -16,6 +16,7 @@ import torch
 from ..cache.manager import CacheGeometry, KVCacheManager
 from ..cache.pool import KVPools
 from ..cache.spec import CacheSpec, make_cache_spec
+from ..models import footprint
 from ..models.factory import LoadedModel, build_model
 from ..tokenizer import Tokenizer
 from .config import EngineConfig, EngineConfigError
@@ -101,7 +102,7 @@ class LLMEngine:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         t0 = time.monotonic()
         self.loaded = loaded or build_model(model, seed=cfg.seed, numerics=cfg.numerics, dtype=self.dtype,
-                                            device=self.device, with_mtp=cfg.with_mtp)
+                                            device=self.device, with_mtp=cfg.with_mtp, kernels=cfg.kernels)
         mc = self.model_config = self.loaded.config
         if cfg.swa_bounded_replay is None:
             cfg.swa_bounded_replay = mc.is_v41
@@ -141,6 +142,7 @@ class LLMEngine:
         self.outputs: dict[str, OutputProcessor] = {}
         self._ended: list[Request] = []  # aborted outside a step: reported by the next step
         self.load_seconds = time.monotonic() - t0
+        log.info(footprint.describe(self.loaded.model, mc, cfg.with_mtp))
         log.info(self.describe_capacity())
 
     # --- capacity -----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, ModelConfig, load_config
+from ..ops import backend
 from ..presets import get_preset, is_preset
 from .loading import apply_numerics, load_checkpoint, load_random
 from .numerics import numerics_for
@@ -46,14 +47,18 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype: torch.dtype | None = None,
-                device: str | torch.device = "cpu", with_mtp: bool = True, storage: str = "fp8") -> LoadedModel:
-    """A preset (deterministic random weights from `seed`, stored as `storage`) or a checkpoint folder."""
+                device: str | torch.device = "cpu", with_mtp: bool = True, storage: str = "fp8",
+                kernels: str = "auto") -> LoadedModel:
+    """A preset (deterministic random weights from `seed`, stored as `storage`) or a checkpoint folder.
+
+    `kernels` picks the op families' bodies once for the whole model (ops/backend.py): auto = the Triton kernels on
+    CUDA, the plain-torch reference elsewhere."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     config, folder = resolve_config(model)
     nm = numerics_for(config, numerics)
-    with torch.device(device):
-        net = model_class(config)(config, nm, with_mtp=with_mtp)
+    with torch.device(device), backend.use(backend.resolve(kernels, device)):
+        net = model_class(config)(config, nm, with_mtp=with_mtp, dtype=dtype)
     if folder is None:
         load_random(net, config, seed, storage, dtype, device, with_mtp)
     else:
@@ -61,10 +66,5 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
         if hasattr(net, "bind_tokenizer"):  # V4.1 Engram hashes with the checkpoint's own tokenizer
             net.bind_tokenizer(folder)
     apply_numerics(net, nm, config)
-    if device.type == "cuda":  # static-shape MoE (graph-safe): grouped GEMMs where torch has them, else dense
-        mode = "grouped" if dtype in (torch.bfloat16, torch.float16) else "dense"
-        for m in net.modules():
-            if hasattr(m, "grouped"):
-                m.grouped = mode
     net.eval()
     return LoadedModel(net, config, model, folder)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..config import ModelConfig
-from ..ops.linear import Linear, dequantize, stored_format
+from ..ops.linear import Linear, stored_format
 from .checkpoint import iter_random_checkpoint
 from .layout import TensorSpec, tensor_specs
 from .numerics import Numerics
@@ -32,22 +32,22 @@ def _resolve(model: nn.Module, name: str) -> tuple[nn.Module, str, list[str]]:
 
 def assign(model: nn.Module, spec: TensorSpec, tensor: torch.Tensor, scale: torch.Tensor | None,
            config: ModelConfig, dtype: torch.dtype) -> None:
-    """Put one checkpoint tensor (dequantized exactly) where its name says; float32 for f32-kind and 1-D tensors."""
+    """Put one checkpoint tensor where its name says, in its stored format (FP8 / FP4 with their e8m0 scales, bf16
+    matrices as bf16): no full-precision copy of a weight is ever made. Only float32-kind and 1-D tensors (norms,
+    mHC, sinks, biases: a few MB) are widened to the accumulation dtype (float32, or float64 for a float64 model)."""
     from .v4.moe import Experts
 
     name = spec.name
     mod, rest, walked = _resolve(model, name)
     if isinstance(mod, Experts):  # ffn.experts.{e}.{w1,w2,w3}.weight
         e, which = rest.split(".")[:2]
-        mod.set_expert(int(e), which, tensor, scale, config.weight_block, dtype)
+        mod.set_expert(int(e), which, tensor, scale, config.weight_block)
         return
     if getattr(mod, "keeps_stored_format", False) and rest == "weight":  # V4.1 Engram tables: FP8 rows + scales
         mod.set_stored(tensor, scale, dtype)
         return
     if isinstance(mod, Linear) and rest == "weight":
-        in_compressor = "compressor" in walked or walked[-1:] == ["wk"]
-        wide = torch.promote_types(torch.float32, dtype)  # the reference runs compressors in float32 (or wider)
-        mod.set_weight(tensor, scale, config.weight_block, wide if in_compressor else dtype)
+        mod.set_weight(tensor, scale, config.weight_block)
         return
     if "." in rest or not hasattr(mod, rest):
         raise CheckpointError(f"tensor {name} has no place in the {config.family} model (resolved to "
@@ -55,11 +55,13 @@ def assign(model: nn.Module, spec: TensorSpec, tensor: torch.Tensor, scale: torc
     cur = getattr(mod, rest)
     if tensor.dtype in (torch.int32, torch.int64):
         value = tensor.to(torch.int64)
+    elif stored_format(tensor) != "float":
+        raise CheckpointError(f"tensor {name} is stored {tensor.dtype}, but only linear weights, experts and Engram "
+                              f"tables may be quantized")
+    elif spec.kind == "f32" or len(spec.shape) == 1:
+        value = tensor.to(torch.promote_types(torch.float32, dtype))
     else:
-        fmt = stored_format(tensor)
-        value = dequantize(tensor, scale, fmt, config.weight_block) if fmt != "float" else tensor.float()
-        value = value.to(torch.promote_types(torch.float32, dtype) if spec.kind == "f32" or len(spec.shape) == 1
-                         else dtype)
+        value = tensor  # a bf16 matrix (embedding, head, gate) stays bf16; its users widen rows or tiles per call
     if cur is not None and tuple(cur.shape) != tuple(value.shape):
         raise CheckpointError(f"tensor {name} has shape {list(value.shape)}; the model needs {list(cur.shape)}")
     setattr(mod, rest, nn.Parameter(value, requires_grad=False))

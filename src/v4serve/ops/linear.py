@@ -1,9 +1,11 @@
-"""Linear layers over the released weight formats.
+"""Linear layers over the released weight formats: one entry point, a plain-torch reference and Triton kernels.
 
-Weights load in their stored format (FP8 e4m3 + e8m0 block scales, FP4 e2m1 + per-32 e8m0 scales, or plain
-floats) and are dequantized exactly into the compute dtype once (`materialize`). A layer remembers whether its
-weight was quantized: DeepSeek's reference quantizes a quantized GEMM's *activations* to FP8 (1 x block,
-ue8m0 scales), and `act_group` reproduces that when the numerics ask for it.
+A `Linear` keeps the checkpoint's stored tensors as they are (FP8 e4m3 + e8m0 block scales, FP4 e2m1 packed two per
+byte + per-32 e8m0 scales, or plain bf16/f32): no full-precision copy exists, ever. The reference dequantizes per
+call; the kernels (ops/kernels/fp8_gemm.py) dequantize per tile in registers, or run FP8 x FP8 on the tensor cores.
+
+DeepSeek's reference quantizes a quantized GEMM's *activations* to FP8 (1 x block, ue8m0 scales); `act_group`
+reproduces that (the reference simulates it, the kernels do it for real: the same values).
 """
 
 from __future__ import annotations
@@ -12,15 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import backend as kernels
 from . import quant
-
-
-def dequantize(weight: torch.Tensor, scale: torch.Tensor | None, fmt: str, block: int) -> torch.Tensor:
-    if fmt == "fp8":
-        return quant.fp8_block_dequantize_weight(weight, scale, block)
-    if fmt == "fp4":
-        return quant.fp4_dequantize_weight(weight, scale, 32)
-    return weight.float()
+from .profiling import family
 
 
 def stored_format(weight: torch.Tensor) -> str:
@@ -31,28 +27,119 @@ def stored_format(weight: torch.Tensor) -> str:
     return "float"
 
 
+def scale_bytes(scale: torch.Tensor | None) -> torch.Tensor | None:
+    """e8m0 scales as their exponent bytes (uint8), whatever dtype the checkpoint used; float scales unchanged."""
+    if scale is None:
+        return None
+    if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):
+        return scale.view(torch.uint8)
+    return scale
+
+
+def dequantize(weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A stored weight (or a stack of them, [..., out, in]) in full precision: the reference's per-call view."""
+    fmt = stored_format(weight)
+    if fmt == "fp8":
+        if weight.dim() > 2:
+            return torch.stack([dequantize(w, s, block, dtype) for w, s in zip(weight, scale)])
+        return quant.fp8_block_dequantize_weight(weight, scale, block).to(dtype)
+    if fmt == "fp4":
+        return quant.fp4_dequantize_weight(weight, scale, 32).to(dtype)
+    return weight.to(dtype)
+
+
+def logical_shape(weight: torch.Tensor) -> tuple[int, ...]:
+    shape = tuple(weight.shape)
+    return shape[:-1] + (shape[-1] * 2,) if stored_format(weight) == "fp4" else shape
+
+
+# ------------------------------------------------------------------------------------------------
+# The entry points
+# ------------------------------------------------------------------------------------------------
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+                     act_group: int) -> torch.Tensor:
+    """y = x W^T in x's dtype (W dequantized exactly, per call)."""
+    if act_group:
+        x = quant.fp8_simulate(x, act_group)
+    return F.linear(x, dequantize(weight, scale, block, x.dtype))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int = 0,
+           backend: str = kernels.REFERENCE) -> torch.Tensor:
+    """y = x W^T for a weight in its stored format; the output has x's dtype."""
+    with family("linear"):
+        if backend == kernels.TRITON:
+            from .kernels import fp8_gemm
+
+            if fp8_gemm.supports(x, weight):
+                return fp8_gemm.linear(x, weight, scale, block, act_group)
+        return linear_reference(x, weight, scale, block, act_group)
+
+
+def grouped_linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+                             act_group: int) -> torch.Tensor:
+    g = x.shape[1]
+    if act_group:
+        x = quant.fp8_simulate(x, act_group)
+    w = dequantize(weight, scale, block, x.dtype)
+    return torch.einsum("tgd,grd->tgr", x, w.view(g, -1, w.shape[-1]))
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+                   act_group: int = 0, backend: str = kernels.REFERENCE) -> torch.Tensor:
+    """x [T, G, K], W [G*N, K] (G independent projections stacked, e.g. V4's grouped `wo_a`) -> [T, G, N]."""
+    with family("linear"):
+        if backend == kernels.TRITON:
+            from .kernels import fp8_gemm
+
+            if fp8_gemm.supports(x, weight):
+                return fp8_gemm.grouped_linear(x, weight, scale, block, act_group)
+        return grouped_linear_reference(x, weight, scale, block, act_group)
+
+
+# ------------------------------------------------------------------------------------------------
+# The module
+# ------------------------------------------------------------------------------------------------
+
 class Linear(nn.Module):
-    """y = x W^T with W [out, in]; `act_group` > 0 simulates FP8 activation quantization per 1 x act_group."""
+    """y = x W^T with W [out, in] held in its stored format; `act_group` > 0 quantizes activations to FP8."""
 
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight: torch.Tensor | None = None
+        self.register_buffer("weight", None)
+        self.register_buffer("scale", None)
+        self.block = 0
         self.quantized = False
         self.act_group = 0
+        self.backend = kernels.current()
 
-    def set_weight(self, weight: torch.Tensor, scale: torch.Tensor | None, block: int, dtype: torch.dtype) -> None:
+    def set_weight(self, weight: torch.Tensor, scale: torch.Tensor | None, block: int) -> None:
+        """Keep a checkpoint tensor as stored (the scale's e8m0 bytes as uint8)."""
         fmt = stored_format(weight)
+        if logical_shape(weight) != (self.out_features, self.in_features):
+            raise ValueError(f"weight of shape {list(logical_shape(weight))} does not fit "
+                             f"[{self.out_features}, {self.in_features}]")
+        if fmt != "float" and scale is None:
+            raise ValueError(f"a {fmt} weight needs its scales")
         self.quantized = fmt != "float"
-        w = dequantize(weight, scale, fmt, block)
-        if tuple(w.shape) != (self.out_features, self.in_features):
-            raise ValueError(f"weight of shape {tuple(w.shape)} does not fit [{self.out_features}, {self.in_features}]")
-        self.weight = nn.Parameter(w.to(dtype), requires_grad=False)
+        self.block = block if fmt == "fp8" else 32
+        self.weight = weight.view(torch.uint8) if fmt == "fp4" else weight
+        self.scale = scale_bytes(scale) if self.quantized else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.act_group:
-            x = quant.fp8_simulate(x, self.act_group)
-        return F.linear(x, self.weight)
+        return linear(x, self.weight, self.scale, self.block, self.act_group, self.backend)
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, G, in/G] through this weight viewed as G stacked [out/G, in/G] projections -> [T, G, out/G]."""
+        return grouped_linear(x, self.weight, self.scale, self.block, self.act_group, self.backend)
+
+    def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A temporary full-precision view (tests and tools; never kept by the model)."""
+        return dequantize(self.weight, self.scale, self.block, dtype)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, quantized={self.quantized}, act_group={self.act_group}"
+        fmt = stored_format(self.weight) if self.weight is not None else "unset"
+        return f"in={self.in_features}, out={self.out_features}, format={fmt}, act_group={self.act_group}"

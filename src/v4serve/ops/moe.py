@@ -1,41 +1,55 @@
-"""Mixture-of-experts routing and expert computation (plain torch).
+"""Mixture-of-experts expert computation: one entry point, the plain-torch reference and the Triton kernels.
 
-Routing (DeepSeek-V4): scores = score_func(x W_gate^T) in float32; the experts are the top-k of scores + bias
-(or a fixed per-token table on hash layers); the weights are the *unbiased* scores of those experts,
-normalised and multiplied by route_scale. Experts are SwiGLU with the gate clamped from above and the up
-projection clamped both ways.
+Experts are SwiGLU with the gate clamped from above and the up projection clamped both ways. The routed experts of a
+layer are held as stacks in their stored format (`ExpertWeights`: FP4 e2m1 packed two per byte with per-32 e8m0
+scales as released, or FP8 with block scales, or plain floats); the reference dequantizes each expert it needs per
+call, the kernels (ops/kernels/moe.py) dequantize tiles in registers.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from . import backend as kernels
 from . import quant
+from .linear import dequantize, linear, stored_format
 from .precision import acc_dtype
+from .profiling import family
 
 
-def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
-          token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
-          norm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (weights [T, k] float32, expert ids [T, k] int64)."""
-    a = acc_dtype(x)
-    logits = x.to(a) @ gate_w.to(a).t()
-    if score_func == "softmax":
-        scores = logits.softmax(-1)
-    elif score_func == "sigmoid":
-        scores = logits.sigmoid()
-    else:
-        scores = F.softplus(logits).sqrt()
-    if tid2eid is not None:
-        ids = tid2eid[token_ids].long()
-    else:
-        sel = scores + bias.to(a) if bias is not None else scores
-        ids = sel.topk(topk, dim=-1).indices
-    w = scores.gather(1, ids)
-    if norm and score_func != "softmax":
-        w = w / (w.sum(-1, keepdim=True) + eps)
-    return w * route_scale, ids
+@dataclass
+class ExpertWeights:
+    """The routed experts of one layer, stacked per projection in their stored format.
+
+    fp4:   w1/w3 uint8 [E, I, D/2], w2 uint8 [E, D, I/2]; s1/s3 uint8 e8m0 [E, I, D/32], s2 [E, D, I/32]
+    fp8:   w* float8_e4m3fn [E, out, in]; s* uint8 e8m0 [E, ceil(out/block), ceil(in/block)]
+    float: w* [E, out, in] (bf16/f32/f64); s* None
+    """
+
+    w1: torch.Tensor
+    w2: torch.Tensor
+    w3: torch.Tensor
+    s1: torch.Tensor | None
+    s2: torch.Tensor | None
+    s3: torch.Tensor | None
+    block: int  # the FP8 block size (fp4 scales are always per 32)
+
+    @property
+    def fmt(self) -> str:
+        return stored_format(self.w1)
+
+    @property
+    def num_experts(self) -> int:
+        return self.w1.shape[0]
+
+    def expert(self, e: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Expert e's (w1, w2, w3) dequantized to `dtype` (a per-call temporary)."""
+        def one(w: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
+            return dequantize(w[e], None if s is None else s[e], self.block, dtype)
+        return one(self.w1, self.s1), one(self.w2, self.s2), one(self.w3, self.s3)
 
 
 def swiglu(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
@@ -51,69 +65,61 @@ def _maybe_quant(x: torch.Tensor, group: int) -> torch.Tensor:
     return quant.fp8_simulate(x, group) if group else x
 
 
-def experts_forward(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor,
-                    weights: torch.Tensor, ids: torch.Tensor, limit: float, act_group: int,
-                    weight_before_w2: bool, grouped: bool | str) -> torch.Tensor:
-    """Routed experts. x [T, D]; w1/w3 [E, I, D], w2 [E, D, I]; weights/ids [T, k]. Returns [T, D] at accumulation
-    precision.
+def _expert_out(xe: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, we: torch.Tensor,
+                limit: float, act_group: int, weight_before_w2: bool, dtype: torch.dtype) -> torch.Tensor:
+    h = swiglu(xe @ w1.t(), xe @ w3.t(), limit)
+    if weight_before_w2:
+        h = h * we
+    y = (_maybe_quant(h.to(dtype), act_group) @ w2.t()).to(acc_dtype(xe))
+    return y if weight_before_w2 else y * we
 
-    `grouped` (True / "grouped"): sort the (token, expert) pairs by expert and run one grouped GEMM per projection
-    (static shapes, no host sync; bf16/fp16 on CUDA). "dense": every expert on every token with zero weight where not
-    routed (static shapes for dtypes the grouped GEMM lacks, e.g. float64 graphs of tiny test models). Otherwise
-    loop over the experts that received tokens (reference).
+
+def experts_reference(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
+                      limit: float, act_group: int, weight_before_w2: bool) -> torch.Tensor:
+    """Routed experts, plain torch. x [T, D]; weights/ids [T, k]. Returns [T, D] at accumulation precision.
+
+    On the CPU it loops over the experts that received tokens. On CUDA it runs every expert on every token with zero
+    weight where not routed: static shapes and no host sync, so it can be captured in a CUDA graph (exact: a zero
+    weight adds exact zeros, and contributions are added in expert order either way).
     """
-    T, k = ids.shape
-    E = w1.shape[0]
+    T = x.shape[0]
     xq = _maybe_quant(x, act_group)
-    if grouped == "dense":
-        out = torch.zeros(T, x.shape[1], dtype=acc_dtype(x), device=x.device)
-        for e in range(E):
-            we = (weights * (ids == e)).sum(-1, keepdim=True)
-            h = swiglu(xq @ w1[e].t(), xq @ w3[e].t(), limit)
-            if weight_before_w2:
-                h = h * we
-            y = (_maybe_quant(h.to(x.dtype), act_group) @ w2[e].t()).to(out.dtype)
-            out += y if weight_before_w2 else y * we
-        return out
-    if grouped:
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        tok = torch.div(order, k, rounding_mode="floor")
-        counts = torch.zeros(E, dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
-        offs = torch.cumsum(counts, 0).to(torch.int32)
-        xs = xq[tok]
-        g = torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)
-        u = torch._grouped_mm(xs, w3.transpose(1, 2), offs=offs)
-        h = swiglu(g, u, limit)
-        wsort = weights.reshape(-1)[order].unsqueeze(1)
-        if weight_before_w2:
-            h = h * wsort
-        h = _maybe_quant(h.to(x.dtype), act_group)
-        y = torch._grouped_mm(h, w2.transpose(1, 2), offs=offs).to(acc_dtype(x))
-        if not weight_before_w2:
-            y = y * wsort
-        # un-sort and sum the k contributions of each token in a fixed order (atomics would make it run-dependent)
-        out = torch.empty(T * k, x.shape[1], dtype=acc_dtype(x), device=x.device)
-        out[order] = y
-        return out.view(T, k, -1).sum(1)
     out = torch.zeros(T, x.shape[1], dtype=acc_dtype(x), device=x.device)
+    if x.is_cuda:
+        for e in range(experts.num_experts):
+            we = (weights * (ids == e)).sum(-1, keepdim=True)
+            w1, w2, w3 = experts.expert(e, x.dtype)
+            out += _expert_out(xq, w1, w2, w3, we, limit, act_group, weight_before_w2, x.dtype)
+        return out
     for e in torch.unique(ids).tolist():
         t_idx, slot = torch.nonzero(ids == e, as_tuple=True)
-        xe = xq[t_idx]
-        h = swiglu(xe @ w1[e].t(), xe @ w3[e].t(), limit)
-        we = weights[t_idx, slot].unsqueeze(1)
-        if weight_before_w2:
-            h = h * we
-        y = (_maybe_quant(h.to(x.dtype), act_group) @ w2[e].t()).to(out.dtype)
-        if not weight_before_w2:
-            y = y * we
-        out.index_add_(0, t_idx, y)
+        w1, w2, w3 = experts.expert(e, x.dtype)
+        we = weights[t_idx, slot].unsqueeze(1).to(out.dtype)
+        out.index_add_(0, t_idx, _expert_out(xq[t_idx], w1, w2, w3, we, limit, act_group, weight_before_w2,
+                                             x.dtype))
     return out
 
 
-def dense_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor, limit: float,
-              act_group: int) -> torch.Tensor:
-    """The shared expert (SwiGLU, optional clamp). Returns float32."""
-    xq = _maybe_quant(x, act_group)
-    h = swiglu(xq @ w1.t(), xq @ w3.t(), limit)
-    return (_maybe_quant(h.to(x.dtype), act_group) @ w2.t()).to(acc_dtype(x))
+def experts_forward(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
+                    limit: float, act_group: int, weight_before_w2: bool,
+                    backend: str = kernels.REFERENCE) -> torch.Tensor:
+    """The routed experts of a routing (weights [T, k] float32, expert ids [T, k] int64) -> [T, D] at accumulation
+    precision (float32, or float64 for a float64 x)."""
+    with family("moe"):
+        if backend == kernels.TRITON:
+            from .kernels import moe as moe_kernels
+
+            if moe_kernels.supports(x, experts):
+                return moe_kernels.experts_forward(x, experts, weights, ids, limit, act_group, weight_before_w2)
+        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2)
+
+
+def dense_mlp(x: torch.Tensor, w1: tuple, w2: tuple, w3: tuple, limit: float, act_group: int,
+              backend: str = kernels.REFERENCE) -> torch.Tensor:
+    """The shared expert (SwiGLU, optional clamp); each w is (weight, scale, block) in its stored format.
+    Returns x's accumulation dtype."""
+    with family("moe"):
+        g = linear(x, *w1, act_group, backend)
+        u = linear(x, *w3, act_group, backend)
+        h = swiglu(g, u, limit).to(x.dtype)
+        return linear(h, *w2, act_group, backend).to(acc_dtype(x))

@@ -150,9 +150,7 @@ class V4Attention(nn.Module):
         o = self._attend(q, kv, ctx, sel_rows, sel_valid)
         ctx.write_window(self.layer, kv)
         o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
-        g = c.o_groups
-        wo_a = self.wo_a.weight.view(g, c.o_lora_rank, -1)
-        o = torch.einsum("tgd,grd->tgr", o.reshape(T, g, -1), wo_a)
+        o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.wo_b(o.flatten(1))
 
     def _attend(self, q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, sel_rows: torch.Tensor | None,

@@ -13,7 +13,8 @@ from torch import nn
 
 from ...cache.pool import KVPools
 from ...config import ModelConfig
-from ...ops.linear import Linear
+from ...ops import backend as kernels
+from ...ops.linear import Linear, linear
 from ...ops.mhc import hc_head_collapse
 from ...ops.precision import wide
 from ..numerics import Numerics
@@ -46,10 +47,13 @@ class MTPBlock(V4Block):
 
 
 class V4Model(nn.Module):
-    def __init__(self, config: ModelConfig, numerics: Numerics, with_mtp: bool = True):
+    def __init__(self, config: ModelConfig, numerics: Numerics, with_mtp: bool = True,
+                 dtype: torch.dtype = torch.float32):
         super().__init__()
         c = config
         self.config, self.numerics = c, numerics
+        self.compute_dtype = dtype  # activations; the weights keep their stored formats
+        self.backend = kernels.current()
         self.embed = nn.Module()
         self.embed.weight = param(c.vocab_size, c.dim)
         self.layers = nn.ModuleList(V4Block(c, i, numerics) for i in range(c.n_layers))
@@ -63,17 +67,17 @@ class V4Model(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        return self.compute_dtype
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed.weight[ids]
+        return self.embed.weight[ids].to(self.compute_dtype)
 
     def logits(self, x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
                norm: Norm) -> torch.Tensor:
         c = self.config
         y = hc_head_collapse(x, fn, base, scale, c.norm_eps, c.hc_eps)
         h = wide(norm(y))
-        return h @ self.head.weight.to(h.dtype).t()
+        return linear(h, self.head.weight, None, 0, 0, self.backend)  # bf16 head read as stored, float32 math
 
     def forward(self, step: StepInput, pools: KVPools) -> ModelOutput:
         c = self.config

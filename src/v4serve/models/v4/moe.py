@@ -6,8 +6,10 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
+from ...ops import backend as kernels
 from ...ops import moe as moe_ops
-from ...ops.linear import Linear, dequantize, stored_format
+from ...ops.linear import Linear, logical_shape, scale_bytes, stored_format
+from ...ops.router import route
 from ..numerics import Numerics
 from .modules import param
 
@@ -21,29 +23,47 @@ class Gate(nn.Module):
 
 
 class Experts(nn.Module):
-    """Routed experts stacked per projection ([E, out, in]); loaded one expert tensor at a time."""
+    """Routed experts stacked per projection in their stored format ([E, out, in/2] FP4 + [E, out, in/32] e8m0, or
+    FP8 + block scales, or floats); loaded one expert tensor at a time, never dequantized outside a call."""
 
     def __init__(self, config: ModelConfig, n_experts: int):
         super().__init__()
         c = config
         self.n = n_experts
         self.shapes = {"w1": (c.moe_inter_dim, c.dim), "w2": (c.dim, c.moe_inter_dim), "w3": (c.moe_inter_dim, c.dim)}
-        self.w1 = self.w2 = self.w3 = None
+        for w in ("w1", "w2", "w3"):
+            self.register_buffer(w, None)
+            self.register_buffer("s" + w[1], None)
+        self.block = c.weight_block
         self.quantized = False
 
-    def set_expert(self, e: int, which: str, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
-                   dtype: torch.dtype) -> None:
+    def set_expert(self, e: int, which: str, weight: torch.Tensor, scale: torch.Tensor | None, block: int) -> None:
         fmt = stored_format(weight)
-        w = dequantize(weight, scale, fmt, block)
-        if tuple(w.shape) != self.shapes[which]:
-            raise ValueError(f"expert {e} {which}: shape {tuple(w.shape)} does not fit {self.shapes[which]}")
-        self.quantized = self.quantized or fmt != "float"
+        if logical_shape(weight) != self.shapes[which]:
+            raise ValueError(f"expert {e} {which}: shape {list(logical_shape(weight))} does not fit "
+                             f"{list(self.shapes[which])}")
+        if fmt != "float" and scale is None:
+            raise ValueError(f"expert {e} {which}: a {fmt} weight needs its scales")
+        stored = weight.view(torch.uint8) if fmt == "fp4" else weight
+        scale = scale_bytes(scale)
         stack = getattr(self, which)
         if stack is None:
-            stack = nn.Parameter(torch.zeros(self.n, *self.shapes[which], dtype=dtype, device=w.device),
-                                 requires_grad=False)
+            stack = torch.empty(self.n, *stored.shape, dtype=stored.dtype, device=stored.device)
             setattr(self, which, stack)
-        stack.data[e] = w.to(dtype)
+            if scale is not None:
+                setattr(self, "s" + which[1], torch.empty(self.n, *scale.shape, dtype=scale.dtype,
+                                                          device=scale.device))
+        if stack.dtype != stored.dtype or tuple(stack.shape[1:]) != tuple(stored.shape):
+            raise ValueError(f"expert {e} {which} is stored as {stored.dtype} {list(stored.shape)}, unlike expert 0 "
+                             f"({stack.dtype} {list(stack.shape[1:])})")
+        stack[e] = stored
+        if scale is not None:
+            getattr(self, "s" + which[1])[e] = scale
+        self.quantized = self.quantized or fmt != "float"
+        self.block = block
+
+    def stored(self) -> moe_ops.ExpertWeights:
+        return moe_ops.ExpertWeights(self.w1, self.w2, self.w3, self.s1, self.s2, self.s3, self.block)
 
 
 class MoE(nn.Module):
@@ -62,23 +82,27 @@ class MoE(nn.Module):
                           "w3": (c.moe_inter_dim, c.dim)}.items():
             setattr(self.shared_experts, w, Linear(i, o))
         self.shared_clamp = numerics.shared_clamp if shared_clamp is None else shared_clamp
-        self.grouped = False  # set by the model for CUDA (sorted grouped GEMMs, graph-safe)
+        self.backend = kernels.current()
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         c, nm = self.config, self.numerics
-        weights, ids = moe_ops.route(x, self.gate.weight, self.gate.bias, self.gate.tid2eid, token_ids, self.topk,
-                                     c.score_func, c.route_scale, nm.gate_eps, c.norm_topk_prob)
+        weights, ids = route(x, self.gate.weight, self.gate.bias, self.gate.tid2eid, token_ids, self.topk,
+                             c.score_func, c.route_scale, nm.gate_eps, c.norm_topk_prob, self.backend)
         return self.combine(x, weights, ids)
 
     def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert."""
         c, nm = self.config, self.numerics
         act = c.weight_block if nm.act_quant and self.experts.quantized else 0
-        y = moe_ops.experts_forward(x, self.experts.w1, self.experts.w2, self.experts.w3, weights, ids,
-                                    c.swiglu_limit, act, nm.weight_before_w2, self.grouped)
+        y = moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, act, nm.weight_before_w2,
+                                    self.backend)
         if c.n_shared_experts:
             se = self.shared_experts
             sact = c.weight_block if nm.act_quant and se.w1.quantized else 0
-            y = y + moe_ops.dense_mlp(x, se.w1.weight, se.w2.weight, se.w3.weight,
-                                      c.swiglu_limit if self.shared_clamp else 0.0, sact)
+            y = y + moe_ops.dense_mlp(x, *(_stored(m) for m in (se.w1, se.w2, se.w3)),
+                                      c.swiglu_limit if self.shared_clamp else 0.0, sact, self.backend)
         return y.to(x.dtype)
+
+
+def _stored(m: Linear) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    return m.weight, m.scale, m.block

@@ -71,8 +71,7 @@ class V41Attention(nn.Module):
     def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c = self.config
         o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
-        wo_a = self.wo_a.weight.view(c.o_groups, c.o_lora_rank, -1)
-        o = torch.einsum("tgd,grd->tgr", o.reshape(o.shape[0], c.o_groups, -1), wo_a)
+        o = self.wo_a.grouped(o.reshape(o.shape[0], c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.wo_b(o.flatten(1))
 
     # --- forward ---------------------------------------------------------------------------------------

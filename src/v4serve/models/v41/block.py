@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
-from ...ops import moe as moe_ops
 from ...ops.mhc import HCParams, hc_coefficients, hc_collapse, hc_expand, hc_mixes
+from ...ops.router import route
 from ..numerics import Numerics
 from ..v4.context import StepContext
 from ..v4.modules import Norm, param
@@ -35,8 +35,8 @@ class V41MoE(MoE):
         c, nm = self.config, self.numerics
         g = self.gate
         bias = torch.where(image.unsqueeze(1), g.bias_vl.unsqueeze(0), g.bias.unsqueeze(0))  # selection only
-        weights, ids = moe_ops.route(x, g.weight, bias, None, None, self.topk, c.score_func, c.route_scale,
-                                     nm.gate_eps, c.norm_topk_prob)
+        weights, ids = route(x, g.weight, bias, None, None, self.topk, c.score_func, c.route_scale, nm.gate_eps,
+                             c.norm_topk_prob, self.backend)
         return self.combine(x, weights, ids)
 
 

@@ -31,7 +31,7 @@ from torch import nn
 from ...cache.pool import KVPools
 from ...config import ModelConfig
 from ...ops.attention import sparse_attention
-from ...ops.linear import Linear
+from ...ops.linear import Linear, linear
 from ...ops.mhc import hc_collapse
 from ...ops.rope import inv_freq, rope_cos_sin
 from ..numerics import Numerics
@@ -81,9 +81,10 @@ class DSparkBlock(V41Block):
 class DSpark:
     """Drafting with the stages (the model's `mtp` blocks); embedding and head are the target model's."""
 
-    def __init__(self, config: ModelConfig, stages: nn.ModuleList):
+    def __init__(self, config: ModelConfig, stages: nn.ModuleList, dtype: torch.dtype, backend: str):
         self.config = config
         self.stages = stages
+        self.dtype, self.backend = dtype, backend  # activations' dtype; the kernels' backend for the heads
 
     def cache_layer(self, stage: int) -> int:
         return self.config.n_layers + stage
@@ -94,7 +95,7 @@ class DSpark:
     def write_context(self, taps: torch.Tensor, ctx: StepContext) -> None:
         """taps [T, n_targets * dim] for ctx.step's tokens -> each stage's window ring."""
         first = self.stages[0]
-        main_x = first.main_norm(first.main_proj(taps.to(first.main_proj.weight.dtype)))
+        main_x = first.main_norm(first.main_proj(taps.to(self.dtype)))
         cos, sin = ctx.rope(False)
         for j, stage in enumerate(self.stages):
             ctx.write_window(self.cache_layer(j), stage.attn.window_kv(main_x, cos, sin))
@@ -119,7 +120,7 @@ class DSpark:
         floor = torch.zeros_like(anchor_pos) if window_floor is None else window_floor
         cvalid = (cpos >= 0) & (cpos >= floor.unsqueeze(1))
         crows = pools.window_rows(slots.unsqueeze(1), cpos.clamp(min=0))
-        x = embed[ids.reshape(-1)]
+        x = embed[ids.reshape(-1)].to(self.dtype)
         x = x.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         pre = identity_pre(x)
         image = torch.zeros(R * B, dtype=torch.bool, device=dev)
@@ -129,7 +130,7 @@ class DSpark:
                 x, pre, lambda y, s=stage, ctx=context: s.draft_attention(y, cos, sin, ctx, cvalid, B)), image)
         last = self.stages[-1]
         h = hc_collapse(x, pre)  # [R*B, D] pre-norm: the confidence head's input
-        base = (last.norm(h).float() @ head.float().t()).view(R, B, -1)
+        base = linear(last.norm(h).float(), head, None, 0, 0, self.backend).view(R, B, -1)
         return self._choose_block(last, h.view(R, B, -1), base, anchor_ids, choose)
 
     def _choose_block(self, last: DSparkBlock, h: torch.Tensor, base: torch.Tensor, anchor: torch.Tensor,
@@ -139,10 +140,10 @@ class DSpark:
         toks, logits, conf = [], [], []
         for k in range(base.shape[1]):  # left to right: each token's bias depends on the one before
             e = mk_embed[prev].float()
-            lg = base[:, k] + e @ mk_head.float().t()
+            lg = base[:, k] + linear(e, mk_head, None, 0, 0, self.backend)
             nxt = choose(lg)
             c_in = torch.cat([h[:, k].float(), e], dim=-1)
-            conf.append(torch.sigmoid(last.confidence_head.proj(c_in.to(last.confidence_head.proj.weight.dtype))
+            conf.append(torch.sigmoid(last.confidence_head.proj(c_in.to(self.dtype))
                                       .float().squeeze(-1)))
             toks.append(nxt)
             logits.append(lg)

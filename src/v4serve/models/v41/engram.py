@@ -20,7 +20,7 @@ from torch import nn
 
 from ...config import ModelConfig
 from ...ops import quant
-from ...ops.linear import Linear
+from ...ops.linear import Linear, scale_bytes
 from ...ops.precision import wide
 from ..v4.modules import param
 
@@ -28,7 +28,7 @@ GATE_FLOOR = 1e-6  # |dot| floor under the signed square root (the reference's c
 
 
 class EngramTable(nn.Module):
-    """`engram.embed`: rows [N, head_dim] stored FP8 e4m3 + float32 power-of-two scales [N, head_dim/32], or floats.
+    """`engram.embed`: rows [N, head_dim] stored FP8 e4m3 + e8m0 scale bytes [N, head_dim/32], or floats.
 
     `set_stored` is how the loader hands over a checkpoint tensor (kept in its stored format);
     `place(on_host=...)` moves the table between device and (pinned) host memory.
@@ -49,10 +49,9 @@ class EngramTable(nn.Module):
             if scale is None:
                 raise ValueError("an FP8 Engram table needs its per-32 scales")
             self.weight = tensor
-            self.scale = quant.e8m0_to_float(scale) if scale.dtype in (torch.uint8, torch.float8_e8m0fnu) \
-                else scale.float()
+            self.scale = scale_bytes(scale)  # e8m0 exponent bytes (uint8), widened per gathered row
         else:
-            self.weight, self.scale = tensor.to(dtype), None
+            self.weight, self.scale = tensor, None  # kept as stored; rows widen per gather
         if self.on_host:
             self.place(True)
 
@@ -81,6 +80,7 @@ class EngramTable(nn.Module):
             vals = vals.to(dev, non_blocking=True)
             sc = sc.to(dev, non_blocking=True) if sc is not None else None
         if sc is not None:
+            sc = quant.e8m0_to_float(sc) if sc.dtype == torch.uint8 else sc.float()
             vals = (vals.float().unflatten(-1, (-1, 32)) * sc.unsqueeze(-1)).flatten(-2)
         return vals.to(out_dtype)
 

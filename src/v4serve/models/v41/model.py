@@ -24,6 +24,8 @@ from torch import nn
 
 from ...cache.pool import KVPools
 from ...config import ConfigError, ModelConfig
+from ...ops import backend as kernels
+from ...ops.linear import linear
 from ...ops.mhc import hc_collapse
 from ..numerics import Numerics
 from ..step import StepInput
@@ -48,9 +50,11 @@ class V41Output:
 
 class V41Model(nn.Module):
     def __init__(self, config: ModelConfig, numerics: Numerics, with_mtp: bool = True,
-                 engram_on_host: bool | None = None):
+                 engram_on_host: bool | None = None, dtype: torch.dtype = torch.float32):
         super().__init__()
         c = config
+        self.compute_dtype = dtype  # activations; the weights keep their stored formats
+        self.backend = kernels.current()
         validate_engram_rows(c)
         _validate_selection_groups(c)
         self.config, self.numerics = c, numerics
@@ -70,7 +74,7 @@ class V41Model(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed.weight.dtype
+        return self.compute_dtype
 
     # --- Engram -------------------------------------------------------------------------------------
     def bind_tokenizer(self, source) -> None:
@@ -116,7 +120,7 @@ class V41Model(nn.Module):
         if c.engram_layers:
             rows, live = self.engram_inputs(step)
         image = step.token_ids == c.image_token_id
-        x = self.embed.weight[step.token_ids].unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        x = self.embed.weight[step.token_ids].to(self.compute_dtype).unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         pre = identity_pre(x)
         sel = Selection()
         kept = boundary = None
@@ -141,7 +145,7 @@ class V41Model(nn.Module):
                 taps.append(x.float().mean(1))
             x, pre = layer(x, pre, ctx, sel, image)
         li = ctx.step.logits_index
-        logits = self.norm(hc_collapse(x[li], pre[li])).float() @ self.head.weight.float().t()
+        logits = linear(self.norm(hc_collapse(x[li], pre[li])).float(), self.head.weight, None, 0, 0, self.backend)
         hidden = x
         if kept is not None:
             hidden = boundary.index_copy(0, kept, x) if x.shape[0] else boundary
@@ -161,7 +165,7 @@ class V41Model(nn.Module):
 
     # --- DSpark -------------------------------------------------------------------------------------
     def _drafter(self) -> DSpark:
-        return DSpark(self.config, self.mtp)
+        return DSpark(self.config, self.mtp, self.compute_dtype, self.backend)
 
     def draft(self, pools: KVPools, anchor_ids: torch.Tensor, anchor_pos: torch.Tensor, slots: torch.Tensor,
               window_floor: torch.Tensor | None = None, choose=None) -> DraftOutput:

@@ -1,0 +1,198 @@
+"""Block-scaled FP8 GEMMs for the dense linears, in Triton (Hopper), with the same signatures as ops/linear.py.
+
+y[m, g, n] = sum_k x[m, g, k] W[g*N + n, k] for a weight held as stored: FP8 e4m3 with e8m0 block scales (128 x 128
+for V4, 32 x 32 for V4.1) or plain bf16/f32. G > 1 is V4's grouped `wo_a`; plain linears have G = 1.
+
+Modes, by what the activations are:
+* W8A8 (bf16/fp16 x with FP8 activation quantization, `act_group` = the block): x is quantized per 1 x block
+  (kernels/quant.py) and each K block accumulates dot(x_q, W_q) * x_scale[m] * w_scale[n]: FP8 tensor cores.
+* W8A16 and wider (no activation quantization, or fp32/fp64 x): W tiles are dequantized in registers to the dot
+  dtype (bf16 for bf16 x; fp32/fp64 with IEEE dots for wide x; the e4m3 value times 2**e is exact in each).
+
+Small M (decode) splits K across programs so that enough of them stream the weight; the partial sums go to a
+float32 workspace and a second launch adds them in a fixed order (no atomics: results never depend on timing).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+from .quant import act_quant, act_simulate
+
+_DOT_FP8, _DOT_HALF, _DOT_F32, _DOT_F64 = 0, 1, 2, 3
+_SMS = 132  # H200 multiprocessors: decode splits K until about two waves of programs stream the weight
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """FP8 and plain float weights; bf16/fp16/fp32 activations (fp64 only under the CPU interpreter)."""
+    if weight.dtype not in (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32):
+        return False
+    if x.dtype == torch.float64:
+        return not x.is_cuda and weight.dtype != torch.float16
+    return x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+
+
+@triton.jit
+def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr,
+                 M, N, K, k_per_split,
+                 stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn,
+                 stride_ys, stride_ym, stride_yg,
+                 SB: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, DOT: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                 INTERPRET: tl.constexpr):
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    split = tl.program_id(2)
+    # grouped ordering: programs that run together share W columns and x rows in L2
+    n_m, n_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    width = GROUP_M * n_n
+    first_m = (pid // width) * GROUP_M
+    rows_here = tl.minimum(n_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % rows_here
+    pid_n = (pid % width) // rows_here
+
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    w_rows = g * N + offs_n  # the weight's global rows (G projections stacked)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = tl.zeros((BM, BN), dtype=tl.float64 if DOT == 3 else tl.float32)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    for k0 in range(k_lo, k_hi, BK):
+        for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+            offs_k = k0 + sub * SB + tl.arange(0, SB)
+            k_ok = offs_k < k_hi
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            kb = (k0 + sub * SB) // SB
+            if W_FP8:
+                wsb = tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb, mask=n_ok, other=127)
+                w_scale = ((wsb.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(b-127)
+            if A_FP8:  # FP8 x FP8 on the tensor cores, both scales applied to the block's partial product
+                x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb, mask=m_ok, other=1.0)
+                part = tl.dot(x, tl.trans(w))
+                acc += part * x_scale[:, None] * w_scale[None, :]
+            else:
+                if DOT == 1:
+                    dt = x_ptr.dtype.element_ty
+                    wf = w.to(tl.float32)
+                    if W_FP8:
+                        wf = wf * w_scale[:, None]
+                    if INTERPRET:  # same bf16 operands, fp32 products (see kernels.interpreting)
+                        acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(dt).to(tl.float32)), input_precision="ieee")
+                    else:
+                        acc += tl.dot(x, tl.trans(wf.to(dt)))
+                elif DOT == 2:
+                    wf = w.to(tl.float32)
+                    if W_FP8:
+                        wf = wf * w_scale[:, None]
+                    acc += tl.dot(x.to(tl.float32), tl.trans(wf), input_precision="ieee")
+                else:
+                    wf = w.to(tl.float32).to(tl.float64)  # (the interpreter has no e4m3 -> f64 cast)
+                    if W_FP8:
+                        wf = wf * w_scale[:, None].to(tl.float64)
+                    acc += tl.dot(x.to(tl.float64), tl.trans(wf))
+    y = y_ptr + split * stride_ys + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, y_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """y = sum over splits of the partials, in split order (deterministic)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < total
+    acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(p_ptr + s * total + offs, mask=ok, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool) -> dict:
+    """Tile shapes: small M streams the weight (split K to fill the GPU); large M is compute bound."""
+    bk = max(sb, 128)
+    if M <= 64:
+        bm = max(16, triton.next_power_of_2(M))
+        bn = 64
+        tiles = triton.cdiv(N, bn) * G * triton.cdiv(M, bm)
+        k_blocks = triton.cdiv(K, bk)
+        splits = max(1, min(k_blocks, triton.cdiv(2 * _SMS, tiles)))
+        return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4}
+    bm = 128 if M >= 128 else 64
+    return {"BM": bm, "BN": 128, "BK": bk, "splits": 1, "num_warps": 8, "num_stages": 4 if fp8_dot else 3}
+
+
+def _dot_mode(x: torch.Tensor, a_fp8: bool) -> int:
+    if a_fp8:
+        return _DOT_FP8
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return _DOT_HALF
+    return _DOT_F64 if x.dtype == torch.float64 else _DOT_F32
+
+
+def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
+         out_dtype: torch.dtype) -> torch.Tensor:
+    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]."""
+    M, G, K = x3.shape
+    N = weight.shape[0] // G
+    w_fp8 = weight.dtype == torch.float8_e4m3fn
+    half = x3.dtype in (torch.bfloat16, torch.float16)
+    a_fp8 = bool(act_group) and half and w_fp8 and act_group == block
+    xs = None
+    if a_fp8:
+        xq, xs = act_quant(x3, block)
+        x3 = xq
+    elif act_group:
+        x3 = act_simulate(x3, act_group)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    sb = block if w_fp8 else 128  # plain float weights: no scale blocks
+    cfg = _config(M, N, K, G, sb, a_fp8)
+    splits, bk = cfg["splits"], cfg["BK"]
+    k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
+    splits = triton.cdiv(K, k_per_split)
+    y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
+    if M == 0:
+        return y
+    acc_t = torch.float64 if x3.dtype == torch.float64 else torch.float32
+    part = torch.empty(splits, M, G, N, dtype=acc_t, device=x3.device) if splits > 1 else y.unsqueeze(0)
+    scale_t = scale if scale is not None else weight
+    xs_t = xs if xs is not None else x3
+    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]), G, splits)
+    _gemm_kernel[grid](
+        x3, xs_t, weight, scale_t, part, M, N, K, k_per_split,
+        x3.stride(0), x3.stride(1), xs_t.stride(0) if xs is not None else 0, xs_t.stride(1) if xs is not None else 0,
+        weight.stride(0), scale_t.stride(0) if scale is not None else 0,
+        part.stride(0), part.stride(1), part.stride(2),
+        SB=sb, W_FP8=w_fp8, A_FP8=a_fp8, DOT=_dot_mode(x3, a_fp8), BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=8,
+        INTERPRET=interpreting(),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if splits > 1:
+        total = M * G * N
+        _sum_splits_kernel[(triton.cdiv(total, 1024),)](part, y, total, SPLITS=splits, BLOCK=1024)
+    return y
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+           act_group: int = 0) -> torch.Tensor:
+    """y = x W^T; x [..., K], W [N, K] stored -> [..., N] in x's dtype."""
+    lead = x.shape[:-1]
+    if weight.dtype == x.dtype and not act_group:  # a plain float weight in x's own dtype: cuBLAS as is
+        return torch.nn.functional.linear(x, weight)
+    y = _run(x.reshape(-1, 1, x.shape[-1]), weight, scale, block, act_group, _out_dtype(x))
+    return y.view(*lead, weight.shape[0])
+
+
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+                   act_group: int = 0) -> torch.Tensor:
+    """x [T, G, K], W [G*N, K] -> [T, G, N] in x's dtype."""
+    return _run(x, weight, scale, block, act_group, _out_dtype(x))

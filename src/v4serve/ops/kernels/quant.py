@@ -1,0 +1,93 @@
+"""FP8 activation quantization per 1 x group with power-of-two (ue8m0) scales, in Triton.
+
+The same values as `ops.quant.fp8_quantize` / `fp8_simulate`: amax per group floored at 1e-4, scale =
+2**ceil(log2(amax / 448)) from the float32 bit pattern, q = clamp(x / scale, +-448) rounded to e4m3 (nearest even).
+Dividing by a power of two is exact, so the one rounding is the cast to e4m3, as in the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+FP8_MAX = 448.0
+
+
+@triton.jit
+def pow2_ceil(s):
+    """2**ceil(log2(s)) for positive normal float32 s, exactly (exponent bits, +1 when a mantissa bit is set)."""
+    bits = s.to(tl.int32, bitcast=True)
+    exp = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    return (exp << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_round(v):
+    """v (float32, |v| <= 448) rounded to the nearest e4m3 value, ties to even, as float32.
+
+    Done by hand rather than by the cast: Triton's interpreter (CPU tests) converts float32 -> e4m3 wrongly (ties away
+    from zero, a lost carry into the exponent, subnormals flushed); the hardware cast (RNE) agrees with this, so the
+    following cast of an exact e4m3 value is exact on both. Rounding to a multiple of the binade's spacing u by
+    (v + C) - C with C = 1.5 * 2**23 * u uses the float adder's own round-to-nearest-even.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    exp = tl.maximum(((bits >> 23) & 0xFF) - 127, -6)  # below 2**-6 e4m3 is subnormal with spacing 2**-9
+    c = ((exp - 3 + 23 + 127) << 23).to(tl.float32, bitcast=True) * 1.5
+    return (v + c) - c
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm,
+                      GROUP: tl.constexpr, GROUPS_PER_PROG: tl.constexpr, SIMULATE: tl.constexpr):
+    row = tl.program_id(0)
+    g0 = tl.program_id(1) * GROUPS_PER_PROG
+    gi = g0 + tl.arange(0, GROUPS_PER_PROG)
+    cols = gi[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    mask = cols < K
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
+    scale = pow2_ceil(amax / 448.0)
+    q = e4m3_round(tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
+    if SIMULATE:  # quant-dequant round trip in x's dtype
+        tl.store(q_ptr + row * stride_qm + cols, (q.to(tl.float32) * scale[:, None]).to(q_ptr.dtype.element_ty),
+                 mask=mask)
+    else:
+        tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
+        tl.store(s_ptr + row * stride_sm + gi, scale, mask=gi * GROUP < K)
+
+
+def _launch(x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, group: int, simulate: bool) -> None:
+    M, K = x2.shape
+    n_groups = K // group
+    per_prog = max(1, min(triton.next_power_of_2(n_groups), max(1, 1024 // group)))
+    grid = (M, triton.cdiv(n_groups, per_prog))
+    if M == 0:
+        return
+    _act_quant_kernel[grid](x2, out, scales if scales is not None else out, M, K, x2.stride(0), out.stride(0),
+                            scales.stride(0) if scales is not None else 0, GROUP=group, GROUPS_PER_PROG=per_prog,
+                            SIMULATE=simulate)
+
+
+def _rows(x: torch.Tensor, group: int) -> torch.Tensor:
+    if x.shape[-1] % group:
+        raise ValueError(f"last dim {x.shape[-1]} is not a multiple of the quantization group {group}")
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def act_quant(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (float8_e4m3fn [..., K], float32 scales [..., K / group])."""
+    x2 = _rows(x, group)
+    q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = torch.empty(x2.shape[0], x2.shape[1] // group, dtype=torch.float32, device=x.device)
+    _launch(x2, q, s, group, False)
+    return q.view(x.shape), s.view(*x.shape[:-1], -1)
+
+
+def act_simulate(x: torch.Tensor, group: int) -> torch.Tensor:
+    """The quant-dequant round trip in x's dtype (what the reference's `fp8_simulate` returns)."""
+    x2 = _rows(x, group)
+    out = torch.empty_like(x2)
+    _launch(x2, out, None, group, True)
+    return out.view(x.shape)

@@ -1,0 +1,52 @@
+"""MoE routing (DeepSeek-V4): one entry point, the plain-torch reference and the fused Triton kernel.
+
+scores = score_func(x W_gate^T) in float32 (float64 for a float64 x); the experts are the top-k of scores + bias (or a
+fixed per-token table `tid2eid` on hash-routed layers); the weights are the *unbiased* scores of those experts,
+normalised (unless softmax) and multiplied by route_scale. The gate weight is held as stored (bf16 in the release).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import backend as kernels
+from .precision import acc_dtype
+from .profiling import family
+
+
+def route_reference(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
+                    token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
+                    norm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (weights [T, k] float32/float64, expert ids [T, k] int64). `bias` is [E] or per token [T, E]."""
+    a = acc_dtype(x)
+    logits = x.to(a) @ gate_w.to(a).t()
+    if score_func == "softmax":
+        scores = logits.softmax(-1)
+    elif score_func == "sigmoid":
+        scores = logits.sigmoid()
+    else:
+        scores = F.softplus(logits).sqrt()
+    if tid2eid is not None:
+        ids = tid2eid[token_ids].long()
+    else:
+        sel = scores + bias.to(a) if bias is not None else scores
+        ids = sel.topk(topk, dim=-1).indices
+    w = scores.gather(1, ids)
+    if norm and score_func != "softmax":
+        w = w / (w.sum(-1, keepdim=True) + eps)
+    return w * route_scale, ids
+
+
+def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
+          token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
+          norm: bool = True, backend: str = kernels.REFERENCE) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (weights [T, k], expert ids [T, k] int64); see the module docstring."""
+    with family("router"):
+        if backend == kernels.TRITON:
+            from .kernels import router as router_kernels
+
+            if router_kernels.supports(x, gate_w, bias):
+                return router_kernels.route(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps,
+                                            norm)
+        return route_reference(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps, norm)
