@@ -25,6 +25,20 @@ if [[ $what == suite ]]; then  # the whole suite on the GPU machine (encoder con
     --ignore=tests/server/test_parsers.py 2>&1 | tee "$OUT/suite.log" | tail -30
   rc=${PIPESTATUS[0]}
 fi
+if [[ $what == fast ]]; then  # the fast path in one call: kernel microbenchmarks (each checks against its
+  # reference), then the step profile by family with the CUDA-graph step time beside it
+  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --quick --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/fp8_gemm.log" | tail -30
+  timeout 45 python3 benchmarks/kernels/moe.py --quick --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/moe.log" | tail -12
+  timeout 110 python3 benchmarks/profile_step.py "${1:-v4-flash-l8-e16}" --batch 1 --context 2048 --steps 2 \
+    --prefill 4096 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT | tee "$OUT/profile.log" | tail -32
+fi
+if [[ $what == profile ]]; then  # the step profile (eager, by family) and graphed decode at batch 1 and 32
+  for b in 1 32; do
+    timeout 75 python3 benchmarks/profile_step.py "${1:-v4-flash-l8-e16}" --batch $b --context 2048 --steps 2 \
+      --prefill $([[ $b == 1 ]] && echo 4096 || echo 0) --kv-cache-memory 8589934592 --out "$OUT" 2>&1 \
+      | grep -v -e Warning -e USDT | tee "$OUT/profile-b$b.log" | tail -30
+  done
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

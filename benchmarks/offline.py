@@ -23,9 +23,20 @@ from v4serve.engine.config import EngineConfig  # noqa: E402
 from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
 from v4serve.engine.sampling_params import SamplingParams  # noqa: E402
 from v4serve.info import parameter_counts  # noqa: E402
+from v4serve.models.footprint import checkpoint_bytes, held_bytes  # noqa: E402
 from v4serve.models.layout import tensor_specs  # noqa: E402
 
 HBM = 4.3e12  # bytes/s, measured device-to-device copy on this H200 class (KINDS.md); re-measured below
+
+
+def commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(__file__) or ".").stdout.strip()
+    except OSError:
+        return "unknown"
 
 
 def sync(dev: torch.device) -> None:
@@ -95,12 +106,17 @@ def bench_engine(args, dev: torch.device, results: dict) -> LLMEngine:
     cfg = EngineConfig(device=str(dev), max_num_seqs=max(args.batches), max_model_len=args.max_model_len,
                        kv_cache_memory=args.kv_cache_memory, max_num_batched_tokens=args.batched_tokens,
                        cuda_graph_sizes=tuple(args.batches), enforce_eager=args.eager,
-                       enable_prefix_caching=False, seed=0)
+                       enable_prefix_caching=False, seed=0, kernels=args.kernels)
     t = time.perf_counter()
     eng = LLMEngine(args.model, cfg)
     results["engine_load_s"] = time.perf_counter() - t
     results["capacity"] = eng.describe_capacity()
+    held = held_bytes(eng.loaded.model)
+    results["weight_bytes"] = held["device"] + held["host"]
+    results["checkpoint_weight_bytes"] = sum(checkpoint_bytes(eng.model_config, include_mtp=cfg.with_mtp).values())
     print(results["capacity"], flush=True)
+    print(f"weights held {results['weight_bytes'] / 1e9:.2f} GB, checkpoint {results['checkpoint_weight_bytes'] / 1e9:.2f} "
+          f"GB", flush=True)
     g = torch.Generator().manual_seed(0)
     V = eng.model_config.vocab_size
     for b in args.batches:
@@ -232,6 +248,7 @@ def main() -> int:
     ap.add_argument("--hf-decode-steps", type=int, default=5)
     ap.add_argument("--hf-max-batch", type=int, default=32)
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--kernels", default="auto", help="auto (Triton on CUDA) or reference")
     ap.add_argument("--skip-transformers", action="store_true")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
@@ -265,6 +282,12 @@ def main() -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "offline.json"), "w") as f:
         json.dump(results, f, indent=2, default=str)
+    rows = [{"model": args.model, "batch": b, "decode_ms": r["step_ms"], "floor_ms": r["hbm_floor_ms_released_formats"],
+             "prefill_tok_s": r["prefill_tok_per_s"], "weight_bytes": results.get("weight_bytes"),
+             "checkpoint_weight_bytes": results.get("checkpoint_weight_bytes"), "commit": commit(),
+             "kernels": args.kernels} for b, r in results.get("decode", {}).items()]
+    with open(os.path.join(args.out, f"offline-{args.model}.json"), "w") as f:
+        json.dump(rows, f, indent=2)
     dec, hf = results.get("decode", {}), results.get("transformers", {}).get("decode_ms", {})
     print("\n| batch | v4serve ms/step | tok/s | HBM floor bf16 (ms) | x floor | transformers ms/step | speedup |")
     print("|---|---|---|---|---|---|---|")

@@ -7,8 +7,8 @@
   off on these random tiny models. Measured on an H200 (2026-11-30) under transformers numerics: argmax agreement
   0.947 / 0.933 / 0.720 (tiny-v4-flash / -pro / tiny-v41-flash), worst-position relative error 0.26 / 0.37 / 0.76.
   The test asserts >= 65% argmax agreement under transformers numerics and reports deepseek numerics.
-* the grouped-GEMM MoE matches the reference loop to 2e-2 relative in bf16; decode with CUDA graphs gives exactly the
-  eager greedy tokens.
+* the whole model on the Triton kernels agrees with the reference bodies in bf16; decode with CUDA graphs gives
+  exactly the eager greedy tokens.
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _logits(name: str, device: str, dtype: torch.dtype, tokens: list[int], chunks: list[int] | None = None,
-            numerics: str = "deepseek") -> torch.Tensor:
+            numerics: str = "deepseek", kernels: str = "auto") -> torch.Tensor:
     from v4serve.cache.pool import KVPools
     from v4serve.cache.spec import make_cache_spec
     from v4serve.models.factory import build_model
     from v4serve.models.step import RowSpec, build_step
     from v4serve.models.v41.engine_hooks import engram_step_extras
 
-    lm = build_model(name, seed=0, numerics=numerics, dtype=dtype, device=device, with_mtp=False)
+    lm = build_model(name, seed=0, numerics=numerics, dtype=dtype, device=device, with_mtp=False, kernels=kernels)
     spec = make_cache_spec(lm.config, 64, "auto", None, dtype)
     pools = KVPools(spec, 32, 2, device)
     outs, s = [], 0
@@ -82,19 +82,18 @@ def test_chunked_prefill_on_cuda() -> None:
     assert rel_err(chunked, one) < 1e-4
 
 
-def test_grouped_moe_matches_reference_loop() -> None:
-    from v4serve.ops.moe import experts_forward
-
-    torch.manual_seed(0)
-    T, D, I, E, k = 200, 256, 128, 16, 6
-    x = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
-    w1, w3 = (torch.randn(E, I, D, device="cuda", dtype=torch.bfloat16) * D**-0.5 for _ in range(2))
-    w2 = torch.randn(E, D, I, device="cuda", dtype=torch.bfloat16) * I**-0.5
-    ids = torch.stack([torch.randperm(E, device="cuda")[:k] for _ in range(T)])
-    w = torch.rand(T, k, device="cuda")
-    ref = experts_forward(x, w1, w2, w3, w, ids, 10.0, 128, True, grouped=False)
-    out = experts_forward(x, w1, w2, w3, w, ids, 10.0, 128, True, grouped=True)
-    assert rel_err(out, ref) < 2e-2
+def test_fast_path_model_matches_reference_model() -> None:
+    """The whole tiny model on the Triton kernels (the default on CUDA) against the same model on the reference
+    bodies, bf16 on the GPU: logits close (the FP8 / FP4 formats are the same values; only accumulation order and
+    bf16 rounding of intermediate results differ, which the discontinuous simulations and top-k can amplify)."""
+    toks = _tokens(120, 4)
+    for name in PRESETS:
+        fast = _logits(name, "cuda", torch.bfloat16, toks, kernels="triton")
+        ref = _logits(name, "cuda", torch.bfloat16, toks, kernels="reference")
+        agree = float((fast.argmax(-1) == ref.argmax(-1)).float().mean())
+        print(f"\n[{name}] Triton vs reference bodies, bf16: argmax agreement {agree:.3f}, "
+              f"max rel err {rel_err(fast, ref):.3g}")
+        assert agree >= 0.6, (name, agree)
 
 
 @pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])

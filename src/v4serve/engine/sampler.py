@@ -35,6 +35,8 @@ import torch
 
 from v4serve.engine.sampling_params import SamplingParams
 
+from ..ops.profiling import profiled
+
 MASK62 = (1 << 62) - 1
 # SplitMix64's odd multipliers, reduced to 62 bits (odd, so multiplying is a bijection mod 2**62)
 _MUL1 = 0xBF58476D1CE4E5B9 & MASK62
@@ -242,6 +244,7 @@ def truncate_logits(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return torch.empty_like(x).scatter_(1, order, sorted_x.masked_fill(drop, float("-inf")))
 
 
+@profiled("sampling")
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """Sample one token per row of `logits` [B, V] (any float dtype); see the module docstring."""
     processed = process_logits(logits, batch)

@@ -9,6 +9,7 @@ constructed and hands it to its entry point on each call. Model code never branc
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 
@@ -25,9 +26,17 @@ def resolve(requested: str, device: torch.device | str) -> str:
     """'auto' -> Triton on CUDA, the reference elsewhere; an explicit choice is kept."""
     if requested not in CHOICES:
         raise ValueError(f"--kernels must be one of {', '.join(CHOICES)}, got {requested!r}")
+    on_cuda = torch.device(device).type == "cuda"
     if requested == "auto":
-        return TRITON if torch.device(device).type == "cuda" else REFERENCE
+        return TRITON if on_cuda else REFERENCE
+    if requested == TRITON and not on_cuda and not _interpreting():
+        raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 to run the kernels in Triton's "
+                         "CPU interpreter, slowly); use --kernels auto or reference on the CPU")
     return requested
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def current() -> str:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 
 from .precision import acc_dtype
+from .profiling import profiled
 
 
+@profiled("norm/rope/quant")
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """weight * x / rms(x) in float32, returned in x's dtype (weight None = unweighted)."""
     xf = x.to(acc_dtype(x))

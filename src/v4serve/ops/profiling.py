@@ -9,6 +9,7 @@ around its launch, so an attention range that contains projections leaves those 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -33,3 +34,16 @@ def family(name: str):
     if not _enabled:
         return _null
     return torch.profiler.record_function(f"v4serve.{name}")
+
+
+def profiled(name: str):
+    """Decorator: the whole function is a `family(name)` range (for small ops called from many places)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            if not _enabled:
+                return fn(*args, **kwargs)
+            with torch.profiler.record_function(f"v4serve.{name}"):
+                return fn(*args, **kwargs)
+        return inner
+    return wrap

@@ -15,6 +15,8 @@ import functools
 
 import torch
 
+from .profiling import profiled
+
 FP8_MAX = 448.0
 FP4_MAX = 6.0
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -78,6 +80,7 @@ def fp8_dequantize(q: torch.Tensor, s: torch.Tensor, group: int) -> torch.Tensor
     return (q.float().unflatten(-1, (-1, group)) * s.float().unsqueeze(-1)).flatten(-2)
 
 
+@profiled("norm/rope/quant")
 def fp8_simulate(x: torch.Tensor, group: int, pow2: bool = True) -> torch.Tensor:
     """Quant-dequant round trip in x's dtype: what DeepSeek's reference applies to KV and activations."""
     q, s = fp8_quantize(x, group, pow2)
@@ -144,6 +147,7 @@ def fp4_quantize(x: torch.Tensor, group: int, scale_fmt: str = "ue8m0") -> tuple
     return v.flatten(-2), s
 
 
+@profiled("norm/rope/quant")
 def fp4_simulate(x: torch.Tensor, group: int, scale_fmt: str = "ue8m0") -> torch.Tensor:
     v, s = fp4_quantize(x, group, scale_fmt)
     return (v.unflatten(-1, (-1, group)) * s.unsqueeze(-1)).flatten(-2).to(x.dtype)

@@ -12,6 +12,7 @@ from functools import lru_cache
 import torch
 
 from ..config import ModelConfig, yarn_correction_range
+from .profiling import profiled
 
 
 @lru_cache(maxsize=32)
@@ -43,6 +44,7 @@ def rope_cos_sin(positions: torch.Tensor, freqs: torch.Tensor) -> tuple[torch.Te
     return ang.cos(), ang.sin()
 
 
+@profiled("norm/rope/quant")
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """Rotate the trailing 2*cos.shape[-1] dims of x in interleaved pairs (out of place).
 

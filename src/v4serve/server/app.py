@@ -1,6 +1,6 @@
 """The FastAPI app: `create_app(client, tokenizer, ready, args)`.
 
-Routes: /v1/chat/completions (openai_chat), /v1/completions (openai_completions), /v1/messages and
+Routes: /v1/chat/completions (openai_chat), /v1/completions (openai_completions), /v1/responses (responses), /v1/messages and
 /v1/messages/count_tokens (anthropic), and here /v1/models, /health, /metrics, /tokenize, /detokenize,
 /version. One pure-ASGI guard in front of everything checks the API key (every route but /health) and
 refuses bodies over --max-request-bytes with 413 before anything parses them.
@@ -23,7 +23,7 @@ from .. import __version__ as VERSION
 from ..engine.core import AsyncEngineClient
 from ..engine.protocol import Ready
 from ..tokenizer import Tokenizer
-from . import anthropic, openai_chat, openai_completions
+from . import anthropic, openai_chat, openai_completions, responses
 from .args import DEFAULT_MAX_REQUEST_BYTES
 from .chat import ChatFormatError, encode_chat, tools_for_prompt
 from .errors import APIError, error_response, install_error_handlers
@@ -122,6 +122,7 @@ def create_app(client: AsyncEngineClient, tokenizer: Tokenizer, ready: Ready, ar
     app.include_router(openai_chat.router)
     app.include_router(openai_completions.router)
     app.include_router(anthropic.router)
+    app.include_router(responses.router)
 
     @app.get("/health")
     async def health() -> Response:

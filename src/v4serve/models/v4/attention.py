@@ -16,6 +16,7 @@ from ...ops.indexer import index_scores, select_topk
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.precision import acc_dtype, wide
+from ...ops.profiling import family
 from ...ops.rope import apply_rope
 from ..numerics import Numerics
 from .context import StepContext
@@ -136,7 +137,8 @@ class V4Attention(nn.Module):
         sel_rows = sel_valid = None
         if self.ratio:
             L = self.layer
-            run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], self._finish_entry)
+            with family("compressor"):
+                run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], self._finish_entry)
             rows = ctx.entry_rows(L)  # [R, E]
             visible = ctx.visible(self.ratio)
             if self.indexer is None:  # HCA: every visible entry
@@ -144,11 +146,13 @@ class V4Attention(nn.Module):
                 E = rows.shape[1]
                 sel_valid = torch.arange(E, device=x.device).unsqueeze(0) < visible.unsqueeze(1)
             else:
-                idx = self._select(x, qr, ctx, rows, visible)
+                with family("indexer"):
+                    idx = self._select(x, qr, ctx, rows, visible)
                 sel_rows = torch.gather(rows[step.token_row], 1, idx.clamp(min=0))
                 sel_valid = idx >= 0
-        o = self._attend(q, kv, ctx, sel_rows, sel_valid)
-        ctx.write_window(self.layer, kv)
+        with family("attention"):
+            o = self._attend(q, kv, ctx, sel_rows, sel_valid)
+            ctx.write_window(self.layer, kv)
         o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.wo_b(o.flatten(1))
@@ -175,7 +179,9 @@ class V4Attention(nn.Module):
         """The indexer: write this step's index keys, score every visible key, keep the top-k."""
         c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
         ix = self.indexer
-        run_compressor(ix.compressor, x, ctx, L, pools.index_state[L], pools.index_keys[L], self._finish_index_key)
+        with family("compressor"):
+            run_compressor(ix.compressor, x, ctx, L, pools.index_state[L], pools.index_keys[L],
+                           self._finish_index_key)
         T = step.num_tokens
         cos, sin = ctx.rope(True)
         qi = ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim)

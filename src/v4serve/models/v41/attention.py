@@ -21,6 +21,7 @@ from ...ops.attention import sparse_attention
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.precision import wide
+from ...ops.profiling import family
 from ...ops.rope import apply_rope, inv_freq, rope_cos_sin
 from ..numerics import Numerics
 from ..v4.attention import add_projections, simulate
@@ -82,12 +83,15 @@ class V41Attention(nn.Module):
         rows = valid = None
         if self.ratio:
             if self.compressor is not None:
-                self.compress(x, ctx)
+                with family("compressor"):
+                    self.compress(x, ctx)
             if self.indexer is not None:
-                self.select(x, qr, ctx, sel)
+                with family("indexer"):
+                    self.select(x, qr, ctx, sel)
             rows, valid = self.compressed_rows(ctx, sel)
-        o = self.attend(q, kv, ctx, rows, valid)
-        ctx.write_window(self.layer, kv)
+        with family("attention"):
+            o = self.attend(q, kv, ctx, rows, valid)
+            ctx.write_window(self.layer, kv)
         return self.output(o, cos, sin)
 
     def attend(self, q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, rows: torch.Tensor | None,

@@ -42,7 +42,7 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr,
                  stride_ys, stride_ym, stride_yg,
                  SB: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, DOT: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                 INTERPRET: tl.constexpr):
+                 INTERPRET: tl.constexpr, W_F32: tl.constexpr):
     pid = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -71,11 +71,12 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr,
             w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
                         mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             kb = (k0 + sub * SB) // SB
+            kb_ok = k0 + sub * SB < k_hi  # a sub-block past K: its tiles load as zeros, its scales must not be read
             if W_FP8:
-                wsb = tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb, mask=n_ok, other=127)
+                wsb = tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb, mask=n_ok & kb_ok, other=127)
                 w_scale = ((wsb.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(b-127)
             if A_FP8:  # FP8 x FP8 on the tensor cores, both scales applied to the block's partial product
-                x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb, mask=m_ok, other=1.0)
+                x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb, mask=m_ok & kb_ok, other=1.0)
                 part = tl.dot(x, tl.trans(w))
                 acc += part * x_scale[:, None] * w_scale[None, :]
             else:
@@ -92,7 +93,17 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr,
                     wf = w.to(tl.float32)
                     if W_FP8:
                         wf = wf * w_scale[:, None]
-                    acc += tl.dot(x.to(tl.float32), tl.trans(wf), input_precision="ieee")
+                    if INTERPRET or W_F32:
+                        acc += tl.dot(x.to(tl.float32), tl.trans(wf), input_precision="ieee")
+                    else:
+                        # float32 x against a bf16-exact weight (the LM head, compressors): x = hi + lo in two bf16
+                        # parts, two bf16 tensor-core dots (x kept to 16 mantissa bits; FMA-based fp32 dots are
+                        # ~20x slower here)
+                        wb = tl.trans(wf.to(tl.bfloat16))
+                        xf = x.to(tl.float32)
+                        hi = xf.to(tl.bfloat16)
+                        lo = (xf - hi.to(tl.float32)).to(tl.bfloat16)
+                        acc += tl.dot(hi, wb) + tl.dot(lo, wb)
                 else:
                     wf = w.to(tl.float32).to(tl.float64)  # (the interpreter has no e4m3 -> f64 cast)
                     if W_FP8:
@@ -113,9 +124,13 @@ def _sum_splits_kernel(p_ptr, y_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.cons
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool) -> dict:
+def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool = False) -> dict:
     """Tile shapes: small M streams the weight (split K to fill the GPU); large M is compute bound."""
     bk = max(sb, 128)
+    if interpreting():  # few, large programs: the CPU interpreter pays per program, not per element
+        bm, bn = max(16, min(64, triton.next_power_of_2(M))), min(512, max(16, triton.next_power_of_2(N)))
+        splits = max(1, min(triton.cdiv(K, bk), 4 // max(1, triton.cdiv(N, bn) * G)))
+        return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 1}
     if M <= 64:
         bm = max(16, triton.next_power_of_2(M))
         bn = 64
@@ -123,6 +138,8 @@ def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool) -> dict:
         k_blocks = triton.cdiv(K, bk)
         splits = max(1, min(k_blocks, triton.cdiv(2 * _SMS, tiles)))
         return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4}
+    if not fp8_dot and wide:  # fp32 / fp64 tiles: 4x the shared memory of FP8 ones
+        return {"BM": 64, "BN": 64, "BK": bk, "splits": 1, "num_warps": 4, "num_stages": 2}
     bm = 128 if M >= 128 else 64
     return {"BM": bm, "BN": 128, "BK": bk, "splits": 1, "num_warps": 8, "num_stages": 4 if fp8_dot else 3}
 
@@ -136,8 +153,8 @@ def _dot_mode(x: torch.Tensor, a_fp8: bool) -> int:
 
 
 def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
-         out_dtype: torch.dtype) -> torch.Tensor:
-    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]."""
+         out_dtype: torch.dtype, cfg: dict | None = None) -> torch.Tensor:
+    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]. `cfg` overrides the tile choice (benchmarks)."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
     w_fp8 = weight.dtype == torch.float8_e4m3fn
@@ -152,7 +169,8 @@ def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, blo
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
     sb = block if w_fp8 else 128  # plain float weights: no scale blocks
-    cfg = _config(M, N, K, G, sb, a_fp8)
+    wide = x3.dtype in (torch.float32, torch.float64)
+    cfg = {**_config(M, N, K, G, sb, a_fp8, wide), **(cfg or {})}
     splits, bk = cfg["splits"], cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
     splits = triton.cdiv(K, k_per_split)
@@ -170,7 +188,7 @@ def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, blo
         weight.stride(0), scale_t.stride(0) if scale is not None else 0,
         part.stride(0), part.stride(1), part.stride(2),
         SB=sb, W_FP8=w_fp8, A_FP8=a_fp8, DOT=_dot_mode(x3, a_fp8), BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=8,
-        INTERPRET=interpreting(),
+        INTERPRET=interpreting(), W_F32=weight.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     if splits > 1:
         total = M * G * N

@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import interpreting
+
 FP8_MAX = 448.0
 
 
@@ -38,35 +40,37 @@ def e4m3_round(v):
 
 
 @triton.jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_xm, stride_qm, stride_sm,
-                      GROUP: tl.constexpr, GROUPS_PER_PROG: tl.constexpr, SIMULATE: tl.constexpr):
-    row = tl.program_id(0)
-    g0 = tl.program_id(1) * GROUPS_PER_PROG
-    gi = g0 + tl.arange(0, GROUPS_PER_PROG)
-    cols = gi[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    mask = cols < K
-    x = tl.load(x_ptr + row * stride_xm + cols, mask=mask, other=0.0).to(tl.float32)
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_qm, stride_sm,
+                      GROUP: tl.constexpr, PAIRS: tl.constexpr, SIMULATE: tl.constexpr):
+    """One program quantizes PAIRS (row, group) pairs: a [PAIRS, GROUP] tile, amax per tile row."""
+    p = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)
+    ok = p < n_pairs
+    row, grp = p // n_groups, p % n_groups
+    cols = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    x = tl.load(x_ptr + row[:, None] * stride_xm + cols, mask=ok[:, None], other=0.0).to(tl.float32)
     amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
     scale = pow2_ceil(amax / 448.0)
     q = e4m3_round(tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
     if SIMULATE:  # quant-dequant round trip in x's dtype
-        tl.store(q_ptr + row * stride_qm + cols, (q.to(tl.float32) * scale[:, None]).to(q_ptr.dtype.element_ty),
-                 mask=mask)
+        tl.store(q_ptr + row[:, None] * stride_qm + cols,
+                 (q.to(tl.float32) * scale[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
     else:
-        tl.store(q_ptr + row * stride_qm + cols, q, mask=mask)
-        tl.store(s_ptr + row * stride_sm + gi, scale, mask=gi * GROUP < K)
+        tl.store(q_ptr + row[:, None] * stride_qm + cols, q, mask=ok[:, None])
+        tl.store(s_ptr + row * stride_sm + grp, scale, mask=ok)
 
 
 def _launch(x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, group: int, simulate: bool) -> None:
     M, K = x2.shape
     n_groups = K // group
-    per_prog = max(1, min(triton.next_power_of_2(n_groups), max(1, 1024 // group)))
-    grid = (M, triton.cdiv(n_groups, per_prog))
-    if M == 0:
+    n_pairs = M * n_groups
+    if n_pairs == 0:
         return
-    _act_quant_kernel[grid](x2, out, scales if scales is not None else out, M, K, x2.stride(0), out.stride(0),
-                            scales.stride(0) if scales is not None else 0, GROUP=group, GROUPS_PER_PROG=per_prog,
-                            SIMULATE=simulate)
+    # a few KB per program on the GPU; the CPU interpreter pays per program, so it takes large tiles
+    pairs = 1024 if interpreting() else max(1, 4096 // group)
+    pairs = min(pairs, triton.next_power_of_2(n_pairs))
+    _act_quant_kernel[(triton.cdiv(n_pairs, pairs),)](
+        x2, out, scales if scales is not None else out, n_pairs, n_groups, x2.stride(0), out.stride(0),
+        scales.stride(0) if scales is not None else 0, GROUP=group, PAIRS=pairs, SIMULATE=simulate)
 
 
 def _rows(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -1,0 +1,194 @@
+"""Routed experts over FP4 stacks (ops/kernels/moe.py) vs the plain-torch reference on one GPU, V4-Flash shapes.
+
+    python benchmarks/kernels/moe.py --out DIR [--quick]
+
+D=4096, I=2048, E=256, k=6, bf16 x, act_group 128, routing weight before W2, SwiGLU limit 10. Weights are random
+FP4 codes with e8m0 scales near 2^-7 (256 experts x 12.6 MB = 3.2 GB). Decode (T = 1, 8, 32, 64, random routing)
+is timed from a CUDA graph of ROUTINGS calls on different routings (more expert bytes than the 60 MB L2), divided
+by ROUTINGS; bytes = distinct experts hit x (packed w1+w2+w3 + their scales) + x and the output, per call. Prefill
+(T = 8192) is timed eagerly (`common.bench_ms`); FLOPs = 2 T k 3 D I. Every config variant is timed; the kernel's
+output is first compared with the reference at two decode sizes (T=1 splits K) and one prefill size.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, replace
+
+import common
+import torch
+
+from v4serve.ops import moe
+from v4serve.ops.kernels import moe as mk
+
+E, D, I, K = 256, 4096, 2048, 6
+ACT_GROUP, LIMIT, BEFORE = 128, 10.0, True
+DECODE, PREFILL = (1, 8, 32, 64), (8192,)
+ROUTINGS = 8
+EXPERT_BYTES = 3 * (I * D // 2 + I * D // 32)  # w1, w2, w3 packed + e8m0 scales
+
+G = mk.GemmConfig
+
+
+def auto(t: int) -> mk.MoeConfig:
+    return mk.select_config(t * K, E, D, I, torch.device("cuda"))
+
+
+def with_split(cfg: mk.MoeConfig, up: int, down: int) -> mk.MoeConfig:
+    return replace(cfg, gate_up=replace(cfg.gate_up, split_k=up), down=replace(cfg.down, split_k=down))
+
+
+# name -> T -> config (None: experts_forward's own choice)
+VARIANTS = {
+    "decode": {
+        "default": lambda t: None,
+        "bits": lambda t: replace(auto(t), dequant="bits"),
+        "no-split": lambda t: mk.DECODE,
+        "split8/4": lambda t: with_split(mk.DECODE, 8, 4),
+        "k64s6": lambda t: with_split(mk.MoeConfig(16, G(128, 64, 4, 6), G(128, 64, 4, 6)),
+                                      auto(t).gate_up.split_k, auto(t).down.split_k),
+        "up-n64": lambda t: mk.MoeConfig(16, G(64, 128, 4, 4), G(128, 128, 4, 3)),  # h quantized in the down load
+        "dn-n64": lambda t: mk.MoeConfig(16, G(128, 128, 4, 3), G(64, 128, 4, 4)),
+        "w8": lambda t: with_split(mk.MoeConfig(16, G(128, 128, 8, 3), G(128, 128, 8, 3)),
+                                   auto(t).gate_up.split_k, auto(t).down.split_k),
+    },
+    "prefill": {
+        "default": lambda t: None,
+        "bits": lambda t: replace(mk.PREFILL, dequant="bits"),
+        "m128k128s2": lambda t: mk.MoeConfig(128, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8),
+        "m64n128k64": lambda t: mk.MoeConfig(64, G(128, 64, 4, 3), G(128, 64, 4, 3), group_m=8),
+        "m64n128k128w8": lambda t: mk.MoeConfig(64, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8),
+        "m128-dn-n256": lambda t: mk.MoeConfig(128, G(128, 64, 8, 3), G(256, 64, 8, 3), group_m=8),
+        "mid": lambda t: mk.MID,
+    },
+}
+
+
+def make_experts() -> moe.ExpertWeights:
+    def stack(out_f: int, in_f: int) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.randint(0, 256, (E, out_f, in_f // 2), dtype=torch.uint8, device="cuda")
+        s = torch.randint(119, 123, (E, out_f, in_f // 32), dtype=torch.uint8, device="cuda")
+        return w, s
+
+    (w1, s1), (w3, s3), (w2, s2) = stack(I, D), stack(I, D), stack(D, I)
+    return moe.ExpertWeights(w1, w2, w3, s1, s2, s3, 128)
+
+
+def routing(t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ids = torch.rand(t, E, device="cuda", generator=g).argsort(-1)[:, :K]
+    w = torch.rand(t, K, device="cuda", generator=g)
+    return w / w.sum(-1, keepdim=True), ids
+
+
+def inputs(t: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(t, D, device="cuda", generator=g).bfloat16(), *routing(t, seed)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def validate(ex: moe.ExpertWeights, t: int) -> dict[str, float]:
+    """Relative error vs the reference of the default config and of the portable dequant."""
+    x, w, ids = inputs(t, seed=100 + t)
+    ref = moe.experts_reference(x, ex, w, ids, LIMIT, ACT_GROUP, BEFORE)
+    errs = {}
+    for dq in ("auto", "bits"):
+        cfg = replace(auto(t), dequant=dq)
+        try:
+            errs[dq] = rel_err(mk.experts_forward(x, ex, w, ids, LIMIT, ACT_GROUP, BEFORE, cfg), ref)
+        except Exception as exc:  # noqa: BLE001 - reported, the timings go on
+            print(f"T={t} dequant {dq} failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            errs[dq] = float("nan")
+    return errs
+
+
+def time_decode(ex, t: int, fn) -> tuple[float, float]:
+    """-> (ms per call, bytes per call) over ROUTINGS routings replayed from one graph."""
+    calls = [inputs(t, seed=r) for r in range(ROUTINGS)]
+    ms = common.bench_graph_ms(lambda: [fn(x, ex, w, i) for x, w, i in calls]) / ROUTINGS
+    hit = sum(int(torch.unique(i).numel()) for _, _, i in calls) / ROUTINGS
+    return ms, hit * EXPERT_BYTES + t * D * (2 + 4)
+
+
+def time_prefill(ex, t: int, fn, **kw) -> float:
+    x, w, i = inputs(t, seed=0)
+    return common.bench_ms(lambda: fn(x, ex, w, i), **kw)
+
+
+def kernel(cfg: mk.MoeConfig | None):
+    return lambda x, ex, w, i: mk.experts_forward(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE, cfg)
+
+
+def reference(x, ex, w, i):
+    return moe.experts_reference(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="default configs only, no reference timing")
+    ap.add_argument("--variants", default=None, help="comma-separated variant names to time (default: all)")
+    ap.add_argument("--no-reference", action="store_true")
+    a = ap.parse_args()
+    ceil = common.measure_ceilings()
+    hbm, fp8 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"]
+    print(common.describe(ceil), flush=True)
+    ex = make_experts()
+    checks = {f"T={t}": validate(ex, t) for t in (1, 8, 8192)}  # T=1 takes the split-K path
+    print(f"relative error vs reference (max abs diff / max abs ref): {checks}", flush=True)
+
+    rows = []
+
+    def add(t: int, variant: str, ms: float, nbytes: float | None, flops: float | None,
+            cfg: mk.MoeConfig | None = None) -> None:
+        r = {"T": t, "variant": variant, "ms": ms, **({"config": asdict(cfg)} if cfg else {})}
+        if nbytes:
+            r.update(bytes=nbytes, GB_per_s=nbytes / ms / 1e6, pct_hbm=100 * nbytes / (ms * 1e-3) / hbm)
+        if flops:
+            r.update(flops=flops, TFLOP_per_s=flops / ms / 1e9, pct_fp8=100 * flops / (ms * 1e-3) / fp8)
+        rows.append(r)
+        print(f"T={t:>5} {variant:<16} {ms * 1e3:9.1f} us " + (f"{r['GB_per_s']:7.0f} GB/s {r['pct_hbm']:5.1f}% HBM "
+              if nbytes else "") + (f"{r['TFLOP_per_s']:6.1f} TFLOP/s {r['pct_fp8']:5.1f}% FP8" if flops else ""),
+              flush=True)
+
+    for regime, sizes in (("decode", DECODE), ("prefill", PREFILL)):
+        variants = {"default": VARIANTS[regime]["default"]} if a.quick else VARIANTS[regime]
+        if a.variants:
+            variants = {n: c for n, c in variants.items() if n in a.variants.split(",")}
+        for t in sizes:
+            flops = 2 * t * K * 3 * D * I
+            for name, make in variants.items():
+                cfg = make(t)
+                try:
+                    if regime == "decode":
+                        ms, nbytes = time_decode(ex, t, kernel(cfg))
+                    else:
+                        ms, nbytes = time_prefill(ex, t, kernel(cfg)), None
+                except Exception as exc:  # noqa: BLE001 - a variant that does not compile (shared memory) is skipped
+                    print(f"T={t:>5} {name:<16} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+                    continue
+                add(t, name, ms, nbytes, flops, cfg or auto(t))
+            if t == sizes[0] or t == 64:  # the align kernel alone: the sort's share of a call
+                ids = inputs(t, seed=0)[2].reshape(-1)
+                bm = auto(t).block_m
+                add(t, "align only", common.bench_graph_ms(lambda ids=ids, bm=bm: mk.align(ids, E, bm)), None, None)
+    if not (a.quick or a.no_reference):  # eager, one routing: on CUDA the reference runs all E experts with zero weights
+        for t in (1, 64):
+            nbytes = int(torch.unique(inputs(t, seed=0)[2]).numel()) * EXPERT_BYTES + t * D * (2 + 4)
+            add(t, "reference", time_prefill(ex, t, reference, warmup=1, iters=1), nbytes, 2 * t * K * 3 * D * I)
+
+    common.write_json(a.out, "moe", {"ceilings": ceil, "E": E, "D": D, "I": I, "k": K, "dtype": "bf16",
+                                     "act_group": ACT_GROUP, "weight_before_w2": BEFORE, "rel_err": checks,
+                                     "decode_routings_per_graph": ROUTINGS, "rows": rows})
+    print(f"\nmoe experts E={E} D={D} I={I} k={K} bf16, FP4 weights, act_group {ACT_GROUP}; {common.describe(ceil)}")
+    print(f"{'T':>6} {'variant':<16} {'ms':>9} {'GB/s':>7} {'% HBM':>6} {'TFLOP/s':>8} {'% FP8':>6}")
+    for r in rows:
+        print(f"{r['T']:>6} {r['variant']:<16} {r['ms']:>9.4f} {r.get('GB_per_s', 0):>7.0f} {r.get('pct_hbm', 0):>6.1f} "
+              f"{r.get('TFLOP_per_s', 0):>8.1f} {r.get('pct_fp8', 0):>6.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""Step profile by op family: GPU time, kernel launches and the floor of each family, for decode steps and one
+prefill chunk.
+
+    python benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 [--steps 5] [--prefill 8192] [--out DIR]
+
+The model code carries one `record_function` range per family (ops/profiling.py: linear, moe, router, attention,
+indexer, compressor, mhc, norm/rope/quant, sampling; everything else is `other`); a kernel belongs to the innermost
+range open when it was launched. Ranges exist only in eager execution, so the profiled steps run eagerly
+(`--enforce-eager`); the CUDA-graph step time is measured beside them without the profiler. Floors come from
+benchmarks/floors.py with the HBM and FP8/bf16 ceilings measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+import floors  # noqa: E402
+
+from v4serve.engine.config import EngineConfig  # noqa: E402
+from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
+from v4serve.engine.sampling_params import SamplingParams  # noqa: E402
+from v4serve.models.footprint import checkpoint_bytes, held_bytes  # noqa: E402
+from v4serve.ops import profiling  # noqa: E402
+
+PREFIX = "v4serve."
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _innermost(ranges: list[tuple[int, int, str]], t: int) -> str:
+    best, best_start = "other", -1
+    for s, e, name in ranges:
+        if s <= t <= e and s > best_start:
+            best, best_start = name, s
+    return best
+
+
+def attribute_cuda(prof) -> dict[str, dict[str, float]]:
+    """Per family on a GPU, from the raw kineto events: each device activity (kernel, memcpy, memset) is matched by its
+    CUPTI correlation id to the runtime/driver call that launched it, and that call's time to the innermost family
+    range open on its thread. This covers Triton kernels (launched by the driver API, outside any aten op) as well
+    as torch ops."""
+    events = prof.profiler.kineto_results.events()
+    ranges: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
+    launches: dict[int, tuple[int, int]] = {}
+    device = []
+    for e in events:
+        kind = e.activity_type() if hasattr(e, "activity_type") else ""
+        name = e.name()
+        if e.device_type() == torch.autograd.DeviceType.CPU:
+            if name.startswith(PREFIX) and e.is_user_annotation():
+                ranges[e.start_thread_id()].append((e.start_ns(), e.end_ns(), name[len(PREFIX):]))
+            elif kind in ("cuda_runtime", "cuda_driver") or "Launch" in name or "Memcpy" in name or "Memset" in name:
+                launches[e.correlation_id()] = (e.start_thread_id(), e.start_ns())
+        elif not name.startswith(PREFIX) and "annotation" not in kind:
+            device.append(e)
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"ms": 0.0, "launches": 0})
+    for e in device:
+        where = launches.get(e.correlation_id())
+        fam = out[_innermost(ranges.get(where[0], []), where[1]) if where else "other"]
+        fam["ms"] += e.duration_ns() / 1e6
+        fam["launches"] += 1
+    return dict(out)
+
+
+def attribute_cpu(prof) -> dict[str, dict[str, float]]:
+    """Per family on a CPU dry run: the self time of leaf ops under each range."""
+    events = prof.events()
+    ranges: dict[int, list[tuple[float, float, str]]] = defaultdict(list)
+    for e in events:
+        if e.name.startswith(PREFIX):
+            ranges[e.thread].append((e.time_range.start, e.time_range.end, e.name[len(PREFIX):]))
+    out: dict[str, dict[str, float]] = defaultdict(lambda: {"ms": 0.0, "launches": 0})
+    for e in events:
+        if e.name.startswith(PREFIX) or e.cpu_children:
+            continue
+        fam = out[_innermost(ranges.get(e.thread, []), e.time_range.start)]
+        fam["ms"] += e.self_cpu_time_total / 1e3
+        fam["launches"] += 1
+    return dict(out)
+
+
+def attribute(prof, cuda: bool) -> dict[str, dict[str, float]]:
+    """Per family: device time (ms) and launches on a GPU; CPU self time and ops on a CPU dry run."""
+    return attribute_cuda(prof) if cuda else attribute_cpu(prof)
+
+
+def table(title: str, fams: dict[str, dict[str, float]], floor: dict[str, float], n: int) -> list[str]:
+    lines = [f"\n{title}", "| family | GPU ms | launches | floor ms | x floor |", "|---|---|---|---|---|"]
+    total_ms = sum(v["ms"] for v in fams.values()) / n
+    total_l = sum(v["launches"] for v in fams.values()) / n
+    for name in profiling.FAMILIES:
+        v = fams.get(name, {"ms": 0.0, "launches": 0})
+        fl = floor.get(name, 0.0)
+        x = f"{v['ms'] / n / fl:.1f}" if fl > 1e-6 and v["ms"] else "-"
+        lines.append(f"| {name} | {v['ms'] / n:.3f} | {v['launches'] / n:.0f} | {fl:.3f} | {x} |")
+    fl_total = sum(floor.values())
+    lines.append(f"| **total** | {total_ms:.3f} | {total_l:.0f} | {fl_total:.3f} | "
+                 f"{total_ms / fl_total if fl_total else 0:.1f} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--prefill", type=int, default=8192, help="tokens of the profiled prefill chunk (0: none)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--kernels", default="auto")
+    ap.add_argument("--kv-cache-memory", type=int, default=16 << 30)
+    ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
+                    help="also time graphed decode steps (a second engine)")
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    ceil = {"hbm_bytes_per_s": 4.3e12, "fp8_flops": 1.3e15, "bf16_flops": 7.7e14}
+    if cuda:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "kernels"))
+        from common import describe, measure_ceilings
+
+        ceil = measure_ceilings()
+        print(describe(ceil), flush=True)
+    mml = max(args.context, args.prefill) + 256
+    chunk = max(args.prefill, 2048)
+
+    def engine(eager: bool) -> LLMEngine:
+        return LLMEngine(args.model, EngineConfig(
+            device=str(dev), max_num_seqs=max(args.batch, 1), max_model_len=mml, kv_cache_memory=args.kv_cache_memory,
+            max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk, enforce_eager=eager,
+            cuda_graph_sizes=(args.batch,), enable_prefix_caching=False, kernels=args.kernels))
+
+    g = torch.Generator().manual_seed(0)
+    results: dict = {"model": args.model, "batch": args.batch, "context": args.context, "ceilings": ceil,
+                     "kernels": args.kernels}
+
+    def fill(eng: LLMEngine) -> None:
+        V = eng.model_config.vocab_size
+        sp = SamplingParams(max_tokens=args.steps + 16, temperature=0, ignore_eos=True)
+        for _ in range(args.batch):
+            eng.add_request(torch.randint(0, V, (args.context,), generator=g).tolist(), sp)
+        while eng.scheduler.waiting or any(r.in_prefill or r.num_computed == 0 for r in eng.scheduler.running):
+            eng.step()
+        for _ in range(2):
+            eng.step()
+        sync(dev)
+
+    def timed_steps(eng: LLMEngine, n: int) -> float:
+        sync(dev)
+        t = time.perf_counter()
+        for _ in range(n):
+            eng.step()
+        sync(dev)
+        return (time.perf_counter() - t) / n * 1e3
+
+    eng = engine(eager=True)
+    c = eng.model_config
+    held = held_bytes(eng.loaded.model)
+    results["weight_bytes"] = held["device"] + held["host"]
+    results["checkpoint_weight_bytes"] = sum(checkpoint_bytes(c, include_mtp=False).values())
+    fill(eng)
+    results["eager_step_ms"] = timed_steps(eng, args.steps)
+    profiling.enable()
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(args.steps):
+            eng.step()
+        sync(dev)
+    profiling.enable(False)
+    dec = attribute(prof, cuda)
+    dec_floor = floors.floor_ms(floors.decode_bytes(c, eng.spec, args.batch, args.context), {}, ceil)
+    lines = table(f"decode, batch {args.batch}, context {args.context} (per step; eager "
+                  f"{results['eager_step_ms']:.2f} ms/step)", dec, dec_floor, args.steps)
+    results["decode"] = {"families": {k: {"ms": v["ms"] / args.steps, "launches": v["launches"] / args.steps}
+                                      for k, v in dec.items()}, "floor_ms": dec_floor}
+    eng.abort_all()
+    eng.step()
+    if args.prefill:
+        V = c.vocab_size
+        eng.add_request(torch.randint(0, V, (args.prefill,), generator=g).tolist(),
+                        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+        profiling.enable()
+        sync(dev)
+        t = time.perf_counter()
+        with torch.profiler.profile(activities=acts) as prof:
+            eng.step()
+            sync(dev)
+        wall = (time.perf_counter() - t) * 1e3
+        profiling.enable(False)
+        pre = attribute(prof, cuda)
+        pre_floor = floors.floor_ms({}, floors.prefill_flops(c, args.prefill, args.prefill), ceil)
+        lines += table(f"prefill chunk of {args.prefill} tokens (wall {wall:.1f} ms under the profiler)", pre,
+                       pre_floor, 1)
+        results["prefill"] = {"tokens": args.prefill, "families": pre, "floor_ms": pre_floor}
+    del eng
+    if cuda and args.graphs:
+        torch.cuda.empty_cache()
+        geng = engine(eager=False)
+        fill(geng)
+        results["graph_step_ms"] = timed_steps(geng, max(args.steps, 10))
+        lines.append(f"\ndecode with CUDA graphs: {results['graph_step_ms']:.2f} ms/step; floor "
+                     f"{sum(dec_floor.values()):.3f} ms ({results['graph_step_ms'] / sum(dec_floor.values()):.1f}x)")
+    lines.append(f"weights held {results['weight_bytes'] / 1e9:.2f} GB vs checkpoint "
+                 f"{results['checkpoint_weight_bytes'] / 1e9:.2f} GB")
+    print("\n".join(lines), flush=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        name = f"profile-{args.model}-b{args.batch}-c{args.context}.json"
+        with open(os.path.join(args.out, name), "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,562 @@
+"""Routed experts over FP4 (e2m1 + per-32 e8m0) weight stacks in Triton: sort, grouped gate+up, grouped down, combine.
+
+One call = four launches, static shapes, no host sync (capturable in a CUDA graph):
+  1. `_prologue_kernel`: program 0 counts the (token, slot) assignments per expert, pads each expert's run to a
+     multiple of BLOCK_M ("capacity padding"), writes the assignment index of every padded position (sentinel M on
+     padding) and the expert of every BLOCK_M block (-1 past the used ones: those programs exit at once); the other
+     programs FP8-simulate x (act_group > 0).
+  2. `_gate_up_kernel`: per block of one expert's rows, x W1^T and x W3^T tiles of the same columns, SwiGLU with the
+     clamp, the routing weight (weight_before_w2), FP8 simulation of h where the tile holds whole groups; h [P, I].
+  3. `_down_kernel`: h W2^T per block (h FP8-simulated on load if the gate-up tile could not), written per
+     assignment row [T*k, D] in x's dtype (rounded where the reference rounds its per-expert output).
+  4. `_combine_kernel`: a token's k rows summed in slot order (times the routing weight when applied after W2):
+     deterministic, no atomics.
+FP4 is dequantized in registers (W4A16): the low and high nibbles of a byte are the even and odd K elements, so
+each K tile is two dots, (A even columns) x (low nibbles) + (A odd columns) x (high nibbles), with no interleave.
+bf16 on CUDA dequantizes in PTX on 32-bit words (`_fp4_asm`, 2.5 instructions per value: decode is bound by this
+issue rate as much as by HBM); float32/float64 and the interpreter use plain bit arithmetic (`_fp4_bits`).
+FP8 simulation (e4m3, 1 x act_group, power-of-two scales) is bit-identical to `quant.fp8_simulate`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from ..linear import scale_bytes, stored_format
+
+# ------------------------------------------------------------------------------------------------------------
+# In-register formats
+# ------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _e4m3_round(q):
+    """float32 |q| <= 448 -> nearest e4m3 value (ties to even), as float32: add and subtract 1.5 * 2^(ulp + 23)
+    so the float32 sum keeps exactly the bits e4m3 keeps (subnormals share the 2^-6 binade's ulp 2^-9)."""
+    e = (q.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    e = tl.maximum(e, 127 - 6)
+    magic = ((e + 20) << 23 | 0x400000).to(tl.float32, bitcast=True)
+    return (q + magic) - magic
+
+
+@triton.jit
+def _fp8_sim(v, R: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
+    """[R, C] float32 -> FP8 quant-dequant per 1 x G (quant.fp8_simulate): amax floored at 1e-4, scale
+    2^ceil(log2(amax / 448)) from the float32 bits, q = e4m3(clamp(v / scale, +-448)) * scale."""
+    g = tl.reshape(v, (R, C // G, G))
+    amax = tl.maximum(tl.max(tl.abs(g), 2), 1e-4)
+    bits = (amax / 448.0).to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
+    scale = (e << 23).to(tl.float32, bitcast=True)
+    inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1/scale, exact
+    q = tl.clamp(g * inv[:, :, None], -448.0, 448.0)
+    return tl.reshape(_e4m3_round(q) * scale[:, :, None], (R, C))
+
+
+@triton.jit
+def _fp4_bits(packed, sbyte, DT: tl.constexpr):
+    """packed uint8 [N, NG, 16] + e8m0 bytes [N, NG] -> (low, high) nibble values [N, NG, 16] in DT, exactly.
+
+    The 3 magnitude bits placed at float32 bits 22..24 read as value * 2^-126 (code 1 = 0.5 as a subnormal), so
+    two exact multiplies (2^126, then the scale) give the value; the sign bit moves to bit 31."""
+    p = packed.to(tl.int32)
+    lo = (((p & 7) << 22) | ((p & 8) << 28)).to(tl.float32, bitcast=True)
+    hi = (((p & 0x70) << 18) | ((p & 0x80) << 24)).to(tl.float32, bitcast=True)
+    b = sbyte.to(tl.int32)
+    s = tl.where(b == 0, 0x400000, b << 23).to(tl.float32, bitcast=True)[:, :, None]  # 2^(b-127); b=0 subnormal
+    return ((lo * 8.507059173023462e37) * s).to(DT), ((hi * 8.507059173023462e37) * s).to(DT)
+
+
+# The PTX dequant yields W * 2^-ASM_SHIFT (one multiply per pair instead of two); the GEMM epilogues multiply the
+# accumulators back by 2^ASM_SHIFT, exactly. Exact for e8m0 scales 2^-93 .. 2^33 (b in [34, 160]): any real weight.
+ASM_SHIFT = 32
+
+
+@triton.jit
+def _fp4_asm(packed, sbyte):
+    """(low, high) nibble values * 2^-32 as bf16 from packed bytes [N, NG, 16] and e8m0 bytes [N, NG], in PTX on
+    32-bit words (CUDA only). Per 4 bytes, prmt spreads bytes 0,1 / 2,3 to 16-bit halves; per half, a nibble masked
+    and multiplied by 0x1040 (low) or 0x104 (high) holds copies of itself at bits 6.. and 12..: masking with 0x81C0
+    keeps the magnitude at bf16 bits 6..8 and the sign at bit 15, which reads as value * 2^-126 (code 1 = 0.5 as a
+    subnormal); one bf16x2 multiply by 2^(b - 1 - 32) scales the pair. 2.5 instructions per value."""
+    f = (sbyte.to(tl.int32) + (126 - 32)) << 7  # bf16 bits of 2^(b - 1 - 32)
+    f = tl.broadcast_to((f | (f << 16))[:, :, None], packed.shape)
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 t0, t1, q0, q1, q2, q3, z, s0, s1;
+        mov.b32 z, 0;
+        prmt.b32 t0, $4, z, 0x4140;
+        prmt.b32 t1, $4, z, 0x4342;
+        prmt.b32 s0, $5, $6, 0x5410;
+        prmt.b32 s1, $7, $8, 0x5410;
+        and.b32 q0, t0, 0x000F000F; and.b32 q1, t1, 0x000F000F;
+        and.b32 q2, t0, 0x00F000F0; and.b32 q3, t1, 0x00F000F0;
+        mul.lo.u32 q0, q0, 0x1040; mul.lo.u32 q1, q1, 0x1040; mul.lo.u32 q2, q2, 0x104; mul.lo.u32 q3, q3, 0x104;
+        and.b32 q0, q0, 0x81C081C0; and.b32 q1, q1, 0x81C081C0; and.b32 q2, q2, 0x81C081C0; and.b32 q3, q3, 0x81C081C0;
+        mul.rn.bf16x2 $0, q0, s0; mul.rn.bf16x2 $1, q1, s1; mul.rn.bf16x2 $2, q2, s0; mul.rn.bf16x2 $3, q3, s1;
+        }
+        """,
+        constraints="=r,=r,=r,=r,r,r,r,r,r", args=[packed, f], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True,
+        pack=4)
+
+
+@triton.jit
+def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
+              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+    """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix -> (even, odd) K columns [BK/2, BN] in DT."""
+    NG: tl.constexpr = BK // 32
+    grp = k0 // 32 + tl.arange(0, NG)
+    byte = tl.arange(0, 16)
+    gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
+    p = tl.load(w_ptr + offs_n[:, None, None] * stride_n + grp[None, :, None] * 16 + byte[None, None, :],
+                mask=gmask[:, :, None], other=0)
+    sb = tl.load(s_ptr + offs_n[:, None] * stride_sn + grp[None, :], mask=gmask, other=127)
+    if ASM:
+        lo, hi = _fp4_asm(p, sb)
+    else:
+        lo, hi = _fp4_bits(p, sb, DT)
+    return tl.trans(tl.reshape(lo, (BN, BK // 2))), tl.trans(tl.reshape(hi, (BN, BK // 2)))
+
+
+@triton.jit
+def _a_tile(ptrs, mask, BM: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, QUANT: tl.constexpr,
+            G: tl.constexpr):
+    """An activation tile [BM, BK] (FP8-simulated when QUANT), split into its even and odd columns."""
+    a = tl.load(ptrs, mask=mask, other=0.0)
+    if QUANT:
+        a = _fp8_sim(a.to(tl.float32), BM, BK, G).to(DT)
+    return tl.split(tl.reshape(a, (BM, BK // 2, 2)))
+
+
+@triton.jit
+def _dot(a, b, acc, PREC: tl.constexpr, ACC: tl.constexpr, F32: tl.constexpr):
+    if F32:  # the interpreter multiplies bf16 as raw integers: exact bf16 products in float32 instead
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    return tl.dot(a, b, acc, input_precision=PREC, out_dtype=ACC)
+
+
+@triton.jit
+def _block_coords(pid, NB, num_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: GROUP_M row blocks sweep the column tiles together (weight tiles reused from L2)."""
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size = tl.minimum(NB - first_m, GROUP_M)
+    return first_m + (pid % per_group) % size, (pid % per_group) // size
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x_ptr, xq_ptr, T, D, stride_x,
+                     stride_xq,
+                     BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                     QUANT_X: tl.constexpr, G: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """Program 0 sorts; programs 1.. (QUANT_X) FP8-simulate x, BR rows each (one launch for both)."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, BM, E_PAD, CHUNK)
+    elif QUANT_X:
+        rows = (pid - 1) * BR + tl.arange(0, BR)
+        for c0 in range(0, D, BC):
+            cols = c0 + tl.arange(0, BC)
+            mask = (rows < T)[:, None] & (cols < D)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+            y = _fp8_sim(x.to(tl.float32), BR, BC, G).to(x.dtype)
+            tl.store(xq_ptr + rows[:, None] * stride_xq + cols[None, :], y, mask=mask)
+
+
+@triton.jit
+def _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB,
+           BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+    """sorted[pos] = assignment index (t * k + slot) at padded position pos, M on padding; block_expert[b] = expert of
+    rows [b*BM, (b+1)*BM), -1 past the padded total. Positions inside an expert's run are taken with atomics (their
+    order may vary between runs; the results do not: every row is computed on its own and combined by slot)."""
+    offs = tl.arange(0, CHUNK)
+    counts = tl.zeros([E_PAD], dtype=tl.int32)
+    for c0 in range(0, M, CHUNK):
+        m = c0 + offs < M
+        e = tl.load(ids_ptr + c0 + offs, mask=m, other=0).to(tl.int32)
+        counts += tl.histogram(e, E_PAD, mask=m)
+    padded = (counts + BM - 1) // BM * BM
+    starts = tl.cumsum(padded, 0) - padded
+    total = tl.sum(padded, 0)
+    experts = tl.arange(0, E_PAD)
+    tl.store(cursor_ptr + experts, starts)
+    # padding rows of each expert (disjoint from the real rows written below: no ordering needed)
+    r = tl.arange(0, BM)
+    tl.store(sorted_ptr + starts[:, None] + counts[:, None] + r[None, :], M,
+             mask=r[None, :] < (padded - counts)[:, None])
+    # each used block starts at a multiple of BM inside one expert's run
+    nblk = padded // BM
+    for j in range(tl.max(nblk, 0)):
+        tl.store(block_expert_ptr + starts // BM + j, experts, mask=j < nblk)
+    for b0 in range(0, NB, CHUNK):
+        b = b0 + offs
+        tl.store(block_expert_ptr + b, -1, mask=(b < NB) & (b * BM >= total))
+    tl.debug_barrier()  # the cursors are in place for every thread's atomics
+    for c0 in range(0, M, CHUNK):
+        idx = c0 + offs
+        m = idx < M
+        e = tl.load(ids_ptr + idx, mask=m, other=0).to(tl.int32)
+        dest = tl.atomic_add(cursor_ptr + e, 1, mask=m)
+        tl.store(sorted_ptr + dest, idx, mask=m)
+
+
+@triton.jit
+def _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
+                  BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr,
+                  WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr):
+    """h = silu(min(g, limit)) * clamp(u, +-limit) (* routing weight), in DT (FP8-simulated when the tile holds whole
+    1 x G groups: BN % G == 0). Every row of the block is written (padding rows: zeros)."""
+    if CLAMP:
+        acc_g = tl.minimum(acc_g, limit)
+        acc_u = tl.clamp(acc_u, -limit, limit)
+    h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
+    if WEIGHT_H:
+        h *= tl.load(rw_ptr + a_idx, mask=valid, other=0.0).to(ACC)[:, None]
+    h = h.to(DT)
+    if QUANT_H:
+        h = _fp8_sim(h.to(tl.float32), BM, BN, G).to(DT)
+    tl.store(h_ptr + rows[:, None].to(tl.int64) * stride_h + offs_n[None, :], h, mask=(offs_n < I)[None, :])
+
+
+@triton.jit
+def _k_range(K, BK: tl.constexpr, SPLIT: tl.constexpr):
+    """This program's share [lo, hi) of the K loop: whole BK tiles, split evenly over SPLIT programs."""
+    per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+    lo = tl.program_id(1) * per
+    return lo, tl.minimum(lo + per, K)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_ptr, sorted_ptr, block_expert_ptr,
+                    M, NB, D, I, TOPK, limit,
+                    stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_h, stride_ps, stride_pg,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                    SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
+                    CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+                    F32: tl.constexpr):
+    """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
+    partial sums over this program's K share, reduced by `_swiglu_kernel`."""
+    pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(I, BN), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    DT = x_ptr.dtype.element_ty
+    rows = pid_m * BM + tl.arange(0, BM)
+    a_idx = tl.load(sorted_ptr + rows)
+    valid = a_idx < M
+    tok = tl.where(valid, a_idx // TOPK, 0).to(tl.int64)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    w1_ptr += expert * stride_we
+    w3_ptr += expert * stride_we
+    s1_ptr += expert * stride_se
+    s3_ptr += expert * stride_se
+    acc_g = tl.zeros([BM, BN], dtype=ACC)
+    acc_u = tl.zeros([BM, BN], dtype=ACC)
+    k_lo, k_hi = _k_range(D, BK, SPLIT)
+    for k0 in range(k_lo, k_hi, BK):
+        a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
+        a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & (k0 + offs_k < D)[None, :], BM, BK, DT, False, G)
+        w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM)
+        acc_g = _dot(a_ev, w_ev, acc_g, PREC, ACC, F32)
+        acc_g = _dot(a_od, w_od, acc_g, PREC, ACC, F32)
+        w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM)
+        acc_u = _dot(a_ev, w_ev, acc_u, PREC, ACC, F32)
+        acc_u = _dot(a_od, w_od, acc_u, PREC, ACC, F32)
+    if ASM:
+        acc_g *= 4294967296.0  # 2^ASM_SHIFT
+        acc_u *= 4294967296.0
+    if SPLIT == 1:
+        _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
+                      BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT)
+    else:  # partials of the real rows only: [SPLIT, 2, P, I]
+        p = part_ptr + tl.program_id(1) * stride_ps + rows[:, None].to(tl.int64) * I + offs_n[None, :]
+        mask = valid[:, None] & (offs_n < I)[None, :]
+        tl.store(p, acc_g, mask=mask)
+        tl.store(p + stride_pg, acc_u, mask=mask)
+
+
+@triton.jit
+def _swiglu_kernel(part_ptr, h_ptr, rw_ptr, sorted_ptr, block_expert_ptr, M, I, limit, stride_ps, stride_pg,
+                   stride_h, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
+                   QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr):
+    """Split-K gate-up: sum the SPLIT partials in order (deterministic), then the SwiGLU epilogue."""
+    pid_m = tl.program_id(0)
+    if tl.load(block_expert_ptr + pid_m) < 0:
+        return
+    rows = pid_m * BM + tl.arange(0, BM)
+    a_idx = tl.load(sorted_ptr + rows)
+    valid = a_idx < M
+    offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask = valid[:, None] & (offs_n < I)[None, :]
+    p = part_ptr + rows[:, None].to(tl.int64) * I + offs_n[None, :]
+    acc_g = tl.zeros([BM, BN], dtype=ACC)
+    acc_u = tl.zeros([BM, BN], dtype=ACC)
+    for j in range(SPLIT):
+        acc_g += tl.load(p + j * stride_ps, mask=mask, other=0.0)
+        acc_u += tl.load(p + j * stride_ps + stride_pg, mask=mask, other=0.0)
+    _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
+                  BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, h_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
+                 M, NB, D, I,
+                 stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_ys,
+                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
+                 G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+                 F32: tl.constexpr):
+    """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
+    as float partials [SPLIT, M, D] that the combine kernel sums."""
+    pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(D, BN), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        return
+    DT = h_ptr.dtype.element_ty
+    rows = pid_m * BM + tl.arange(0, BM)
+    a_idx = tl.load(sorted_ptr + rows)
+    valid = a_idx < M
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    w2_ptr += expert * stride_we
+    s2_ptr += expert * stride_se
+    acc = tl.zeros([BM, BN], dtype=ACC)
+    k_lo, k_hi = _k_range(I, BK, SPLIT)
+    for k0 in range(k_lo, k_hi, BK):
+        a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
+        a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
+        w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM)
+        acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
+        acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
+    if ASM:
+        acc *= 4294967296.0  # 2^ASM_SHIFT
+    y_ptrs = (y_ptr + tl.program_id(1) * stride_ys + tl.where(valid, a_idx, 0).to(tl.int64)[:, None] * stride_y
+              + offs_n[None, :])
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < D)[None, :])
+
+
+@triton.jit
+def _combine_kernel(y_ptr, rw_ptr, out_ptr, D, TOPK, stride_y, stride_ys, stride_out,
+                    BD: tl.constexpr, SPLIT: tl.constexpr, APPLY_W: tl.constexpr, DT: tl.constexpr,
+                    ACC: tl.constexpr):
+    """out[t] = sum over slots, in slot order, of y[t*k + s] (its split-K partials summed first and rounded to x's
+    dtype, like the reference's per-expert output) (* weight[t, s]): deterministic."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    mask = cols < D
+    acc = tl.zeros([BD], dtype=ACC)
+    for s in range(TOPK):
+        y = tl.zeros([BD], dtype=ACC)
+        for j in range(SPLIT):
+            y += tl.load(y_ptr + j * stride_ys + (t * TOPK + s) * stride_y + cols, mask=mask, other=0.0).to(ACC)
+        y = y.to(DT).to(ACC)
+        if APPLY_W:
+            y *= tl.load(rw_ptr + t * TOPK + s).to(ACC)
+        acc += y
+    tl.store(out_ptr + t * stride_out + cols, acc, mask=mask)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+    split_k: int = 1  # K shares per tile (float partials summed in order): CTAs for the few-expert decode steps
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """block_m is shared by both GEMMs (h is laid out in the sorted, padded row order)."""
+    block_m: int
+    gate_up: GemmConfig
+    down: GemmConfig
+    group_m: int = 1
+    dequant: str = "auto"  # "bits" (portable), "asm" (bf16 on CUDA, PTX), "auto" = asm where it applies
+
+
+# Decode (a few rows per expert) is bound by the FP4 weight stream and, behind it, by the dequant's instruction
+# issue: small BLOCK_M, K tiles of 128 (registers for 3 CTAs per SM), a gate-up N tile of 128 so h's 1 x 128 FP8
+# groups are quantized once in its epilogue. Prefill is compute bound: big tiles, GROUP_M row blocks of an expert
+# sweep the columns together (weight tiles reused from L2).
+DECODE = MoeConfig(16, GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3))
+MID = MoeConfig(32, GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3), group_m=4)
+PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), group_m=8)
+
+
+def _split(ctas: int, k_tiles: int, sms: int) -> int:
+    """Split K until the grid has about 3 CTAs per SM, keeping >= 4 K tiles per share."""
+    return max(1, min(4, (3 * sms) // max(1, ctas), k_tiles // 4))
+
+
+def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 2048,
+                  device: torch.device | None = None) -> MoeConfig:
+    """By the mean rows per expert hit (rows = T * k), plus split-K when few experts are hit (T = 1, 2): static given
+    the shapes, so graph-capture safe."""
+    hit = max(1, min(num_experts, rows))
+    per_expert = rows / hit
+    if per_expert > 96:
+        return PREFILL
+    if per_expert > 24:
+        return MID
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
+    gu, dn = DECODE.gate_up, DECODE.down
+    gu = replace(gu, split_k=_split(hit * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms))
+    dn = replace(dn, split_k=_split(hit * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms))
+    return replace(DECODE, gate_up=gu, down=dn)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def supports(x: torch.Tensor, experts) -> bool:
+    """FP4 stacks and a bf16/f32 x on CUDA (f64 only under the CPU interpreter, as a numerics check)."""
+    if experts.fmt != "fp4" or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32, torch.float64):
+        return False
+    if x.is_cuda:
+        if x.dtype == torch.float64:
+            return False
+    elif not _interpreting():
+        return False
+    E, I, half_d = experts.w1.shape
+    return (x.device == experts.w1.device and x.shape[1] == 2 * half_d and half_d % 16 == 0 and I % 32 == 0
+            and tuple(experts.w2.shape) == (E, x.shape[1], I // 2) and experts.s1 is not None)
+
+
+def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Every buffer of a call (a seam for the tests, which poison them to prove each read element is written)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _quant_ok(act_group: int) -> bool:
+    return act_group == 0 or (act_group & (act_group - 1) == 0 and act_group <= 256)
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    t = t.view(torch.uint8) if t.dtype != torch.uint8 else t
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+_TL = {torch.bfloat16: tl.bfloat16, torch.float32: tl.float32, torch.float64: tl.float64}
+
+
+def _dot_dtypes(dtype: torch.dtype) -> tuple[str, tl.dtype]:
+    if dtype == torch.float64:
+        return "ieee", tl.float64
+    return ("ieee" if dtype == torch.float32 else "tf32"), tl.float32
+
+
+def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor | None = None,
+              act_group: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    M = ids.shape[0]
+    NB = triton.cdiv(M + min(num_experts, M) * (block_m - 1), block_m)
+    sorted_ids = _empty((NB * block_m,), torch.int32, ids.device)
+    block_expert = _empty((NB,), torch.int32, ids.device)
+    big = M > 4096
+    e_pad = max(16, triton.next_power_of_2(num_experts))
+    cursor = _empty((e_pad,), torch.int32, ids.device)
+    xq, T, D, br, bc, grid = None, 0, 0, 16, 128, 1
+    if x is not None and act_group:
+        T, D = x.shape
+        xq = _empty((T, D), x.dtype, x.device)
+        bc = max(act_group, 128)
+        grid += triton.cdiv(T, br)
+    _prologue_kernel[(grid,)](ids, sorted_ids, block_expert, cursor, M, NB, None if xq is None else x, xq, T, D,
+                              0 if xq is None else x.stride(0), 0 if xq is None else xq.stride(0), BM=block_m,
+                              E_PAD=e_pad, CHUNK=max(16, min(1024 if big else 128, triton.next_power_of_2(M))),
+                              QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, num_warps=8 if big else 4)
+    return sorted_ids, block_expert, xq
+
+
+def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat expert ids [M] -> (sorted assignment indices [NB * block_m], expert per block [NB]); NB is the bound
+    cdiv(M + min(E, M) * (block_m - 1), block_m) on the number of used blocks (the rest are -1)."""
+    return _prologue(ids, num_experts, block_m)[:2]
+
+
+def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.Tensor, limit: float,
+                    act_group: int, weight_before_w2: bool, config: MoeConfig | None = None) -> torch.Tensor:
+    """sum_s weights[:, s] * expert_{ids[:, s]}(x) -> [T, D] in float32 (float64 for a float64 x)."""
+    if not _quant_ok(act_group):  # groups that do not tile (not a power of two): the plain-torch body
+        from ..moe import experts_reference
+        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2)
+    T, D = x.shape
+    E, I = experts.w1.shape[0], experts.w1.shape[1]
+    k = ids.shape[1]
+    M = T * k
+    acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = _empty((T, D), acc_t, x.device)
+    if M == 0:
+        return out
+    cfg = config or select_config(M, E, D, I, x.device)
+    G, BM = act_group, cfg.block_m
+    use_asm = cfg.dequant == "asm" or (cfg.dequant == "auto" and x.dtype == torch.bfloat16 and x.is_cuda
+                                       and not _interpreting())
+    prec, acc_tl = _dot_dtypes(x.dtype)
+    f32 = x.dtype == torch.bfloat16 and _interpreting()
+    prec = "ieee" if f32 else prec
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    rw = weights.to(acc_t).contiguous().view(-1)
+    w1, w2, w3 = _u8(experts.w1), _u8(experts.w2), _u8(experts.w3)
+    s1, s2, s3 = _u8(scale_bytes(experts.s1)), _u8(scale_bytes(experts.s2)), _u8(scale_bytes(experts.s3))
+    assert stored_format(experts.w1) == "fp4" and w1.stride() == w3.stride() and s1.stride() == s3.stride()
+
+    # 1. sort by expert into BLOCK_M-padded runs, and FP8-simulate x (one launch)
+    sorted_ids, block_expert, xq = _prologue(ids.contiguous().view(-1), E, BM, x, G)
+    xa = x if xq is None else xq
+    NB, P = block_expert.shape[0], sorted_ids.shape[0]
+
+    # 2. gate + up (+ SwiGLU, clamp, routing weight, h's FP8 simulation where the tile holds whole groups); with
+    # split-K, float partials and a small SwiGLU kernel (whose column tile always holds whole groups)
+    gu = cfg.gate_up
+    S = gu.split_k
+    bne = max(64, G)
+    quant_h = G > 0 and I % G == 0 and (gu.block_n % G == 0 or S > 1)
+    h = _empty((P, I), x.dtype, x.device)
+    part = _empty((S, 2, P, I), acc_t, x.device) if S > 1 else h
+    _gate_up_kernel[(NB * triton.cdiv(I, gu.block_n), S)](
+        xa, w1, w3, s1, s3, h, part, rw, sorted_ids, block_expert, M, NB, D, I, k, float(limit),
+        xa.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), h.stride(0), 2 * P * I, P * I,
+        BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
+        WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
+        num_warps=gu.num_warps, num_stages=gu.num_stages)
+    if S > 1:
+        _swiglu_kernel[(NB, triton.cdiv(I, bne))](
+            part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
+            BM=BM, BN=bne, SPLIT=S, G=max(G, 1), QUANT_H=quant_h, WEIGHT_H=weight_before_w2, CLAMP=limit > 0,
+            ACC=acc_tl, num_warps=4)
+
+    # 3. down, one row per (token, slot), rounded to x's dtype like the reference's per-expert output (split-K:
+    # float partials, summed and rounded by the combine)
+    dn = cfg.down
+    S = dn.split_k
+    quant_h_in_tile = G > 0 and not quant_h
+    y = _empty((S, M, D), x.dtype if S == 1 else acc_t, x.device)
+    _down_kernel[(NB * triton.cdiv(D, dn.block_n), S)](
+        h, w2, s2, y, sorted_ids, block_expert, M, NB, D, I,
+        h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
+        BM=BM, BN=dn.block_n, BK=max(dn.block_k, G) if quant_h_in_tile else dn.block_k, GROUP_M=cfg.group_m,
+        SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
+        num_warps=dn.num_warps, num_stages=dn.num_stages)
+
+    # 4. combine the k rows of each token in slot order
+    bd = min(1024, triton.next_power_of_2(D))
+    _combine_kernel[(T, triton.cdiv(D, bd))](y, rw, out, D, k, y.stride(1), y.stride(0), out.stride(0), BD=bd,
+                                             SPLIT=S, APPLY_W=not weight_before_w2, DT=_TL[x.dtype], ACC=acc_tl,
+                                             num_warps=4)
+    return out

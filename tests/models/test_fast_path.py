@@ -1,0 +1,82 @@
+"""The whole model on the fast path (the Triton kernels: dense FP8 GEMMs, FP4 MoE, fused router) against the same
+model on the plain-torch reference bodies, and the model-level exactness properties with the fast path on.
+
+On the CPU the kernels run under Triton's interpreter in float64 (the kernels take fp64 dots there), so the fast path
+must reproduce the reference to float64 rounding — which, through the discontinuous FP8/FP4 simulations and the
+indexer's top-k, means the same logits to ~1e-12 — and chunked prefill and multi-row steps must equal one-shot
+single-row runs, exactly as on the reference path. (On a GPU the same model runs in bf16: tests/gpu/test_cuda.py.)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from helpers import blocks_for, max_rel_err, new_pools, one_shot, tokens
+
+from v4serve.models.factory import build_model
+from v4serve.models.step import RowSpec, build_step
+from v4serve.models.v41.engine_hooks import engram_step_extras
+
+EXACT = torch.float64
+N = 56
+
+
+@functools.cache
+def fast_model(preset: str):
+    return build_model(preset, seed=0, dtype=EXACT, with_mtp=False, kernels="triton")
+
+
+@functools.cache
+def reference_model(preset: str):
+    return build_model(preset, seed=0, dtype=EXACT, with_mtp=False, kernels="reference")
+
+
+@pytest.fixture(scope="module")
+def one_shots():
+    cache: dict[str, torch.Tensor] = {}
+
+    def get(preset: str) -> torch.Tensor:
+        if preset not in cache:
+            cache[preset] = one_shot(fast_model(preset), tokens(N, 3))
+        return cache[preset]
+
+    return get
+
+
+@pytest.mark.parametrize("preset", ["tiny-v4-flash", "tiny-v41-flash"])
+def test_fast_path_equals_reference_bodies(one_shots, preset: str) -> None:
+    lm = fast_model(preset)
+    for mod in (lm.model.layers[0].attn.wq_a, lm.model.layers[0].ffn):
+        assert mod.backend == "triton"
+    ref = one_shot(reference_model(preset), tokens(N, 3))
+    assert max_rel_err(one_shots(preset), ref) < 1e-9
+
+
+@pytest.mark.parametrize("preset", ["tiny-v4-flash", "tiny-v41-flash"])
+def test_chunked_prefill_equals_one_shot_on_the_fast_path(one_shots, preset: str) -> None:
+    lm, toks = fast_model(preset), tokens(N, 3)
+    pools = new_pools(lm.config, dtype=EXACT)
+    outs, s = [], 0
+    with torch.no_grad():
+        for n in (19, 1, 36):
+            step = build_step([RowSpec(toks[s:s + n], s, 0, list(range(blocks_for(N))), logits="all")])
+            step.extras.update(engram_step_extras(lm.config, [toks], [s], [n], "cpu"))
+            outs.append(lm.model(step, pools).logits)
+            s += n
+    assert max_rel_err(torch.cat(outs), one_shots(preset)) < 1e-9
+
+
+def test_two_rows_in_one_step_equal_each_alone_on_the_fast_path(one_shots) -> None:
+    preset = "tiny-v4-flash"
+    lm = fast_model(preset)
+    a, b = tokens(N, 3), tokens(23, 4)
+    pools = new_pools(lm.config, dtype=EXACT)
+    nb = blocks_for(N)
+    step = build_step([RowSpec(a, 0, 0, list(range(nb)), logits="all"),
+                       RowSpec(b, 0, 1, list(range(nb, 2 * nb)), logits="all")])
+    with torch.no_grad():
+        both = lm.model(step, pools).logits
+    assert max_rel_err(both[:N], one_shots(preset)) < 1e-9
+    assert max_rel_err(both[N:], one_shot(lm, b)) < 1e-9

@@ -1,0 +1,168 @@
+"""The linear family: the Triton kernels (ops/kernels/fp8_gemm.py, kernels/quant.py) against the plain-torch
+reference (ops/linear.py) on fresh random inputs, under Triton's interpreter on the CPU and at real shapes on a GPU.
+
+* FP8 activation quantization is bit-exact with `quant.fp8_quantize` (values and power-of-two scales).
+* W8A8 / W8A16 / wide-dot GEMMs over FP8 block-scaled (32 and 128) and plain float weights: M = 1, ragged M, N and K
+  not multiples of the tiles, split-K, the grouped `wo_a` form; fp32/fp64 equal the reference to rounding.
+* A `Linear` keeps the stored tensors (no full-precision copy) and dispatches by the backend it was built under.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from v4serve.ops import backend, quant
+from v4serve.ops.kernels import fp8_gemm
+from v4serve.ops.kernels import quant as kquant
+from v4serve.ops.linear import Linear, grouped_linear_reference, linear, linear_reference
+
+GPU = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
+DEV = "cuda" if GPU else "cpu"
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def fp8_weight(n: int, k: int, block: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.randn(n, k, generator=g) * k ** -0.5 * torch.logspace(-2, 1, k)[None, :].roll(n % 7, 1)
+    q, s = quant.fp8_block_quantize_weight(w, block)
+    return q.to(DEV), s.view(torch.uint8).to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("group", [32, 128])
+def test_act_quant_is_bit_exact(dtype: torch.dtype, group: int) -> None:
+    g = torch.Generator().manual_seed(group)
+    x = (torch.randn(7, 512, generator=g) * torch.logspace(-7, 3, 512)).to(dtype)
+    x[2, :group] = 0  # an all-zero group: the 1e-4 amax floor
+    x[3, 5] = 448.0 * 2.0**-3  # a value on a binade edge
+    x = x.to(DEV)
+    if dtype == torch.float64 and GPU:
+        pytest.skip("fp64 kernels run only under the CPU interpreter")
+    q, s = kquant.act_quant(x, group)
+    rq, rs = quant.fp8_quantize(x, group)
+    assert torch.equal(q.float(), rq.float()) and torch.equal(s, rs)
+    assert torch.equal(kquant.act_simulate(x, group), quant.fp8_simulate(x, group))
+
+
+def test_e4m3_rounding_ties_to_even_and_carries() -> None:
+    # ties (17 between 16 and 18 -> 16; 29 between 28 and 30 -> 28), a carry into the next binade (31.3 -> 32) and
+    # subnormals (2**-9 steps): the cases Triton's interpreter cast gets wrong and the kernels round by hand
+    x = torch.tensor([17.0, 29.0, 31.3, -31.3, 0.001, 0.0029, 300.0, 440.0] * 4).view(1, 32).to(DEV)
+    q, s = kquant.act_quant(x, 32)
+    rq, rs = quant.fp8_quantize(x, 32)
+    assert torch.equal(q.float(), rq.float()) and torch.equal(s, rs)
+
+
+SHAPES = [(1, 96, 256), (5, 64, 128), (70, 200, 384), (3, 48, 96), (130, 72, 256)]
+
+
+@pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_fp8_gemm_matches_reference(block: int, dtype: torch.dtype) -> None:
+    if dtype == torch.float64 and GPU:
+        pytest.skip("fp64 kernels run only under the CPU interpreter")
+    g = torch.Generator().manual_seed(block)
+    tol = {torch.float32: 2e-6, torch.float64: 1e-12, torch.bfloat16: 1.6e-2}[dtype]
+    for M, N, K in SHAPES:
+        if K % block:
+            continue
+        q, s = fp8_weight(N, K, block, g)
+        for act in (0, block):
+            x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
+            out = fp8_gemm.linear(x, q, s, block, act)
+            ref = linear_reference(x, q, s, block, act)
+            assert out.dtype == x.dtype and out.shape == ref.shape
+            assert torch.isfinite(out).all()
+            assert rel(out, ref) < tol, (M, N, K, act, rel(out, ref))
+
+
+@pytest.mark.parametrize("act", [0, 32])
+def test_no_scale_read_past_k(act: int) -> None:
+    """K (32) smaller than the kernel's K tile: the sub-blocks past K must not read scales. The scale tensors are
+    views into buffers whose next columns hold 255 (2**128): a read past K would turn the output into inf/NaN."""
+    g = torch.Generator().manual_seed(8)
+    q, s = fp8_weight(512, 32, 32, g)
+    poisoned = torch.full((s.shape[0], s.shape[1] + 8), 255, dtype=torch.uint8, device=DEV)
+    poisoned[:, : s.shape[1]] = s
+    x = torch.randn(60, 32, generator=g).to(torch.bfloat16 if GPU else torch.float32).to(DEV)
+    out = fp8_gemm.linear(x, q, poisoned[:, : s.shape[1]], 32, act)
+    assert torch.isfinite(out).all()
+    assert rel(out, linear_reference(x, q, s, 32, act)) < (1.6e-2 if GPU else 2e-6)
+
+
+def test_split_k_partials_sum_in_a_fixed_order() -> None:
+    g = torch.Generator().manual_seed(3)
+    q, s = fp8_weight(64, 2048, 128, g)  # 1 row x 1 column tile: K splits across programs
+    x = torch.randn(2, 2048, generator=g).to(DEV)
+    assert fp8_gemm._config(2, 64, 2048, 1, 128, False)["splits"] > 1
+    a, b = fp8_gemm.linear(x, q, s, 128), fp8_gemm.linear(x, q, s, 128)
+    assert torch.equal(a, b)
+    assert rel(a, linear_reference(x, q, s, 128, 0)) < 2e-6
+
+
+@pytest.mark.parametrize("block", [32, 128])
+def test_grouped_linear_matches_reference(block: int) -> None:
+    g = torch.Generator().manual_seed(11)
+    G, N, K = 4, 48, 256  # N not a multiple of the scale block: a group's rows start mid-block
+    q, s = fp8_weight(G * N, K, block, g)
+    x = torch.randn(9, G, K, generator=g).to(DEV)
+    out = fp8_gemm.grouped_linear(x, q, s, block)
+    assert rel(out, grouped_linear_reference(x, q, s, block, 0)) < 2e-6
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
+def test_plain_float_weight_with_wider_activations(wdtype: torch.dtype) -> None:
+    """The LM head and the compressors: a bf16 weight read as stored under float32 math (no upcast copy)."""
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(300, 64, generator=g).to(wdtype).to(DEV)
+    x = torch.randn(3, 64, generator=g).to(DEV)
+    out = fp8_gemm.linear(x, w, None, 0)
+    assert out.dtype == torch.float32
+    assert rel(out, linear_reference(x, w, None, 0, 0)) < 2e-6
+
+
+def test_linear_module_keeps_stored_tensors_and_dispatches() -> None:
+    g = torch.Generator().manual_seed(9)
+    q, s = fp8_weight(64, 128, 32, g)
+    with backend.use(backend.TRITON):
+        fast = Linear(128, 64)
+    ref = Linear(128, 64)
+    for m in (fast, ref):
+        m.set_weight(q, s.view(torch.float8_e8m0fnu), 32)
+        assert m.weight.dtype == torch.float8_e4m3fn and m.scale.dtype == torch.uint8  # stored, e8m0 as bytes
+        m.act_group = 32
+    assert fast.backend == backend.TRITON and ref.backend == backend.REFERENCE
+    x = torch.randn(4, 128, generator=g).to(DEV)
+    assert rel(fast(x), ref(x)) < 2e-6
+    assert torch.equal(ref(x), linear_reference(x, q, s, 32, 32))
+    assert torch.equal(linear(x, q, s, 32, 32, backend.TRITON), fp8_gemm.linear(x, q, s, 32, 32))
+    with pytest.raises(ValueError, match="does not fit"):
+        Linear(64, 64).set_weight(q, s, 32)
+
+
+def test_backend_resolution() -> None:
+    assert backend.resolve("auto", "cpu") == backend.REFERENCE
+    assert backend.resolve("auto", "cuda") == backend.TRITON
+    assert backend.resolve("reference", "cuda") == backend.REFERENCE
+    with pytest.raises(ValueError, match="--kernels"):
+        backend.resolve("fast", "cpu")
+
+
+@pytest.mark.skipif(not GPU, reason="real shapes need a CUDA GPU (V4SERVE_TEST_DEVICE=cuda)")
+@pytest.mark.parametrize("M", [1, 16, 64, 512, 4096])
+@pytest.mark.parametrize("NK", [(1024, 4096), (32768, 1024), (4096, 8192)])
+def test_real_shapes_on_gpu(M: int, NK: tuple[int, int]) -> None:
+    g = torch.Generator().manual_seed(M)
+    N, K = NK
+    for block in (128, 32):
+        q, s = fp8_weight(N, K, block, g)
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
+        for act in (0, block):
+            out = fp8_gemm.linear(x, q, s, block, act)
+            ref = linear_reference(x.float(), q, s, block, act)  # float32 reference of the same quantized values
+            assert rel(out, ref) < 1e-2, (M, N, K, block, act)

@@ -1,0 +1,254 @@
+"""The Triton routed-experts kernels (ops/kernels/moe.py) against the plain-torch reference (ops.moe).
+
+On the CPU they run under Triton's interpreter at tiny shapes (float32 ~1e-5, float64 ~1e-12 relative to the largest
+reference value; bf16 through the interpreter's float32 dots). With V4SERVE_TEST_DEVICE=cuda on a GPU the same tests
+run there, plus V4-Flash shapes in bf16, the PTX dequant against the portable one, and a CUDA-graph replay.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from v4serve.ops import moe, quant
+from v4serve.ops.kernels import moe as mk
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
+DEV = torch.device("cuda" if ON_GPU else "cpu")
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda and a GPU")
+
+# small tiles keep the interpreter fast; K/N tiles that do not divide D=96 / I=64 exercise the masks
+SMALL = mk.MoeConfig(16, mk.GemmConfig(32, 64), mk.GemmConfig(32, 64))
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12, torch.bfloat16: 3e-2}
+
+
+def fp4_stack(E: int, out_f: int, in_f: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    ws, ss = [], []
+    for _ in range(E):
+        w = torch.randn(out_f, in_f, generator=gen).to(DEV) * (in_f ** -0.5)
+        q, s = quant.fp4_quantize_weight(w, 32)
+        ws.append(q.view(torch.uint8))
+        ss.append(s.view(torch.uint8))
+    return torch.stack(ws), torch.stack(ss)
+
+
+def make_experts(E: int, D: int, I: int, seed: int = 0) -> moe.ExpertWeights:
+    gen = torch.Generator().manual_seed(seed)
+    w1, s1 = fp4_stack(E, I, D, gen)
+    w3, s3 = fp4_stack(E, I, D, gen)
+    w2, s2 = fp4_stack(E, D, I, gen)
+    return moe.ExpertWeights(w1, w2, w3, s1, s2, s3, 128)
+
+
+def routing(T: int, k: int, E: int, seed: int, skew: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct experts per token; with `skew`, slot 0 of every token goes to that expert (a long, ragged run)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.rand(T, E, generator=gen).argsort(-1)[:, :k]
+    if skew is not None:
+        ids = torch.where(ids == skew, ids[:, :1], ids)
+        ids[:, 0] = skew
+    weights = torch.rand(T, k, generator=gen) + 0.1
+    return weights.to(DEV), ids.to(DEV)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.dtype == ref.dtype and out.shape == ref.shape and torch.isfinite(out).all()
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+def check(T, D, I, E, k, dtype, act_group, before, limit, config=SMALL, seed=0, skew=None, experts=None):
+    if ON_GPU and dtype == torch.float64:
+        pytest.skip("float64 runs under the CPU interpreter only")
+    experts = experts or make_experts(E, D, I, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(T, D, generator=gen).to(DEV, dtype)
+    weights, ids = routing(T, k, E, seed + 2, skew)
+    out = mk.experts_forward(x, experts, weights, ids, limit, act_group, before, config)
+    ref = moe.experts_reference(x, experts, weights, ids, limit, act_group, before)
+    err = rel_err(out, ref)
+    assert err <= TOL[dtype], f"relative error {err:.3g}"
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("act_group", [0, 32])
+@pytest.mark.parametrize("before,limit", [(True, 1.0), (False, 1.0), (True, 0.0), (False, 0.0)])
+def test_tiny_preset_shapes(dtype, act_group, before, limit):
+    # tiny-v4-flash: D=64, I=32, E=8, k=2, SwiGLU limit 1 (clips for real)
+    check(5, 64, 32, 8, 2, dtype, act_group, before, limit)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("act_group,D,I", [(0, 96, 64), (32, 96, 64), (64, 192, 192)])
+def test_shapes_not_multiples_of_the_tiles(dtype, act_group, D, I):
+    # D and I against 64/128-wide K tiles and 32-wide N tiles (I=192 = 6 tiles, a 64-wide tail of the down K loop); act_group 64 > BN=32 puts h's
+    # quantization in the down kernel's A-tile load instead of the gate-up epilogue
+    cfg = SMALL if act_group < 64 else mk.MoeConfig(16, mk.GemmConfig(32, 128), mk.GemmConfig(32, 128))
+    check(7, D, I, 6, 3, dtype, act_group, act_group != 32, 2.0, config=cfg)
+
+
+def test_single_token_most_experts_idle():
+    check(1, 64, 32, 8, 2, torch.float32, 32, True, 1.0)
+
+
+def test_ragged_runs_longer_than_a_block():
+    # every token sends slot 0 to expert 3: a 40-row run (3 blocks of 16), the rest scattered, some experts idle
+    check(40, 64, 32, 8, 2, torch.float64, 32, False, 1.0, skew=3)
+
+
+@pytest.mark.parametrize("act_group", [0, 32])
+def test_prefill_style_config(act_group):
+    # grouped block order (GROUP_M row blocks sweep the column tiles together), 32-row blocks, h quantized in the
+    # gate-up epilogue
+    cfg = mk.MoeConfig(32, mk.GemmConfig(32, 64, 4, 2), mk.GemmConfig(64, 32, 4, 2), group_m=2)
+    check(24, 64, 32, 8, 2, torch.float32, act_group, True, 1.0, config=cfg, skew=5)
+
+
+@pytest.mark.parametrize("dtype,act_group,before", [(torch.float64, 32, True), (torch.float32, 0, False)])
+def test_split_k(dtype, act_group, before):
+    # 3 K tiles over 3 (gate-up) and 2 (down, shares of 2 and 1 tiles) programs; the partials are summed in order
+    cfg = mk.MoeConfig(16, mk.GemmConfig(32, 32, split_k=3), mk.GemmConfig(32, 32, split_k=2))
+    check(5, 96, 64, 6, 3, dtype, act_group, before, 2.0, config=cfg, skew=2)
+
+
+def test_default_config_selection():
+    # V4-Flash at T=1 hits 6 experts: K split so the grids fill the GPU; T=8 does not need it
+    one = mk.select_config(6, 256, 4096, 2048)
+    assert (one.block_m, one.gate_up.split_k, one.down.split_k) == (16, 4, 2)
+    assert mk.select_config(48, 256, 4096, 2048) == mk.DECODE and mk.select_config(8192 * 6, 256) is mk.PREFILL
+    # the production decode tiles (larger than this problem): masks only
+    check(3, 64, 32, 8, 2, torch.float32, 32, True, 1.0, config=None)
+
+
+def test_bf16():
+    check(6, 64, 32, 8, 2, torch.bfloat16, 32, True, 1.0)
+
+
+def test_act_group_that_does_not_tile_falls_back_to_the_reference():
+    check(3, 96, 96, 4, 2, torch.float32, 48, True, 1.0)
+
+
+@pytest.mark.parametrize("M,BM", [(300, 16), (5000, 128)])
+def test_align_sorts_and_pads_by_expert(M, BM):
+    E = 12
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 7, (M,), generator=gen)  # experts 7..11 idle; 3 chunks of 128 / 5 of 1024 ids
+    ids[:300] = 2  # a run of > 2 blocks
+    sorted_ids, block_expert = mk.align(ids.to(DEV), E, BM)
+    sorted_ids, block_expert = sorted_ids.cpu(), block_expert.cpu()
+    counts = torch.bincount(ids, minlength=E)
+    padded = (counts + BM - 1) // BM * BM
+    total = int(padded.sum())
+    assert block_expert.numel() == -(-(M + min(E, M) * (BM - 1)) // BM)
+    assert (block_expert[total // BM:] == -1).all()
+    pos = 0
+    for e in range(E):
+        run = sorted_ids[pos:pos + padded[e]]
+        real = torch.nonzero(ids == e).flatten().to(torch.int32)
+        assert torch.equal(run[:counts[e]].sort().values, real)  # each assignment once (any order inside the run)
+        assert (run[counts[e]:] == M).all()
+        assert (block_expert[pos // BM:(pos + padded[e]) // BM] == e).all()
+        pos += int(padded[e])
+
+
+def test_every_read_buffer_is_written(monkeypatch):
+    # poison every buffer the call allocates: NaN (floats), a huge index (ints); a read of an unwritten element
+    # would show up in the output or fault
+    def poisoned(shape, dtype, device):
+        if dtype.is_floating_point:
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        return torch.full(shape, 2**30, dtype=dtype, device=device)
+
+    monkeypatch.setattr(mk, "_empty", poisoned)
+    check(9, 64, 32, 8, 2, torch.float32, 32, False, 1.0, skew=1)
+    check(9, 128, 64, 8, 2, torch.float32, 64, True, 1.0)  # h quantized in the down kernel's A-tile load
+    check(9, 64, 32, 8, 2, torch.float32, 0, True, 1.0,
+          config=mk.MoeConfig(16, mk.GemmConfig(32, 32, split_k=2), mk.GemmConfig(32, 32, split_k=2)))
+
+
+def test_entry_point_dispatches_to_the_kernel(monkeypatch):
+    experts = make_experts(8, 64, 32)
+    x = torch.randn(4, 64).to(DEV)
+    weights, ids = routing(4, 2, 8, 0)
+    calls = []
+    forward = mk.experts_forward
+    monkeypatch.setattr(mk, "experts_forward", lambda *a: calls.append(1) or forward(*a, SMALL))
+    out = moe.experts_forward(x, experts, weights, ids, 1.0, 32, True, backend="triton")
+    assert calls and torch.equal(out, forward(x, experts, weights, ids, 1.0, 32, True, SMALL))
+    moe.experts_forward(x, experts, weights, ids, 1.0, 32, True)  # the reference backend does not call it
+    assert len(calls) == 1
+
+
+def test_supports_only_fp4_stacks():
+    E, D, I = 2, 64, 32
+    fp4 = make_experts(E, D, I)
+    x = torch.randn(1, D).to(DEV)
+    assert mk.supports(x, fp4) and mk.supports(x.bfloat16(), fp4)
+    assert mk.supports(x.double(), fp4) != ON_GPU  # float64 only under the interpreter
+    assert not mk.supports(x.half(), fp4)
+    f = torch.randn(E, I, D).to(DEV)
+    assert not mk.supports(x, moe.ExpertWeights(f, torch.randn(E, D, I).to(DEV), f, None, None, None, 128))
+    q = f.to(torch.float8_e4m3fn)
+    s = torch.full((E, 1, 1), 127, dtype=torch.uint8, device=DEV)
+    q2 = torch.randn(E, D, I).to(DEV, torch.float8_e4m3fn)
+    assert not mk.supports(x, moe.ExpertWeights(q, q2, q, s, s, s, 128))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GPU only: real shapes, the PTX dequant, graph capture
+# ------------------------------------------------------------------------------------------------------------
+
+@gpu_only
+@pytest.mark.parametrize("T", [1, 64, 512])
+def test_v4_flash_shapes_bf16(T):
+    # D=4096, I=2048, 16 experts, k=6: T=1/64 take the decode config, T=512 (192 rows per expert) the prefill one
+    check(T, 4096, 2048, 16, 6, torch.bfloat16, 128, True, 10.0, config=None, experts=_flash_experts())
+
+
+@gpu_only
+@pytest.mark.parametrize("T", [1, 8, 512])
+def test_ptx_dequant_matches_the_portable_one(T):
+    experts = _flash_experts()
+    x = torch.randn(T, 4096, device=DEV, dtype=torch.bfloat16)
+    weights, ids = routing(T, 6, 16, 4)
+    cfg = mk.select_config(T * 6, 16, 4096, 2048, DEV)
+    bits, asm = (mk.experts_forward(x, experts, weights, ids, 10.0, 128, False, dataclasses.replace(cfg, dequant=d))
+                 for d in ("bits", "asm"))
+    # the same bf16 weights (the PTX path's 2^-32 offset is undone exactly): equal up to accumulation order
+    assert rel_err(asm, bits) <= 1e-6
+
+
+@gpu_only
+@pytest.mark.parametrize("T", [1, 8])  # T=1 splits K
+def test_cuda_graph_replay(T):
+    experts = _flash_experts()
+    x = torch.randn(T, 4096, device=DEV, dtype=torch.bfloat16)
+    weights, ids = routing(T, 6, 16, 5)
+    fwd = lambda: mk.experts_forward(x, experts, weights, ids, 10.0, 128, True)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fwd()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fwd()
+    w2, ids2 = routing(T, 6, 16, 6)  # new routing, same buffers
+    weights.copy_(w2)
+    ids.copy_(ids2)
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, fwd())
+
+
+_FLASH: list[moe.ExpertWeights] = []
+
+
+def _flash_experts() -> moe.ExpertWeights:
+    if not _FLASH:  # quantizing 16 V4-Flash experts takes a while: once per session
+        _FLASH.append(make_experts(16, 4096, 2048, seed=7))
+    return _FLASH[0]
