@@ -17,6 +17,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,10 @@ BOS_TOKEN = "<｜begin▁of▁sentence｜>"
 EOS_TOKEN = "<｜end▁of▁sentence｜>"
 THINK_START_TOKEN = "<think>"
 THINK_END_TOKEN = "</think>"
+
+
+PLAIN_OPEN, PLAIN_CLOSE = "\ufdd0", "\ufdd1"  # marks untrusted control-token strings (see Tokenizer.mark_plain)
+_MARKED = re.compile(f"{PLAIN_OPEN}(.*?){PLAIN_CLOSE}", re.DOTALL)
 
 
 class TokenizerError(ValueError):
@@ -99,6 +104,8 @@ class Tokenizer:
         self.think_end_id = self._require(THINK_END_TOKEN)
         self._decoder_is_byte_level = isinstance(backend.decoder, tokenizers.decoders.ByteLevel)
         self._token_bytes: list[bytes | None] = [None] * self.vocab_size
+        self._control_re: re.Pattern[str] | bool | None = None
+        self._plain_backend: tokenizers.Tokenizer | None = None
 
     # --- loading / saving ------------------------------------------------------------------------
     @classmethod
@@ -134,6 +141,62 @@ class Tokenizer:
         # add_special_tokens=False: the post-processor adds nothing for this vocab, and BOS is our call
         ids = self.backend.encode(text, add_special_tokens=False).ids
         return [self.bos_id, *ids] if add_bos else ids
+
+    def exceeds(self, text: str, limit: int, chunk_chars: int = 1 << 18) -> bool:
+        """Whether `text` certainly tokenizes to more than `limit` tokens, found by tokenizing it a chunk at a time
+        and stopping as soon as the count is past the limit: a 30 MB prompt for a 128K context is refused after
+        ~1 MB of work instead of all of it. Chunks split at whitespace; each split can change the count by a
+        token or two, so 2 per chunk are allowed for (never a false positive)."""
+        if len(text) <= limit:  # at least one character per token
+            return False
+        count, start, chunks = 0, 0, 0
+        while start < len(text):
+            end = min(len(text), start + chunk_chars)
+            if end < len(text):
+                cut = text.rfind(" ", start + chunk_chars // 2, end)
+                end = cut if cut > start else end
+            count += len(self.backend.encode(text[start:end], add_special_tokens=False).ids)
+            chunks += 1
+            if count - 2 * chunks > limit:
+                return True
+            start = end
+        return False
+
+    # --- untrusted text inside a chat template ---------------------------------------------------------
+    def mark_plain(self, text: str) -> str:
+        """Wrap every control-token string inside untrusted text (`<｜Assistant｜>`, `</think>`, ...) in the
+        PLAIN_OPEN/PLAIN_CLOSE sentinels, so `encode_marked` tokenizes it as ordinary text: message content can
+        then never forge a turn. The sentinels are Unicode noncharacters (reserved for internal use); any in the
+        text are dropped first, so content cannot fake a marking."""
+        text = text.replace(PLAIN_OPEN, "").replace(PLAIN_CLOSE, "")
+        pattern = self._control_pattern()
+        return pattern.sub(lambda m: PLAIN_OPEN + m.group(0) + PLAIN_CLOSE, text) if pattern else text
+
+    def encode_marked(self, text: str) -> list[int]:
+        """`encode`, except that spans marked by `mark_plain` are tokenized as plain text (bytes, no control
+        tokens). Text without marks tokenizes exactly as `encode` does."""
+        if PLAIN_OPEN not in text:
+            return self.encode(text)
+        ids: list[int] = []
+        for k, part in enumerate(_MARKED.split(text)):
+            if part:
+                ids += self._plain().encode(part, add_special_tokens=False).ids if k % 2 else self.encode(part)
+        return ids
+
+    def _control_pattern(self) -> re.Pattern[str] | None:
+        if self._control_re is None:
+            strings = sorted({t.content for t in self.backend.get_added_tokens_decoder().values() if t.content},
+                             key=len, reverse=True)
+            self._control_re = re.compile("|".join(map(re.escape, strings))) if strings else False
+        return self._control_re or None
+
+    def _plain(self) -> tokenizers.Tokenizer:
+        """The same BPE without its added tokens: control-token strings come out as ordinary byte tokens."""
+        if self._plain_backend is None:
+            spec = json.loads(self.backend.to_str())
+            spec["added_tokens"] = []
+            self._plain_backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
+        return self._plain_backend
 
     def encode_batch(self, texts: Sequence[str], add_bos: bool = False) -> list[list[int]]:
         encodings = self.backend.encode_batch(list(texts), add_special_tokens=False)

@@ -37,6 +37,7 @@ class FakeServerConfig:
     fail_every: int = 0  # every n-th generation request answers HTTP 500
     max_model_len: int = 1 << 20
     responder: Callable[[list[dict[str, Any]]], str] | None = None  # canned non-streaming answers
+    api_key: str | None = None  # when set, every /v1 route needs `Authorization: Bearer <key>`
 
 
 @dataclass
@@ -94,11 +95,20 @@ class FakeOpenAIServer:
         return Starlette(
             routes=[
                 Route("/health", lambda r: PlainTextResponse("ok")),
-                Route("/v1/models", self._models),
-                Route("/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._guard(self._models)),
+                Route("/v1/chat/completions", self._guard(self._chat), methods=["POST"]),
+                Route("/v1/completions", self._guard(self._completions), methods=["POST"]),
             ]
         )
+
+    def _guard(self, handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        async def checked(request: Request) -> Response:
+            key = self.config.api_key
+            if key and request.headers.get("authorization") != f"Bearer {key}":
+                return JSONResponse({"error": {"message": "missing or wrong API key"}}, status_code=401)
+            return await handler(request)
+
+        return checked
 
     async def _models(self, request: Request) -> Response:
         cfg = self.config

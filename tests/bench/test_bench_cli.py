@@ -145,3 +145,19 @@ def test_agentic_and_serve_commands_write_results(tmp_path, capsys):
     png = tmp_path / "again.png"
     args = p.parse_args(["bench", "plot", str(agentic), str(agentic), "--out", str(png), "--labels", "a,b"])
     assert args.func(args) == 0 and png.exists()
+
+
+def test_bench_and_eval_send_the_api_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("V4SERVE_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with FakeOpenAIServer(FakeServerConfig(ttft_s=0.001, itl_s=0.0005, api_key="sekret")) as server:
+        p = _parser()
+        serve = ["bench", "serve", "--base-url", server.base_url, "--input-len", "16", "--output-len", "2",
+                 "--num-prompts", "2", "--out", str(tmp_path), "--no-progress"]
+        args = p.parse_args([*serve, "--api-key", "sekret"])
+        assert args.func(args) == 0
+        (doc,) = tmp_path.glob("serve-*.json")
+        assert json.loads(doc.read_text())["completed"] == 2 and "sekret" not in doc.read_text()
+        args = p.parse_args(serve)  # no key: the server refuses every request
+        with pytest.raises(SystemExit):
+            assert args.func(args) != 0

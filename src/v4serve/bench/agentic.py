@@ -50,6 +50,7 @@ class AgenticConfig:
     drain_timeout_s: float | None = None  # default: request_timeout_s
     warmup_timeout_s: float | None = None  # default: request_timeout_s; then the window opens anyway
     progress: bool = True
+    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token; never written to reports
 
 
 @dataclass
@@ -85,7 +86,7 @@ async def run_agentic(cfg: AgenticConfig, source: TraceSource, text: TokenText |
     started = time.time()
     t0 = time.perf_counter()
     nonce = f"{started:.6f}"  # different salts on every run: nothing is cached from a previous run
-    async with make_http_client(cfg.request_timeout_s) as http:
+    async with make_http_client(cfg.request_timeout_s, cfg.api_key) as http:
         models = await fetch_models(http, cfg.base_url)
         model = cfg.model or first_model(models)
         options = ReplayOptions(

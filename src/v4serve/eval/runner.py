@@ -31,6 +31,7 @@ class EvalConfig:
     extra_body: dict[str, Any] | None = None
     request_timeout_s: float = 1800.0
     progress: bool = True
+    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token; never written to reports
 
 
 @dataclass(slots=True)
@@ -77,7 +78,7 @@ def accuracy_stderr(correct: int, n: int) -> tuple[float, float]:
 
 
 async def run_eval(task: EvalTask, items: list[EvalItem], cfg: EvalConfig) -> EvalReport:
-    from v4serve.bench.client import fetch_models, first_model, normalize_base_url
+    from v4serve.bench.client import auth_headers, fetch_models, first_model, normalize_base_url
 
     base = normalize_base_url(cfg.base_url)
     start = time.perf_counter()
@@ -85,7 +86,8 @@ async def run_eval(task: EvalTask, items: list[EvalItem], cfg: EvalConfig) -> Ev
     bar = tqdm(total=len(items), desc=task.name, unit="item", disable=not cfg.progress, file=sys.stderr)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(
-        timeout=httpx.Timeout(cfg.request_timeout_s, connect=30.0), limits=limits
+        timeout=httpx.Timeout(cfg.request_timeout_s, connect=30.0), limits=limits,
+        headers=auth_headers(cfg.api_key),
     ) as http:
         model = cfg.model or first_model(await fetch_models(http, base))
 

@@ -2,6 +2,10 @@
 
 Each sub-layer maps its input streams X [T, n, D] to coefficients: `pre` (collapse weights), `post` (where the
 sub-layer output goes) and `comb` (an n x n doubly-stochastic stream mixer from Sinkhorn). All in float32.
+
+The models call two entry points per sub-layer: `hc_pre` (mixes, coefficients, collapse and the sub-layer's RMSNorm)
+and `hc_post` (the expansion). Their reference bodies compose the functions below; the Triton bodies
+(ops/kernels/mhc.py) are one launch each.
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
+from . import backend as kernels
+from .norm import rms_norm
 from .precision import acc_dtype
+from .profiling import family, profiled
 
 
 @dataclass
@@ -20,6 +27,7 @@ class HCParams:
     scale: torch.Tensor  # [3]
 
 
+@profiled("mhc")
 def hc_mixes(x: torch.Tensor, fn: torch.Tensor, norm_eps: float) -> torch.Tensor:
     """RMS-normalised linear map of the flattened streams: [T, n, D] -> [T, rows(fn)] (float32)."""
     xf = x.flatten(-2).to(acc_dtype(x))
@@ -37,6 +45,7 @@ def sinkhorn(comb_logits: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return c
 
 
+@profiled("mhc")
 def hc_coefficients(mixes: torch.Tensor, p: HCParams, n: int, iters: int, eps: float
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """mixes [T, (2+n)n] -> pre [T, n], post [T, n], comb [T, n, n] (float32)."""
@@ -47,11 +56,13 @@ def hc_coefficients(mixes: torch.Tensor, p: HCParams, n: int, iters: int, eps: f
     return pre, post, sinkhorn(logits, iters, eps)
 
 
+@profiled("mhc")
 def hc_collapse(x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
     """y = sum_i pre_i X_i, computed in float32 and returned in x's dtype."""
     return (pre.unsqueeze(-1) * x.to(pre.dtype)).sum(-2).to(x.dtype)
 
 
+@profiled("mhc")
 def hc_expand(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
     """X'_k = post_k f + sum_j comb[j, k] X_j  (comb applied transposed)."""
     a = acc_dtype(x, comb)
@@ -59,9 +70,58 @@ def hc_expand(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.
     return (post.to(a).unsqueeze(-1) * f.to(a).unsqueeze(-2) + mixed).to(x.dtype)
 
 
+@profiled("mhc")
 def hc_head_collapse(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
                      norm_eps: float, eps: float) -> torch.Tensor:
     """Final collapse of the streams before the norm and LM head (pre only, no Sinkhorn)."""
     mixes = hc_mixes(x, fn, norm_eps)
     pre = torch.sigmoid(mixes * scale.to(mixes.dtype) + base.to(mixes.dtype)) + eps
     return hc_collapse(x, pre)
+
+
+# ------------------------------------------------------------------------------------------------
+# The entry points
+# ------------------------------------------------------------------------------------------------
+
+def hc_pre_reference(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
+                     norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None = None,
+                     norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    mixes = hc_mixes(x, fn, norm_eps)
+    pre, post, comb = hc_coefficients(mixes, HCParams(fn, base, scale), n, iters, hc_eps)
+    y = hc_collapse(x, pre if collapse_pre is None else collapse_pre)
+    if norm_weight is not None:
+        y = rms_norm(y, norm_weight, norm_eps if norm_eps2 is None else norm_eps2)
+    return y, pre, post, comb
+
+
+def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
+           norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None,
+           backend: str = kernels.REFERENCE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The pre side of a sub-layer: x [T, n, D] -> (y [T, D] in x's dtype, pre [T, n], post [T, n], comb [T, n, n]).
+
+    (pre, post, comb) come from x (`iters` Sinkhorn iterations); y collapses x with `collapse_pre` when given (V4.1's
+    lagged mHC: the previous sub-layer's pre), else with pre, then is RMS-normed with `norm_weight` when given
+    (eps `norm_eps2`, default `norm_eps`). Coefficients are float32 (float64 for float64 x)."""
+    with family("mhc"):
+        if backend == kernels.TRITON:
+            from .kernels import mhc as mk
+
+            if mk.supports(x, collapse_pre):
+                return mk.hc_pre(x, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight,
+                                 norm_eps2)
+        return hc_pre_reference(x, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight,
+                                norm_eps2)
+
+
+def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+            backend: str = kernels.REFERENCE) -> torch.Tensor:
+    """The post side of a sub-layer: hc_expand of its output f [T, D] into the streams x [T, n, D]."""
+    with family("mhc"):
+        if backend == kernels.TRITON:
+            from .kernels import mhc as mk
+
+            if mk.supports(x):
+                return mk.hc_post(f, x, post, comb)
+        return hc_expand(f, x, post, comb)

@@ -130,11 +130,17 @@ def to_openai_messages(system: Any, messages: list[dict[str, Any]]) -> list[dict
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
         role, content = msg.get("role"), msg.get("content")
+        if role == "system":  # Claude Code sends one mid-conversation for model names it does not know
+            out.append({"role": "system", "content": _text_of(content, f"{where}.content")})
+            continue
         if role not in ("user", "assistant"):
-            raise APIError(f"{where}.role: must be user or assistant, got {role!r}", param=f"{where}.role")
+            raise APIError(f"{where}.role: must be user, assistant or system, got {role!r}", param=f"{where}.role")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise APIError(f"{where}.content: must be a string or a list of blocks", param=f"{where}.content")
+        if not blocks and not (role == "assistant" and i == len(messages) - 1):
+            raise APIError(f"{where}.content: must not be empty (only a final assistant message may be)",
+                           param=f"{where}.content")
         if role == "assistant":
             out.append(_assistant(blocks, where))
             continue
@@ -215,7 +221,8 @@ async def _plan(st: ServerState, req: MessagesRequest | CountTokensRequest) -> C
     explicit = None if req.thinking is None or req.thinking.type == "adaptive" else req.thinking.type == "enabled"
     thinking = resolve_thinking(explicit, None, st.args.default_thinking, st.ready.family)
     tools = to_openai_tools(req.tools)
-    tool_choice = to_openai_tool_choice(req.tool_choice) if tools else "auto"
+    tool_choice = to_openai_tool_choice(req.tool_choice)  # validated even without tools (a nameless "tool" is a 400)
+    tool_choice = tool_choice if tools else "auto"
     parallel = not (req.tool_choice and req.tool_choice.disable_parallel_tool_use)
     return await plan_chat(st, to_openai_messages(req.system, req.messages), tools, tool_choice, thinking, None,
                            parallel_tool_calls=parallel)

@@ -48,6 +48,9 @@ class ServerState:
         limit = getattr(args, "max_num_seqs", 64) + getattr(args, "max_queue_len", 1024)
         self.admission = Admission(limit, getattr(args, "retry_after", 1), self.metrics)
         self.token_text = TokenText(tokenizer)
+        # message content is untrusted text: its control-token strings tokenize as plain text unless the operator
+        # restores the old behaviour (--control-tokens-in-content)
+        self.plain_content = None if getattr(args, "control_tokens_in_content", False) else tokenizer.mark_plain
         self.started = time.time()
 
     def check_model(self, name: str | None) -> str:
@@ -65,7 +68,8 @@ class Guard:
         self.app, self.api_key, self.max_bytes, self.metrics = app, api_key, max_bytes, metrics
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, err: APIError) -> None:
-        self.metrics.errors.labels(scope["path"], str(err.status)).inc()
+        self.metrics.count_error(scope["path"], err.status)
+        log.info("refused %s %s: %d %s", scope.get("method", ""), scope["path"], err.status, err.message)
         await error_response(scope["path"], err)(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -112,6 +116,18 @@ class Guard:
         auth = headers.get("authorization", "")
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
         return hmac.compare_digest(token.encode(), self.api_key.encode())
+
+
+def _route_patterns(routes: list[Any]) -> list[tuple[Any, str]]:
+    """(regex, template) of every route, through included routers (FastAPI wraps them)."""
+    out = []
+    for r in routes:
+        if hasattr(r, "path_regex"):
+            out.append((r.path_regex, r.path))
+        inner = getattr(r, "original_router", None) or getattr(r, "routes", None)
+        if inner is not None and not hasattr(r, "path_regex"):
+            out += _route_patterns(getattr(inner, "routes", inner))
+    return out
 
 
 def create_app(client: AsyncEngineClient, tokenizer: Tokenizer, ready: Ready, args: Namespace) -> FastAPI:
@@ -163,10 +179,10 @@ def create_app(client: AsyncEngineClient, tokenizer: Tokenizer, ready: Ready, ar
             try:
                 text = encode_chat(req.messages, tools_for_prompt(None, req.tools), thinking, effort,
                                    req.add_generation_prompt, family=ready.family,
-                                   continue_final_message=req.continue_final_message)
+                                   continue_final_message=req.continue_final_message, plain=st.plain_content)
             except ChatFormatError as err:
                 raise openai_chat.format_error(err) from None
-            ids = await asyncio.to_thread(tokenizer.encode, text)
+            ids = await asyncio.to_thread(tokenizer.encode_marked, text)
         else:
             ids = await asyncio.to_thread(tokenizer.encode, req.prompt, req.add_special_tokens)
         body: dict[str, Any] = {"count": len(ids), "max_model_len": ready.max_model_len, "tokens": ids}
@@ -184,6 +200,7 @@ def create_app(client: AsyncEngineClient, tokenizer: Tokenizer, ready: Ready, ar
                            param="tokens")
         return JSONResponse({"prompt": tokenizer.decode(req.tokens)})
 
+    st.metrics.set_routes(_route_patterns(app.routes))
     app.add_middleware(Guard, api_key=getattr(args, "api_key", None),
                        max_bytes=getattr(args, "max_request_bytes", DEFAULT_MAX_REQUEST_BYTES), metrics=st.metrics)
     return app

@@ -37,6 +37,10 @@ def add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--default-thinking", choices=["auto", "on", "off"], default="auto",
                    help="chat requests that do not say (chat_template_kwargs.thinking, reasoning_effort, "
                         "Anthropic `thinking`): auto = off for DeepSeek-V4, on for V4.1")
+    g.add_argument("--control-tokens-in-content", action="store_true",
+                   help="tokenize control-token strings inside chat message content (e.g. `<｜Assistant｜>`, "
+                        "`</think>`) as control tokens, as v4serve did before; by default they are plain text, so "
+                        "untrusted content cannot forge turns")
     g.add_argument("--retry-after", type=int, default=1,
                    help="seconds in the Retry-After header of 429 answers (queue beyond --max-queue-len)")
     g.add_argument("--engine-ready-timeout", type=float,

@@ -30,8 +30,7 @@ further differences (a `<｜System｜>` token, other DSML tag names) that are no
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -112,10 +111,15 @@ def _calls(msg: Mapping[str, Any], where: str) -> list[tuple[str, str, dict[str,
 
 
 def _turns(
-    messages: Sequence[Mapping[str, Any]], continue_final_message: bool, developer_as_system: bool
+    messages: Sequence[Mapping[str, Any]], continue_final_message: bool, developer_as_system: bool,
+    plain: Callable[[str], str] | None = None,
 ) -> list[_Turn]:
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
         raise ChatFormatError("messages must be a non-empty list")
+    last = messages[-1].get("role") if isinstance(messages[-1], Mapping) else None
+    if continue_final_message and last != "assistant":
+        raise ChatFormatError(f"continue_final_message needs a final assistant message to continue; the last message "
+                              f"is {last!r} (use add_generation_prompt for a new assistant turn)")
     turns: list[_Turn] = []
     prev_role = None
     for i, msg in enumerate(messages):
@@ -125,6 +129,8 @@ def _turns(
             raise ChatFormatError(f"{where}: unknown role {role!r}; expected one of {', '.join(_ROLES)}")
         tool_result = role == "tool"
         text = _text(msg.get("content"), where, tool_result=tool_result)
+        if plain is not None and role != "assistant":
+            text = plain(text)
         if role == "developer" and developer_as_system:
             role = "system"
         leading = all(t.role == "system" for t in turns)
@@ -206,14 +212,32 @@ def validate_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, 
             raise ChatFormatError(f"{where}: duplicate function name {name!r}")
         params = fn.get("parameters")
         if params is not None and (
-            not isinstance(params, Mapping) or params.get("type", "object") != "object"
+            not isinstance(params, Mapping) or params.get("type", "object") not in ("object", "dict")
         ):
-            raise ChatFormatError(f"{where} ({name}): parameters must be a JSON schema of type object")
+            raise ChatFormatError(f"{where} ({name}): parameters must be a JSON schema of type object (or \"dict\")")
         if fn.get("description") is not None and not isinstance(fn.get("description"), str):
             raise ChatFormatError(f"{where} ({name}): description must be a string")
         seen.add(name)
-        functions.append(copy.deepcopy(dict(fn)))
+        functions.append(copy_json(fn))
     return functions
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of decoded JSON without recursion (schemas may nest hundreds of levels: copy.deepcopy would
+    overflow Python's stack)."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    while stack:
+        v, parent, key = stack.pop()
+        if isinstance(v, Mapping):
+            parent[key] = dict.fromkeys(v)  # keys in their order now; values filled as the stack unwinds
+            stack += [(x, parent[key], k) for k, x in v.items()]
+        elif isinstance(v, list):
+            parent[key] = [None] * len(v)
+            stack += [(x, parent[key], i) for i, x in enumerate(v)]
+        else:
+            parent[key] = v
+    return root[0]
 
 
 def _response_schema(response_format: Mapping[str, Any] | None) -> Any:
@@ -246,6 +270,7 @@ def encode_chat(
     drop_thinking: bool = True,
     continue_final_message: bool = False,
     developer_as_system: bool = True,
+    plain: Callable[[str], str] | None = None,
 ) -> str:
     """The prompt text for OpenAI-format `messages` and `tools` (BOS included, tokenize without specials).
 
@@ -257,6 +282,8 @@ def encode_chat(
         DeepSeek's `"prefix": true`): rendered without EOS.
     drop_thinking: the reference's rule that drops earlier reasoning in thinking mode without tools.
     developer_as_system: OpenAI semantics for `developer` messages (see module doc); False: V4's role.
+    plain: applied to the content of user, tool, system and developer messages (the server passes
+        `Tokenizer.mark_plain`, so control-token strings in them tokenize as text and cannot forge turns).
     """
     if reasoning_effort == "none":
         thinking, reasoning_effort = False, None
@@ -266,7 +293,7 @@ def encode_chat(
         raise ChatFormatError(str(err)) from None
     functions = validate_tools(tools)
     schema = _response_schema(response_format)
-    turns = _turns(messages, continue_final_message, developer_as_system)
+    turns = _turns(messages, continue_final_message, developer_as_system, plain)
     if functions or schema is not None:
         if turns[0].role not in ("system", "developer"):
             turns.insert(0, _Turn("system"))

@@ -96,7 +96,9 @@ def _short(value: Any) -> str:
 def _respond(request: Request, err: APIError) -> JSONResponse:
     state = getattr(request.app.state, "v4", None)
     if state is not None:
-        state.metrics.errors.labels(request.url.path, str(err.status)).inc()
+        state.metrics.count_error(request.url.path, err.status)
+    if err.status < 500:  # the access log shows only the status: say why the client was refused
+        log.info("refused %s %s: %d %s", request.method, request.url.path, err.status, err.message)
     return error_response(request.url.path, err)
 
 

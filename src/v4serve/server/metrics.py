@@ -9,6 +9,7 @@ exact however the engine's state moved between scrapes.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -102,6 +103,22 @@ class ServerMetrics:
         Gauge(f"{p}_model_info", "the served model", ["model"], registry=r).labels(model_name).set(1)
         self.engine = EngineStatsCollector()
         r.register(self.engine)
+        self._routes: list[tuple[re.Pattern[str], str]] = []
+
+    def set_routes(self, routes: list[tuple[re.Pattern[str], str]]) -> None:
+        """The app's route patterns and their templates: the only `route` label values besides "other"."""
+        self._routes = routes
+
+    def route_label(self, path: str) -> str:
+        """A bounded label for a request path: its route template, or "other" (unknown paths and probes must not
+        add a series each)."""
+        for pattern, template in self._routes:
+            if pattern.match(path):
+                return template
+        return "other"
+
+    def count_error(self, path: str, status: int) -> None:
+        self.errors.labels(self.route_label(path), str(status)).inc()
 
     def observe_finished(self, route: str, finish_reason: str, prompt_tokens: int, output_tokens: int,
                          cached_tokens: int) -> None:

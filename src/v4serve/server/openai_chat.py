@@ -82,12 +82,16 @@ async def plan_chat(st: ServerState, messages: list[dict[str, Any]], tools: list
         try:
             text = encode_chat(messages, tools_for_prompt(tool_choice, tools), thinking, effort,
                                add_generation_prompt, response_format=response_format, family=st.ready.family,
-                               continue_final_message=continue_final_message)
+                               continue_final_message=continue_final_message, plain=st.plain_content)
             prefix = forced_prefix(tool_choice, tools, thinking) if add_generation_prompt else ""
         except ChatFormatError as err:
             raise format_error(err) from None
+        if st.tokenizer.exceeds(text, st.ready.max_model_len):  # refuse before tokenizing all of a huge prompt
+            raise APIError(f"the prompt has more than {st.ready.max_model_len} tokens, this server's context "
+                           "(--max-model-len); shorten the prompt", param="messages", code="context_length_exceeded")
         report = tool_choice != "none" and bool(tools)
-        return ChatPlan(st.tokenizer.encode(text + prefix), thinking, prefix, report, parallel_tool_calls is False)
+        return ChatPlan(st.tokenizer.encode_marked(text + prefix), thinking, prefix, report,
+                        parallel_tool_calls is False)
 
     return await asyncio.to_thread(build)
 

@@ -70,6 +70,13 @@ async def _prompts(st: ServerState, prompt: Any) -> tuple[list[list[int]], list[
         raise APIError("prompt: must not be empty", param="prompt")
     V = st.ready.vocab_size
     if isinstance(prompt[0], str):
+        limit = st.ready.max_model_len
+        too_long = await asyncio.to_thread(lambda: [st.tokenizer.exceeds(p, limit) for p in prompt])
+        if any(too_long):  # refused before tokenizing all of a huge prompt
+            i = too_long.index(True)
+            raise APIError(f"prompt{f'[{i}]' if len(prompt) > 1 else ''}: has more than {limit} tokens, this "
+                           "server's context (--max-model-len); shorten it", param="prompt",
+                           code="context_length_exceeded")
         ids = await asyncio.to_thread(lambda: [st.tokenizer.encode(p) for p in prompt])
         texts = list(prompt)
     else:
@@ -102,6 +109,7 @@ async def create_completion(request: Request) -> Response:
         check_context(len(p), sampling.max_tokens, st.ready.max_model_len, prompt_param="prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"
     calls: list[EngineCall] = []
+    st.admission.reserve(len(ids) * n, st.client, param="prompt" if len(ids) > 1 else "n")
     try:
         for k, p in enumerate(ids):
             rid = request_id if len(ids) == 1 else f"{request_id}-{k}"

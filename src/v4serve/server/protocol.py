@@ -128,12 +128,49 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int]
 
 
+MAX_JSON_DEPTH = 700  # nesting that deep is legal JSON a client may send (tool schemas); beyond it, a 400
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of decoded JSON, iteratively (no recursion), stopping once past `limit`."""
+    stack, deepest = [(value, 1)], 0
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if deepest > limit:
+            break
+        if isinstance(v, dict):
+            stack += [(x, d + 1) for x in v.values()]
+        elif isinstance(v, list):
+            stack += [(x, d + 1) for x in v]
+    return deepest
+
+
+def _validate_deep(model: type[BaseModel], body: bytes) -> Any:
+    import json
+
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        data = None
+    except ValueError as err:
+        raise APIError(f"the request body is not valid JSON: {err}", code="invalid_json") from None
+    if data is None or _depth(data, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise APIError(f"the request body nests JSON deeper than {MAX_JSON_DEPTH} levels", code="invalid_json")
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise from_validation(err) from None
+
+
 def parse_body(model: type[BaseModel], body: bytes) -> Any:
     """Validate a raw JSON body; 400 naming the first field at fault. Unsupported fields are refused."""
     try:
         req = model.model_validate_json(body)
     except ValidationError as err:
-        raise from_validation(err) from None
+        if "recursion limit" not in str(err):
+            raise from_validation(err) from None
+        req = _validate_deep(model, body)  # pydantic's JSON parser stops at 200 levels; tool schemas go deeper
     for name, value in (req.model_extra or {}).items():
         if name in UNSUPPORTED and value not in _HARMLESS_VALUES.get(name, (None,)):
             raise APIError(f"{name}: {UNSUPPORTED[name]}", param=name, code="unsupported_parameter")
@@ -156,8 +193,13 @@ def sampling_for(req: _Sampling, vocab_size: int, *, max_tokens: int | None, log
         frequency_penalty=given(req.frequency_penalty, 0.0), repetition_penalty=given(req.repetition_penalty, 1.0),
         stop=req.stop, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos, logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output)
-    if req.seed is not None and not -(2**63) <= req.seed < 2**63:
-        raise APIError(f"seed: must be a 64-bit integer, got {req.seed}", param="seed", code="invalid_value")
+    # the engine message carries 64-bit integers: a larger one must be the client's 400, not an encoding 500
+    for name in ("seed", "top_k", "n", "max_tokens", "min_tokens", "logprobs", "stop_token_ids"):
+        value = max_tokens if name == "max_tokens" else logprobs if name == "logprobs" else getattr(req, name, None)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and not -(2**63) <= v < 2**63:
+                param = max_tokens_param if name == "max_tokens" else name
+                raise APIError(f"{param}: must be a 64-bit integer, got {v}", param=param, code="invalid_value")
     try:
         params.validate(vocab_size)
     except SamplingParamsError as err:

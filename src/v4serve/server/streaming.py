@@ -42,6 +42,17 @@ class Admission:
         self.in_flight = 0
         self.metrics = metrics
 
+    def reserve(self, total: int, client: AsyncEngineClient, param: str = "n") -> None:
+        """Check that `total` engine requests (a batch of prompts x n) can be admitted together, before any starts:
+        a batch that can never fit is the client's 400; one that does not fit now is a 429. The caller then
+        acquires them one by one without awaiting in between, so none of them can be refused half-way."""
+        if total > self.limit:
+            raise APIError(f"{param}: this request asks for {total} completions (prompts x n), more than this server "
+                           f"runs or queues at once ({self.limit}, --max-num-seqs + --max-queue-len); split it",
+                           param=param, code="invalid_value")
+        self.acquire(total, client)
+        self.release(total)
+
     def acquire(self, n: int, client: AsyncEngineClient) -> None:
         if not client.alive:
             raise APIError(f"the engine is not running: {(client.fatal or 'stopped').splitlines()[0]}", 503,

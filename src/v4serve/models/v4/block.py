@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
-from ...ops.mhc import HCParams, hc_coefficients, hc_collapse, hc_expand, hc_mixes
+from ...ops import backend as kernels
+from ...ops.mhc import hc_post, hc_pre
 from ..numerics import Numerics
 from .attention import V4Attention
 from .context import StepContext
@@ -26,17 +27,18 @@ class V4Block(nn.Module):
         mix, hd = (2 + c.hc_mult) * c.hc_mult, c.hc_mult * c.dim
         self.hc_attn_fn, self.hc_attn_base, self.hc_attn_scale = param(mix, hd), param(mix), param(3)
         self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale = param(mix, hd), param(mix), param(3)
+        self.backend = kernels.current()
 
-    def _hc(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _hc(self, x: torch.Tensor, which: str, norm: Norm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, post, comb): coefficients from x, y = x collapsed with its own pre, then normed by `norm`."""
         c = self.config
-        p = HCParams(getattr(self, f"hc_{which}_fn"), getattr(self, f"hc_{which}_base"),
-                     getattr(self, f"hc_{which}_scale"))
-        mixes = hc_mixes(x, p.fn, c.norm_eps)
-        pre, post, comb = hc_coefficients(mixes, p, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps)
-        return hc_collapse(x, pre), post, comb
+        y, _, post, comb = hc_pre(x, getattr(self, f"hc_{which}_fn"), getattr(self, f"hc_{which}_base"),
+                                  getattr(self, f"hc_{which}_scale"), c.hc_mult, c.hc_sinkhorn_iters, c.norm_eps,
+                                  c.hc_eps, norm_weight=norm.weight, norm_eps2=norm.eps, backend=self.backend)
+        return y, post, comb
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        y, post, comb = self._hc(x, "attn")
-        x = hc_expand(self.attn(self.attn_norm(y), ctx), x, post, comb)
-        y, post, comb = self._hc(x, "ffn")
-        return hc_expand(self.ffn(self.ffn_norm(y), ctx.step.token_ids), x, post, comb)
+        y, post, comb = self._hc(x, "attn", self.attn_norm)
+        x = hc_post(self.attn(y, ctx), x, post, comb, self.backend)
+        y, post, comb = self._hc(x, "ffn", self.ffn_norm)
+        return hc_post(self.ffn(y, ctx.step.token_ids), x, post, comb, self.backend)

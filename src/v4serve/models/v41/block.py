@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
-from ...ops.mhc import HCParams, hc_coefficients, hc_collapse, hc_expand, hc_mixes
+from ...ops import backend as kernels
+from ...ops.mhc import hc_post, hc_pre
 from ...ops.router import route
 from ..numerics import Numerics
 from ..v4.context import StepContext
@@ -55,12 +56,21 @@ class V41Block(nn.Module):
         self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale = param(mix, hd), param(mix), param(3)
         is_engram = layer < c.n_layers and layer in c.engram_layers
         self.engram = Engram(c, layer) if is_engram else None
+        self.backend = kernels.current()
+
+    def mhc_pre(self, x: torch.Tensor, which: str, collapse_pre: torch.Tensor | None = None,
+                norm: Norm | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, pre, post, comb) of sub-layer `which` on x: y collapses x with `collapse_pre` (the lagged pre), then
+        is normed by `norm` when given."""
+        c = self.config
+        return hc_pre(x, getattr(self, f"hc_{which}_fn"), getattr(self, f"hc_{which}_base"),
+                      getattr(self, f"hc_{which}_scale"), c.hc_mult, c.hc_sinkhorn_iters, c.norm_eps, c.hc_eps,
+                      collapse_pre, norm.weight if norm is not None else None, norm.eps if norm is not None else None,
+                      backend=self.backend)
 
     def coefficients(self, x: torch.Tensor, which: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        c = self.config
-        p = HCParams(getattr(self, f"hc_{which}_fn"), getattr(self, f"hc_{which}_base"),
-                     getattr(self, f"hc_{which}_scale"))
-        return hc_coefficients(hc_mixes(x, p.fn, c.norm_eps), p, c.hc_mult, c.hc_sinkhorn_iters, c.hc_eps)
+        """(pre, post, comb) alone (tests re-state the block with them)."""
+        return self.mhc_pre(x, which)[1:]
 
     def forward(self, x: torch.Tensor, pre: torch.Tensor, ctx: StepContext, sel: Selection,
                 image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,16 +78,14 @@ class V41Block(nn.Module):
         return self.ffn_part(self.attn_part(x, pre, lambda y: self.attn(y, ctx, sel)), image)
 
     def attn_part(self, x: torch.Tensor, pre: torch.Tensor, attn) -> tuple[torch.Tensor, torch.Tensor]:
-        pre_a, post, comb = self.coefficients(x, "attn")
-        y = self.attn_norm(hc_collapse(x, pre))
-        return hc_expand(attn(y), x, post, comb), pre_a
+        y, pre_a, post, comb = self.mhc_pre(x, "attn", pre, self.attn_norm)
+        return hc_post(attn(y), x, post, comb, self.backend), pre_a
 
     def ffn_part(self, state: tuple[torch.Tensor, torch.Tensor], image: torch.Tensor
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         x, pre_a = state
-        pre_f, post, comb = self.coefficients(x, "ffn")
-        y = self.ffn_norm(hc_collapse(x, pre_a))
-        return hc_expand(self.ffn(y, image), x, post, comb), pre_f
+        y, pre_f, post, comb = self.mhc_pre(x, "ffn", pre_a, self.ffn_norm)
+        return hc_post(self.ffn(y, image), x, post, comb, self.backend), pre_f
 
 
 def identity_pre(x: torch.Tensor) -> torch.Tensor:

@@ -19,20 +19,19 @@ Ties in the top-k: among equal biased scores the LOWER expert index wins (torch.
 
 from __future__ import annotations
 
-import os
-import struct
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .split_grid import FLOATS as _FLOATS
+from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, runs_here
+from .split_grid import TL_DTYPES as _TL
+
 SCORE_FUNCS = {"sqrtsoftplus": 0, "softmax": 1, "sigmoid": 2}
 _MAX_E = 1024  # all E logits of a token block live in registers
-_N_COUNTERS = 16384  # token blocks of the split grid (64 KiB of int32)
-_FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32, torch.float64: tl.float64}
-_counters: dict[int, torch.Tensor] = {}
+_COUNTERS = ArrivalCounters()
 
 
 @dataclass(frozen=True)
@@ -212,32 +211,13 @@ def supports(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None) -
         return False
     if x.dtype not in _FLOATS or gate_w.dtype not in _FLOATS or x.device != gate_w.device:
         return False
-    if x.is_cuda:
-        if x.dtype == torch.float64:
-            return False
-    elif x.device.type != "cpu" or os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    if not runs_here(x):
         return False
     if bias is not None:
         e = gate_w.shape[0]
         if bias.dtype not in _FLOATS or bias.device != x.device or tuple(bias.shape) not in ((e,), (x.shape[0], e)):
             return False
     return True
-
-
-def _hi_lo(v: float) -> tuple[float, float]:
-    """v as the sum of two fp32 values: Triton passes float scalars as fp32, fp64 results need ~48 bits."""
-    hi = struct.unpack("f", struct.pack("f", v))[0]
-    return hi, v - hi
-
-
-def _counter_buffer(device: torch.device) -> torch.Tensor:
-    if device.type != "cuda":
-        return torch.zeros(_N_COUNTERS, dtype=torch.int32, device=device)  # interpreter: fresh each call
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    buf = _counters.get(idx)
-    if buf is None:  # allocated once (first call is eager in the engine); the kernel leaves it zeroed
-        buf = _counters[idx] = torch.zeros(_N_COUNTERS, dtype=torch.int32, device=device)
-    return buf
 
 
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
@@ -265,10 +245,10 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
     split_d = triton.cdiv(d, d_per_split)
     split = block_e < e_pad or split_d > 1  # the kernel's own test: the two must agree
     if split:
-        if n_tb > _N_COUNTERS:
-            raise ValueError(f"split grid over {n_tb} token blocks (max {_N_COUNTERS}): use larger token blocks")
+        if n_tb > N_COUNTERS:
+            raise ValueError(f"split grid over {n_tb} token blocks (max {N_COUNTERS}): use larger token blocks")
         part = torch.empty(split_d, n_tb * cfg.block_t, e_pad, dtype=acc, device=x.device)
-        cnt = _counter_buffer(x.device)
+        cnt = _COUNTERS.get(x.device)
     else:
         part = cnt = w_out  # unused
     same_half = x.dtype == gate_w.dtype and x.dtype in (torch.bfloat16, torch.float16)
@@ -279,8 +259,8 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
     stride_be = bias.stride(-1) if has_bias else 0
     tid = tid2eid if hashed else id_out
     tok = token_ids if hashed else id_out
-    rs_hi, rs_lo = _hi_lo(float(route_scale))
-    eps_hi, eps_lo = _hi_lo(float(eps))
+    rs_hi, rs_lo = hi_lo(float(route_scale))
+    eps_hi, eps_lo = hi_lo(float(eps))
     _router_kernel[(n_tb, n_eb, split_d)](
         x, gate_w, b, tid, tok, part, cnt, w_out, id_out,
         t, e, d, d_per_split,

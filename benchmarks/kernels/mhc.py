@@ -1,0 +1,136 @@
+"""mHC kernels (hc_pre, hc_post) vs the plain-torch reference bodies on one GPU (n=4, D=4096, bf16 streams).
+
+    python benchmarks/kernels/mhc.py --out DIR
+
+hc_pre is timed in V4's form (own pre, the sub-layer's RMSNorm fused); hc_post is the expansion. Decode sizes
+(T <= 64) are timed from a CUDA graph of LAYERS calls, each on its own fn copy (more bytes than the L2, as a decode
+step's sub-layers are), divided by LAYERS; prefill sizes by `common.bench_ms` on one call.
+Bytes counted (what must move, once each): hc_pre = x read + fn read + norm weight + y written + pre/post/comb
+written; hc_post = x read + f read + out written + post/comb read. Each size is validated against the reference
+first (y / out relative to their largest magnitude, coefficients elementwise, bitwise repeatability), and the CUDA
+kernels per call of either body are counted with the profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import common
+import torch
+
+from v4serve.ops import mhc
+from v4serve.ops.kernels import mhc as mk
+
+N, D, ITERS, EPS = 4, 4096, 20, 1e-6
+LAYERS = 48  # 48 x 1.5 MiB of fn > the H200's 60 MB L2
+DECODE, PREFILL = (1, 8, 32, 64), (4096, 8192)  # graph-timed / eager-timed
+
+
+def _inputs(t: int, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    m = (2 + N) * N
+    x = torch.randn(t, N, D, device="cuda", generator=g).bfloat16()
+    fn = torch.randn(m, N * D, device="cuda", generator=g) * (N * D) ** -0.5
+    base = torch.randn(m, device="cuda", generator=g)
+    scale = torch.randn(3, device="cuda", generator=g) * 0.1 + 1
+    w = (torch.randn(D, device="cuda", generator=g) * 0.1 + 1).bfloat16()
+    f = torch.randn(t, D, device="cuda", generator=g).bfloat16()
+    return x, fn, base, scale, w, f
+
+
+def _pre(body, x, fn, base, scale, w):
+    return body(x, fn, base, scale, N, ITERS, EPS, EPS, norm_weight=w, norm_eps2=EPS)
+
+
+def _scaled(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
+
+
+def validate(t: int) -> dict:
+    x, fn, base, scale, w, f = _inputs(t, seed=t)
+    got = _pre(mk.hc_pre, x, fn, base, scale, w)
+    ref = _pre(mhc.hc_pre_reference, x, fn, base, scale, w)
+    coef = max(((g - r).abs() / r.abs()).max().item() for g, r in zip(got[1:], ref[1:]))
+    out = mk.hc_post(f, x, got[2], got[3])
+    repeat = all(all(torch.equal(a, b) for a, b in zip(_pre(mk.hc_pre, x, fn, base, scale, w), got))
+                 for _ in range(10))
+    return {"y_err": _scaled(got[0], ref[0]), "coef_rel_err": coef,
+            "post_out_err": _scaled(out, mhc.hc_expand(f, x, got[2], got[3])), "bitwise_repeatable": repeat}
+
+
+def launches(fn) -> int:
+    """CUDA kernels one call of fn launches (after a warm-up call)."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def time_pair(t: int, kernel, reference) -> tuple[float, float]:
+    """-> (kernel ms, reference ms) per call of `kernel(x, fn)` / `reference(x, fn)`."""
+    x, fn, *_ = _inputs(t, seed=0)
+    if t in DECODE:
+        fns = [_inputs(1, seed=1000 + i)[1] for i in range(LAYERS)]
+        kern = common.bench_graph_ms(lambda: [kernel(x, f) for f in fns]) / LAYERS
+        ref = common.bench_graph_ms(lambda: [reference(x, f) for f in fns]) / LAYERS
+        return kern, ref
+    return common.bench_ms(lambda: kernel(x, fn)), common.bench_ms(lambda: reference(x, fn))
+
+
+def measure(t: int, hbm: float) -> dict:
+    """Launch counts, kernel and reference times, bytes and bandwidth of hc_pre and hc_post at T=t."""
+    x, fn, base, scale, w, f = _inputs(t, seed=0)
+    _, _, post, comb = _pre(mhc.hc_pre_reference, x, fn, base, scale, w)
+    row = {"pre_launches": launches(lambda: _pre(mk.hc_pre, x, fn, base, scale, w)),
+           "pre_ref_launches": launches(lambda: _pre(mhc.hc_pre_reference, x, fn, base, scale, w)),
+           "post_launches": launches(lambda: mk.hc_post(f, x, post, comb)),
+           "post_ref_launches": launches(lambda: mhc.hc_expand(f, x, post, comb))}
+    pre_k, pre_r = time_pair(t, lambda xx, ff: _pre(mk.hc_pre, xx, ff, base, scale, w),
+                             lambda xx, ff: _pre(mhc.hc_pre_reference, xx, ff, base, scale, w))
+    # hc_post has no weights: the graph's LAYERS calls share inputs (the streams are L2-hot in decode too)
+    post_k, post_r = time_pair(t, lambda xx, _ff: mk.hc_post(f, xx, post, comb),
+                               lambda xx, _ff: mhc.hc_expand(f, xx, post, comb))
+    m = (2 + N) * N
+    pre_bytes = t * N * D * 2 + m * N * D * 4 + D * 2 + t * D * 2 + t * (2 * N + N * N) * 4
+    post_bytes = 2 * t * N * D * 2 + t * D * 2 + t * (N + N * N) * 4
+    for name, k_ms, r_ms, nbytes in (("pre", pre_k, pre_r, pre_bytes), ("post", post_k, post_r, post_bytes)):
+        gbs = nbytes / (k_ms * 1e-3) / 1e9
+        row |= {f"{name}_kernel_us": k_ms * 1e3, f"{name}_reference_us": r_ms * 1e3, f"{name}_bytes": nbytes,
+                f"{name}_GB_per_s": gbs, f"{name}_pct_hbm": 100 * gbs * 1e9 / hbm}
+    row["pre_config"] = mk.default_pre_config(t, D, True).__dict__
+    row["post_config"] = mk.default_post_config(t, D, True).__dict__
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    ceil = common.measure_ceilings()
+    hbm = ceil["hbm_bytes_per_s"]
+    print(common.describe(ceil), flush=True)
+    rows = []
+    for t in DECODE + PREFILL:
+        check = validate(t)
+        print(f"T={t}: validation {check}", flush=True)
+        rows.append({"T": t, "timing": "graph" if t in DECODE else "eager", **check, **measure(t, hbm)})
+    common.write_json(a.out, "mhc", {"ceilings": ceil, "n": N, "D": D, "sinkhorn_iters": ITERS, "dtype": "bf16",
+                                     "decode_layers_per_graph": LAYERS, "rows": rows})
+    print(f"\nmHC n={N} D={D} bf16, {ITERS} Sinkhorn iterations, hc_pre with the RMSNorm fused; "
+          f"{common.describe(ceil)}")
+    print(f"{'T':>6} {'op':>5} {'kernel us':>10} {'GB/s':>8} {'% HBM':>6} {'ref us':>9} {'speedup':>8} "
+          f"{'launches':>9} {'y/out err':>10} {'coef err':>9}")
+    for r in rows:
+        for name in ("pre", "post"):
+            err = r["y_err"] if name == "pre" else r["post_out_err"]
+            coef = f"{r['coef_rel_err']:>9.1e}" if name == "pre" else f"{'':>9}"
+            print(f"{r['T']:>6} {name:>5} {r[f'{name}_kernel_us']:>10.2f} {r[f'{name}_GB_per_s']:>8.0f} "
+                  f"{r[f'{name}_pct_hbm']:>6.1f} {r[f'{name}_reference_us']:>9.2f} "
+                  f"{r[f'{name}_reference_us'] / r[f'{name}_kernel_us']:>8.1f} "
+                  f"{r[f'{name}_launches']:>4}/{r[f'{name}_ref_launches']:<4} {err:>10.1e} {coef}")
+
+
+if __name__ == "__main__":
+    main()

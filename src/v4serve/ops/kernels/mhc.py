@@ -1,0 +1,429 @@
+"""mHC in two Triton launches per sub-layer (the reference is ops/mhc.py): `hc_pre` and `hc_post`.
+
+hc_pre, one launch: for a block of tokens, the mixes x_flat @ fn^T (fp32 accumulation) and sum(x^2) in one pass
+over the n streams in D chunks; then in registers: the RMS scale, sigmoid/scale/base for pre and post, the row
+softmax and every Sinkhorn iteration of the n x n comb; then the collapse y = sum_i pre_i x_i (the caller's
+`collapse_pre` instead for V4.1's lagged form), stored in x's dtype, and optionally the sub-layer's RMSNorm: a second
+pass reads back the y this program just stored (y is 1/n of x) and scales it by the weight.
+
+Two grid shapes, both one launch:
+- token blocks (prefill): one program per block of tokens reads all of fn (1.5 MiB at D=4096, from L2 after the
+  first) and finishes its tokens.
+- split grid (decode): one program per (token block, D slice), so that the fn read is spread over many SMs; each
+  writes its partial mixes and sum(x^2) to scratch and bumps a per-token-block arrival counter (acq_rel, gpu scope);
+  the last to arrive sums the partials in a fixed order (deterministic whichever came last), finishes the token
+  block over all of D and resets its counter to zero for the next launch or CUDA-graph replay (as the router
+  kernel, ops/kernels/router.py). The counters are one persistent buffer per device: two hc_pre launches must not
+  run concurrently on different streams. The finishing program's collapse and norm passes take wide D chunks
+  (`block_dc`), so a 1-token block crosses D in a few steps instead of many latency-bound ones.
+
+The mixes GEMM: fp32 operands ("ieee") in general; with bf16 x on the GPU ("bf16x3") fn is split in registers
+into three bf16 parts (hi + mid + lo = fn to 24 bits) so that the tensor cores give fp32-GEMM accuracy: bf16 x bf16
+products are exact in fp32. The interpreter multiplies raw bf16 bits in tl.dot, so there the split parts go through
+fp32 dots (tests exercise the split that way).
+
+hc_post, one launch: out_k = post_k f + sum_j comb[j, k] x_j over a 2-D grid of (token block, D chunk).
+
+The n x n comb is handled as a [BLOCK_T, n, n] tile, so n must be a power of two; n >= 4 keeps tl.dot's N >= 16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+from .split_grid import FLOATS as _FLOATS
+from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, runs_here
+from .split_grid import TL_DTYPES as _TL
+
+_COUNTERS = ArrivalCounters()
+
+
+@dataclass(frozen=True)
+class PreConfig:
+    block_t: int  # tokens per program (a power of two; tl.dot pads M < 16 itself)
+    block_d: int  # D chunk of every pass (a power of two, >= 16)
+    split_d: int  # programs along D for the mixes (> 1 selects the split grid)
+    block_dc: int = 0  # D chunk of the collapse and norm passes (0 = block_d): wide when the token block is small
+    num_warps: int = 4
+    num_stages: int = 2
+    bf16x3: bool | None = None  # the split-fn bf16 GEMM; None = for bf16 x on the GPU
+
+
+@dataclass(frozen=True)
+class PostConfig:
+    block_t: int
+    block_d: int
+    num_warps: int = 4
+
+
+# ------------------------------------------------------------------------------------------------
+# hc_pre
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _div(a, b, ACC: tl.constexpr):
+    # IEEE division in fp32 as torch (Triton's `/` is the approximate div.full.f32)
+    if ACC == tl.float32:
+        return tl.div_rn(a, b)
+    else:
+        return a / b
+
+
+@triton.jit
+def _rsqrt(v, ACC: tl.constexpr):
+    if ACC == tl.float32:
+        return tl.rsqrt(v)
+    else:
+        return 1.0 / tl.sqrt(v)
+
+
+@triton.jit
+def _dot(acc, xt, w, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + xt [BT, BD] @ w^T (w [R, BD])."""
+    wt = tl.trans(w)
+    if X3:
+        wf = wt.to(tl.float32)
+        hi = wf.to(tl.bfloat16)
+        r = wf - hi.to(tl.float32)  # exact: hi holds the top bits of wf
+        mid = r.to(tl.bfloat16)
+        lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+        if INTERPRET:
+            xs = xt.to(tl.float32)
+            acc = tl.dot(xs, hi.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(xs, mid.to(tl.float32), acc, input_precision="ieee")
+            acc = tl.dot(xs, lo.to(tl.float32), acc, input_precision="ieee")
+        else:
+            xb = xt.to(tl.bfloat16)
+            acc = tl.dot(xb, hi, acc)
+            acc = tl.dot(xb, mid, acc)
+            acc = tl.dot(xb, lo, acc)
+    else:
+        acc = tl.dot(xt.to(ACC), wt.to(ACC), acc, input_precision="ieee", out_dtype=ACC)
+    return acc
+
+
+@triton.jit
+def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
+                 N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                 EVEN_D: tl.constexpr, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
+    """Over streams i and d in [d_lo, d_hi): x @ fn^T split as the pre/post columns [BT, PP] and the comb columns
+    [BT, N*N], and sum(x^2) [BT]."""
+    NN: tl.constexpr = N * N
+    offs_pp = tl.arange(0, PP)
+    offs_c = tl.arange(0, NN)
+    pp_mask = offs_pp < 2 * N
+    acc_pp = tl.zeros([BLOCK_T, PP], ACC)
+    acc_c = tl.zeros([BLOCK_T, NN], ACC)
+    ss = tl.zeros([BLOCK_T], ACC)
+    x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
+    f_pp = fn_ptr + offs_pp[:, None] * sf_r
+    f_c = fn_ptr + (2 * N + offs_c)[:, None] * sf_r
+    for i in tl.static_range(N):
+        for d0 in range(d_lo, d_hi, BLOCK_D):
+            offs_d = d0 + tl.arange(0, BLOCK_D)
+            k = (i * D + offs_d).to(tl.int64)[None, :] * sf_k
+            xp = x_rows + i * sx_n + offs_d[None, :] * sx_d
+            if EVEN_D:  # no mask along D keeps the loads vectorised
+                xt = tl.load(xp, mask=t_mask[:, None], other=0.0)
+                wpp = tl.load(f_pp + k, mask=pp_mask[:, None], other=0.0)
+                wc = tl.load(f_c + k)
+            else:
+                d_mask = offs_d < d_hi
+                xt = tl.load(xp, mask=t_mask[:, None] & d_mask[None, :], other=0.0)
+                wpp = tl.load(f_pp + k, mask=pp_mask[:, None] & d_mask[None, :], other=0.0)
+                wc = tl.load(f_c + k, mask=d_mask[None, :], other=0.0)
+            xf = xt.to(ACC)
+            ss += tl.sum(xf * xf, axis=1)
+            acc_pp = _dot(acc_pp, xt, wpp, ACC, X3, INTERPRET)
+            acc_c = _dot(acc_c, xt, wc, ACC, X3, INTERPRET)
+    return acc_pp, acc_c, ss
+
+
+@triton.jit
+def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
+            post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n,
+            neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
+            N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr,
+            HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr):
+    """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored."""
+    NN: tl.constexpr = N * N
+    offs_pp = tl.arange(0, PP)
+    offs_c = tl.arange(0, NN)
+    is_pre = offs_pp < N
+    is_post = (offs_pp >= N) & (offs_pp < 2 * N)
+    # fp32 scalar arguments carry hi and lo halves (exact enough for fp64)
+    neps = tl.cast(neps_hi, ACC) + tl.cast(neps_lo, ACC)
+    heps = tl.cast(heps_hi, ACC) + tl.cast(heps_lo, ACC)
+
+    rs = _rsqrt(ss / (N * D) + neps, ACC)
+    s0 = tl.load(scale_ptr).to(ACC)
+    s1 = tl.load(scale_ptr + 1).to(ACC)
+    s2 = tl.load(scale_ptr + 2).to(ACC)
+
+    # pre / post: sigmoid(mix * scale + base), as the reference: (+eps) and (x2)
+    b_pp = tl.load(base_ptr + offs_pp, mask=is_pre | is_post, other=0.0).to(ACC)
+    sc_pp = tl.where(is_pre, s0, s1)
+    sg = tl.sigmoid((acc_pp * rs[:, None]) * sc_pp[None, :] + b_pp[None, :])
+    pre = sg + heps
+    row = offs_t[:, None] * N
+    tl.store(pre_ptr + row + offs_pp[None, :], pre, mask=t_mask[:, None] & is_pre[None, :])
+    tl.store(post_ptr + row + (offs_pp - N)[None, :], 2 * sg, mask=t_mask[:, None] & is_post[None, :])
+
+    # comb: row softmax (+eps), column normalisation, then ITERS-1 times rows then columns
+    b_c = tl.load(base_ptr + 2 * N + offs_c).to(ACC)
+    lg = tl.reshape((acc_c * rs[:, None]) * s2 + b_c[None, :], [BLOCK_T, N, N])
+    e = tl.exp(lg - tl.max(lg, axis=2)[:, :, None])
+    c = _div(e, tl.sum(e, axis=2)[:, :, None], ACC) + heps
+    c = _div(c, tl.sum(c, axis=1)[:, None, :] + heps, ACC)
+    for _ in range(ITERS - 1):
+        c = _div(c, tl.sum(c, axis=2)[:, :, None] + heps, ACC)
+        c = _div(c, tl.sum(c, axis=1)[:, None, :] + heps, ACC)
+    tl.store(comb_ptr + offs_t[:, None] * NN + offs_c[None, :], tl.reshape(c, [BLOCK_T, NN]),
+             mask=t_mask[:, None])
+
+    # collapse in the collapse weights' dtype, stored in x's dtype (as hc_collapse)
+    if HAS_CPRE:
+        pc = tl.load(cpre_ptr + offs_t[:, None] * scp_t + offs_pp[None, :] * scp_n,
+                     mask=t_mask[:, None] & is_pre[None, :], other=0.0).to(COLL)
+    else:
+        pc = pre.to(COLL)
+    Y = y_ptr.dtype.element_ty
+    x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
+    y_rows = y_ptr + offs_t.to(tl.int64)[:, None] * D
+    ssy = tl.zeros([BLOCK_T], ACC)
+    for d0 in range(0, D, BLOCK_DC):
+        offs_d = d0 + tl.arange(0, BLOCK_DC)
+        m = t_mask[:, None] & (offs_d < D)[None, :]
+        y = tl.zeros([BLOCK_T, BLOCK_DC], COLL)
+        for i in tl.static_range(N):
+            p_i = tl.sum(tl.where(offs_pp[None, :] == i, pc, 0.0), axis=1)  # column i, exactly
+            xi = tl.load(x_rows + i * sx_n + offs_d[None, :] * sx_d, mask=m, other=0.0).to(COLL)
+            y += p_i[:, None] * xi
+        yo = y.to(Y)
+        tl.store(y_rows + offs_d[None, :], yo, mask=m)
+        if HAS_NORM:
+            yf = yo.to(ACC)
+            ssy += tl.sum(yf * yf, axis=1)
+    if HAS_NORM:
+        # rms_norm of the stored (rounded) y: w * (y * rsqrt(mean(y^2) + eps))
+        tl.debug_barrier()  # every thread's y stores precede the loads below
+        eps2 = tl.cast(eps2_hi, ACC) + tl.cast(eps2_lo, ACC)
+        r = _rsqrt(ssy / D + eps2, ACC)
+        for d0 in range(0, D, BLOCK_DC):
+            offs_d = d0 + tl.arange(0, BLOCK_DC)
+            d_mask = offs_d < D
+            m = t_mask[:, None] & d_mask[None, :]
+            yf = tl.load(y_rows + offs_d[None, :], mask=m, other=0.0).to(ACC)
+            w = tl.load(nw_ptr + offs_d, mask=d_mask, other=0.0).to(ACC)
+            tl.store(y_rows + offs_d[None, :], (w[None, :] * (yf * r[:, None])).to(Y), mask=m)
+
+
+@triton.jit
+def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr, post_ptr, comb_ptr,
+                   part_ptr, cnt_ptr, T, D, d_per_split, sx_t, sx_n, sx_d, sf_r, sf_k, scp_t, scp_n,
+                   neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
+                   N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
+                   HAS_CPRE: tl.constexpr,
+                   HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, X3: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = offs_t < T
+    d_lo = pid_d * d_per_split
+    d_hi = tl.minimum(d_lo + d_per_split, D)
+    acc_pp, acc_c, ss = _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
+                                     N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC, X3, INTERPRET)
+    if SPLIT_D > 1:
+        # partials to scratch [SPLIT_D, T_pad, W]: pre/post mixes, comb mixes, sum(x^2)
+        NN: tl.constexpr = N * N
+        W: tl.constexpr = PP + NN + 1
+        offs_pp = tl.arange(0, PP)
+        offs_c = tl.arange(0, NN)
+        t_pad = tl.num_programs(0) * BLOCK_T
+        rows = part_ptr + (pid_d * t_pad + offs_t) * W
+        tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
+        tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
+        tl.store(rows + PP + NN, ss)
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_D - 1:
+            acc_pp = tl.zeros([BLOCK_T, PP], ACC)
+            acc_c = tl.zeros([BLOCK_T, NN], ACC)
+            ss = tl.zeros([BLOCK_T], ACC)
+            for s in tl.static_range(SPLIT_D):  # fixed order: the sums do not depend on who came last
+                rows = part_ptr + (s * t_pad + offs_t) * W
+                acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
+                acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
+                ss += tl.load(rows + PP + NN, cache_modifier=".cg")
+            _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
+                    pre_ptr, post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
+                    heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+            tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
+    else:
+        _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
+                post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+
+
+# ------------------------------------------------------------------------------------------------
+# hc_post
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d, sx_t, sx_n, sx_d, sp_t, sp_n,
+                    sc_t, sc_j, sc_k, N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                    ACC: tl.constexpr):
+    """out[t, k, d] = post[t, k] f[t, d] + sum_j comb[t, j, k] x[t, j, d] (out contiguous [T, N, D])."""
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_k = tl.arange(0, N)
+    t_mask = offs_t < T
+    m = t_mask[:, None] & (offs_d < D)[None, :]
+    t64 = offs_t.to(tl.int64)
+    x_rows = x_ptr + t64[:, None] * sx_t + offs_d[None, :] * sx_d
+    mixed = tl.zeros([BLOCK_T, N, BLOCK_D], ACC)
+    for j in tl.static_range(N):  # sum over j in order, as the reference's einsum over 4 terms
+        c_j = tl.load(comb_ptr + offs_t[:, None] * sc_t + j * sc_j + offs_k[None, :] * sc_k,
+                      mask=t_mask[:, None], other=0.0).to(ACC)
+        x_j = tl.load(x_rows + j * sx_n, mask=m, other=0.0).to(ACC)
+        mixed += c_j[:, :, None] * x_j[:, None, :]
+    f = tl.load(f_ptr + t64[:, None] * sf_t + offs_d[None, :] * sf_d, mask=m, other=0.0).to(ACC)
+    p = tl.load(post_ptr + offs_t[:, None] * sp_t + offs_k[None, :] * sp_n, mask=t_mask[:, None], other=0.0)
+    out = p.to(ACC)[:, :, None] * f[:, None, :] + mixed
+    o = out_ptr + t64[:, None, None] * (N * D) + offs_k[None, :, None] * D + offs_d[None, None, :]
+    tl.store(o, out.to(out_ptr.dtype.element_ty), mask=m[:, None, :])
+
+
+# ------------------------------------------------------------------------------------------------
+# Host side
+# ------------------------------------------------------------------------------------------------
+
+def supports(x: torch.Tensor, collapse_pre: torch.Tensor | None = None) -> bool:
+    """True where the kernels run: x [T, n, D] float with n a power of two in [4, 16] and D >= 16; CUDA without
+    float64 (fp64 exists only for the CPU interpreter), or the CPU under Triton's interpreter (TRITON_INTERPRET).
+    A `collapse_pre` must be float32/float64 [T, n] on x's device."""
+    if x.dim() != 3 or x.dtype not in _FLOATS:
+        return False
+    n = x.shape[1]
+    if n not in (4, 8, 16) or x.shape[2] < 16:
+        return False
+    if not runs_here(x):
+        return False
+    if collapse_pre is not None:
+        if collapse_pre.dtype not in (torch.float32, torch.float64) or collapse_pre.device != x.device:
+            return False
+        if tuple(collapse_pre.shape) != tuple(x.shape[:2]):
+            return False
+    return True
+
+
+def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
+    """GPU: an untuned first choice (no GPU time was left to sweep; benchmarks/kernels/mhc.py times it). Decode and
+    mid sizes take the split grid with small token blocks (the finishing program's collapse covers only its own
+    tokens) and ~128-256 programs; prefill takes 32-token blocks, each reading fn once. The interpreter gets few,
+    large programs (numpy cost per op, not speed)."""
+    if not on_gpu:
+        return PreConfig(block_t=min(64, triton.next_power_of_2(t)), block_d=min(128, _pow2_at_least_16(d)),
+                         split_d=1)
+    if t > 1024:
+        return PreConfig(block_t=32, block_d=64, split_d=1, num_warps=4, num_stages=2)
+    block_t, split_d = ((1, 32) if t <= 4 else (2, 32) if t <= 16 else (4, 16) if t <= 64 else
+                        (8, 8) if t <= 256 else (16, 4))
+    # the finishing program's collapse: ~2048-element tiles, so that a 1-token block takes 2 steps over D=4096
+    # rather than 32 latency-bound ones
+    block_dc = max(128, min(triton.next_power_of_2(d), 2048 // block_t))
+    return PreConfig(block_t=block_t, block_d=128, split_d=max(1, min(split_d, d // 128)), block_dc=block_dc,
+                     num_warps=4)
+
+
+def default_post_config(t: int, d: int, on_gpu: bool) -> PostConfig:
+    if not on_gpu:
+        return PostConfig(block_t=min(64, triton.next_power_of_2(t)), block_d=min(128, _pow2_at_least_16(d)))
+    if t <= 16:
+        return PostConfig(block_t=1, block_d=256, num_warps=4)
+    return PostConfig(block_t=4, block_d=256, num_warps=8)
+
+
+def _pow2_at_least_16(v: int) -> int:
+    return max(16, triton.next_power_of_2(v))
+
+
+def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
+           norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None,
+           config: PreConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (y [T, D] in x's dtype, pre [T, n], post [T, n], comb [T, n, n]), as ops.mhc.hc_pre_reference."""
+    t, nx, d = x.shape
+    if nx != n or tuple(fn.shape) != ((2 + n) * n, n * d) or base.numel() != (2 + n) * n or scale.numel() < 3:
+        raise ValueError(f"mHC shapes do not fit: x {list(x.shape)}, fn {list(fn.shape)}, base {list(base.shape)}, "
+                         f"scale {list(scale.shape)}, n={n}")
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dev = x.device
+    y = torch.empty(t, d, dtype=x.dtype, device=dev)
+    pre = torch.empty(t, n, dtype=acc, device=dev)
+    post = torch.empty(t, n, dtype=acc, device=dev)
+    comb = torch.empty(t, n, n, dtype=acc, device=dev)
+    if t == 0:
+        return y, pre, post, comb
+    cfg = config or default_pre_config(t, d, x.is_cuda)
+    block_dc = cfg.block_dc or cfg.block_d
+    if any(v & (v - 1) for v in (cfg.block_t, cfg.block_d, block_dc)) or cfg.block_d < 16:
+        raise ValueError(f"block sizes must be powers of two (block_d >= 16): {cfg}")
+    x3 = cfg.bf16x3 if cfg.bf16x3 is not None else (x.dtype == torch.bfloat16 and x.is_cuda)
+    if x3 and acc != torch.float32:
+        raise ValueError("the bf16x3 GEMM is for float32 accumulation")
+    pp = max(16, triton.next_power_of_2(2 * n))
+    n_tb = triton.cdiv(t, cfg.block_t)
+    d_per_split = triton.cdiv(triton.cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
+    split_d = triton.cdiv(d, d_per_split)
+    if split_d > 1:
+        if n_tb > N_COUNTERS:
+            raise ValueError(f"split grid over {n_tb} token blocks (max {N_COUNTERS}): use larger token blocks")
+        part = torch.empty(split_d, n_tb * cfg.block_t, pp + n * n + 1, dtype=acc, device=dev)
+        cnt = _COUNTERS.get(dev)
+    else:
+        part = cnt = pre  # unused
+    has_cpre, has_norm = collapse_pre is not None, norm_weight is not None
+    cpre = collapse_pre if has_cpre else pre
+    coll = collapse_pre.dtype if has_cpre else acc
+    nw = norm_weight if has_norm else pre
+    if has_norm and (norm_weight.numel() != d or norm_weight.dim() != 1 or not norm_weight.is_contiguous()):
+        raise ValueError(f"norm weight of shape {list(norm_weight.shape)} does not fit D={d}")
+    neps, heps = hi_lo(float(norm_eps)), hi_lo(float(hc_eps))
+    eps2 = hi_lo(float(norm_eps if norm_eps2 is None else norm_eps2))
+    base_c, scale_c = base.reshape(-1), scale.reshape(-1)  # tiny; [(2+n)n] and [3] read by index
+    _hc_pre_kernel[(n_tb, split_d)](
+        x, fn, base_c, scale_c, cpre, nw, y, pre, post, comb, part, cnt,
+        t, d, d_per_split, x.stride(0), x.stride(1), x.stride(2), fn.stride(0), fn.stride(1),
+        cpre.stride(0), cpre.stride(1), *neps, *heps, *eps2,
+        N=n, ITERS=int(iters), PP=pp, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, BLOCK_DC=block_dc, SPLIT_D=split_d,
+        EVEN_D=d % cfg.block_d == 0, HAS_CPRE=has_cpre, HAS_NORM=has_norm, ACC=_TL[acc], COLL=_TL[coll],
+        X3=bool(x3), INTERPRET=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y, pre, post, comb
+
+
+def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+            config: PostConfig | None = None) -> torch.Tensor:
+    """X'_k = post_k f + sum_j comb[j, k] X_j in x's dtype, as ops.mhc.hc_expand."""
+    t, n, d = x.shape
+    if tuple(f.shape) != (t, d) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
+        raise ValueError(f"mHC expand shapes do not fit: f {list(f.shape)}, x {list(x.shape)}, "
+                         f"post {list(post.shape)}, comb {list(comb.shape)}")
+    acc = torch.float64 if torch.float64 in (x.dtype, comb.dtype) else torch.float32
+    out = torch.empty(t, n, d, dtype=x.dtype, device=x.device)
+    if t == 0:
+        return out
+    cfg = config or default_post_config(t, d, x.is_cuda)
+    grid = (triton.cdiv(t, cfg.block_t), triton.cdiv(d, cfg.block_d))
+    _hc_post_kernel[grid](f, x, post, comb, out, t, d, f.stride(0), f.stride(1), x.stride(0), x.stride(1),
+                          x.stride(2), post.stride(0), post.stride(1), comb.stride(0), comb.stride(1),
+                          comb.stride(2), N=n, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, ACC=_TL[acc],
+                          num_warps=cfg.num_warps)
+    return out

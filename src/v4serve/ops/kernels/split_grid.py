@@ -1,0 +1,48 @@
+"""Shared pieces of the kernels that split one launch over many programs and finish in the last one to arrive
+(router, mHC): the per-device arrival counters, and fp64-exact float scalars for the interpreter's fp64 runs."""
+
+from __future__ import annotations
+
+import struct
+
+import torch
+import triton.language as tl
+
+from . import interpreting
+
+FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32,
+             torch.float64: tl.float64}
+N_COUNTERS = 16384  # token blocks of a split grid (64 KiB of int32 per kernel family and device)
+
+
+class ArrivalCounters:
+    """One zeroed int32 buffer per device for one kernel family; the kernels leave it zeroed after each launch,
+    so it can be captured in CUDA graphs. The first call on a device allocates it and must run eagerly; two launches
+    of the same family must not run concurrently on different streams."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, torch.Tensor] = {}
+
+    def get(self, device: torch.device) -> torch.Tensor:
+        if device.type != "cuda":
+            return torch.zeros(N_COUNTERS, dtype=torch.int32, device=device)  # interpreter: fresh each call
+        idx = device.index if device.index is not None else torch.cuda.current_device()
+        buf = self._buffers.get(idx)
+        if buf is None:
+            buf = self._buffers[idx] = torch.zeros(N_COUNTERS, dtype=torch.int32, device=device)
+        return buf
+
+
+def hi_lo(v: float) -> tuple[float, float]:
+    """v as the sum of two fp32 values: Triton passes float scalars as fp32, fp64 results need ~48 bits."""
+    hi = struct.unpack("f", struct.pack("f", v))[0]
+    return hi, v - hi
+
+
+def runs_here(x: torch.Tensor) -> bool:
+    """Whether the kernels take x: CUDA without float64 (fp64 exists only for the CPU interpreter), or the CPU under
+    Triton's interpreter (TRITON_INTERPRET)."""
+    if x.is_cuda:
+        return x.dtype != torch.float64
+    return x.device.type == "cpu" and interpreting()

@@ -1,0 +1,191 @@
+"""The mHC kernels (ops/kernels/mhc.py: hc_pre, hc_post) against the reference bodies in ops/mhc.py.
+
+On the CPU the kernels run under Triton's interpreter on small shapes (n=4; D=64 and 96, not a power of two; T=1
+and 37, not a multiple of the token block; 20 Sinkhorn iterations). pre/post/comb must agree elementwise within 1e-5
+relative in float32 and 1e-12 in float64. y and the expansion are sums of signed terms (a collapsed element can
+cancel to ~0), so they are compared relative to their largest magnitude. With V4SERVE_TEST_DEVICE=cuda* the GPU
+cases run at real shapes with bf16 streams.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from v4serve.ops import backend, mhc
+from v4serve.ops.kernels import mhc as mk
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
+TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
+N, ITERS, NORM_EPS, HC_EPS = 4, 20, 1e-6, 1e-6
+# the interpreter's own `int(array)` on loop bounds
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+
+def _inputs(t: int, d: int, dtype: torch.dtype, seed: int, device: str = "cpu"):
+    """x [t, N, d] in dtype; fn, base, scale at the checkpoint's magnitudes (float32, float64 for float64 x); a norm
+    weight ~ 1; a positive collapse_pre in the coefficients' dtype."""
+    g = torch.Generator().manual_seed(seed)
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    m = (2 + N) * N
+    x = torch.randn(t, N, d, generator=g, dtype=torch.float64)
+    fn = torch.randn(m, N * d, generator=g, dtype=torch.float64) * (N * d) ** -0.5
+    base = torch.randn(m, generator=g, dtype=torch.float64)
+    scale = torch.randn(3, generator=g, dtype=torch.float64) * 0.1 + 1
+    w = torch.randn(d, generator=g, dtype=torch.float64) * 0.1 + 1
+    cpre = torch.rand(t, N, generator=g, dtype=torch.float64) + HC_EPS
+    return (x.to(device, dtype), fn.to(device, acc), base.to(device, acc), scale.to(device, acc),
+            w.to(device, acc), cpre.to(device, acc))
+
+
+def _scaled_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max()).item()
+
+
+def _check_pre(got, want, tol_y: float, tol_c: float) -> None:
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+    assert _scaled_err(got[0], want[0]) <= tol_y
+    for g, w in zip(got[1:], want[1:]):
+        assert torch.allclose(g, w, rtol=tol_c, atol=0), ((g - w).abs() / w.abs()).max().item()
+
+
+def _kwargs(x, w, cpre, lagged: bool, normed: bool) -> dict:
+    return {"collapse_pre": cpre if lagged else None, "norm_weight": w if normed else None,
+            "norm_eps2": 1e-6 if normed else None}
+
+
+@pytest.mark.parametrize("normed", [False, True], ids=["raw", "normed"])
+@pytest.mark.parametrize("lagged", [False, True], ids=["own-pre", "lagged"])
+@pytest.mark.parametrize("t,d", [(1, 64), (37, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_pre_matches_reference(dtype, t, d, lagged, normed):
+    x, fn, base, scale, w, cpre = _inputs(t, d, dtype, seed=100 * t + d + 2 * lagged + normed)
+    args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged, normed)
+    _check_pre(mk.hc_pre(*args, **kw), mhc.hc_pre_reference(*args, **kw), TOL[dtype], TOL[dtype])
+
+
+@pytest.mark.parametrize("t,d", [(1, 64), (37, 96), (37, 64)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_post_matches_reference(dtype, t, d):
+    x, _, _, _, _, _ = _inputs(t, d, dtype, seed=7 + t + d)
+    g = torch.Generator().manual_seed(t)
+    f = torch.randn(t, d, generator=g, dtype=torch.float64).to(dtype)
+    post = (2 * torch.rand(t, N, generator=g, dtype=torch.float64)).to(x.dtype)
+    comb = torch.rand(t, N, N, generator=g, dtype=torch.float64).to(x.dtype)
+    got = mk.hc_post(f, x, post, comb)
+    want = mhc.hc_expand(f, x, post, comb)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert _scaled_err(got, want) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("cfg,t", [(mk.PreConfig(block_t=16, block_d=32, split_d=2), 37),
+                                   (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64), 3)],
+                         ids=["t16,split2", "t1,split3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_split_grid_matches_reference(cfg, t, dtype):
+    """The decode grid: D slices in separate programs, the last arrival finishes the token block (D=96 leaves
+    the last slice short: 4 requested slices of 32 become 3; the collapse in chunks of 64, the last one short).
+    Bitwise repeatable."""
+    x, fn, base, scale, w, cpre = _inputs(t, 96, dtype, seed=11)
+    args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged=True, normed=True)
+    got = mk.hc_pre(*args, **kw, config=cfg)
+    _check_pre(got, mhc.hc_pre_reference(*args, **kw), TOL[dtype], TOL[dtype])
+    again = mk.hc_pre(*args, **kw, config=cfg)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
+def test_gpu_default_configs():
+    """The GPU's default grids (split D, wide collapse chunks; bf16x3 off for float32 x), run by the interpreter."""
+    for t in (1, 5):
+        cfg = mk.default_pre_config(t, 512, on_gpu=True)
+        assert cfg.split_d > 1
+        x, fn, base, scale, w, cpre = _inputs(t, 512, torch.float32, seed=29 + t)
+        args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+        kw = _kwargs(x, w, cpre, lagged=t > 1, normed=True)
+        _check_pre(mk.hc_pre(*args, **kw, config=cfg), mhc.hc_pre_reference(*args, **kw), 1e-5, 1e-5)
+        f = torch.randn(t, 512)
+        _, _, post, comb = mhc.hc_pre_reference(*args)
+        got = mk.hc_post(f, x, post, comb, config=mk.default_post_config(t, 512, on_gpu=True))
+        assert _scaled_err(got, mhc.hc_expand(f, x, post, comb)) <= 1e-5
+
+
+def test_bf16x3_gemm_split():
+    """The GPU's bf16 path splits fn into three bf16 parts; under the interpreter the parts go through fp32 dots,
+    which checks the split itself (x holds bf16 values, as the GPU's streams do)."""
+    x, fn, base, scale, w, _ = _inputs(37, 96, torch.float32, seed=13)
+    x = x.bfloat16().float()
+    args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    got = mk.hc_pre(*args, norm_weight=w, config=mk.PreConfig(block_t=16, block_d=32, split_d=1, bf16x3=True))
+    _check_pre(got, mhc.hc_pre_reference(*args, norm_weight=w), 1e-5, 1e-5)
+
+
+def test_float64_streams_with_float32_lagged_pre():
+    """V4.1's first sub-layer collapses with a float32 one-hot pre: the reference rounds x to float32 there."""
+    x, fn, base, scale, _, _ = _inputs(5, 64, torch.float64, seed=17)
+    onehot = torch.zeros(5, N)
+    onehot[:, 0] = 1
+    args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    got = mk.hc_pre(*args, collapse_pre=onehot)
+    want = mhc.hc_pre_reference(*args, collapse_pre=onehot)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[0], x[:, 0].float().double())
+    _check_pre(got, want, 1e-12, 1e-12)
+
+
+def test_strided_inputs_and_empty():
+    x, fn, base, scale, w, cpre = _inputs(9, 64, torch.float32, seed=19)
+    xs = torch.stack([x, x], -1)[..., 0]  # non-contiguous views of the same values
+    args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    want = mhc.hc_pre_reference(*args, collapse_pre=cpre, norm_weight=w)
+    got = mk.hc_pre(xs, *args[1:], collapse_pre=torch.stack([cpre, cpre], -1)[..., 0], norm_weight=w)
+    _check_pre(got, want, 1e-5, 1e-5)
+    post, comb = want[2], want[3]
+    f = torch.randn(9, 64)
+    assert _scaled_err(mk.hc_post(torch.stack([f, f], -1)[..., 0], xs, post.t().contiguous().t(), comb),
+                       mhc.hc_expand(f, x, post, comb)) <= 1e-5
+    y, pre, post, comb = mk.hc_pre(x[:0], *args[1:])
+    assert y.shape == (0, 64) and pre.shape == (0, N) and comb.shape == (0, N, N)
+    assert mk.hc_post(f[:0], x[:0], post, comb).shape == (0, N, 64)
+
+
+def test_entry_points_dispatch(monkeypatch):
+    x, fn, base, scale, w, cpre = _inputs(6, 64, torch.float32, seed=23)
+    args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged=True, normed=True)
+    got = mhc.hc_pre(*args, **kw, backend=backend.TRITON)
+    assert all(torch.equal(a, b) for a, b in zip(got, mk.hc_pre(*args, **kw)))
+    ref = mhc.hc_pre(*args, **kw, backend=backend.REFERENCE)
+    assert all(torch.equal(a, b) for a, b in zip(ref, mhc.hc_pre_reference(*args, **kw)))
+    f = torch.randn(6, 64)
+    _, _, post, comb = ref
+    assert torch.equal(mhc.hc_post(f, x, post, comb, backend=backend.TRITON), mk.hc_post(f, x, post, comb))
+    assert torch.equal(mhc.hc_post(f, x, post, comb), mhc.hc_expand(f, x, post, comb))
+    # what the kernels do not take falls back to the reference body
+    assert mk.supports(x) and mk.supports(x, cpre)
+    assert not mk.supports(x, cpre.bfloat16()) and not mk.supports(x, cpre[:, :2])
+    x2 = x[:, :2]
+    assert not mk.supports(x2)
+    a2 = (x2, fn[:8, :128], base[:8], scale, 2, ITERS, NORM_EPS, HC_EPS)
+    assert all(torch.equal(a, b) for a, b in zip(mhc.hc_pre(*a2, backend=backend.TRITON),
+                                                 mhc.hc_pre_reference(*a2)))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # no interpreter: no kernels on the CPU
+    assert not mk.supports(x)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda and a GPU")
+@pytest.mark.parametrize("lagged_normed", [False, True], ids=["own-pre", "lagged+normed"])
+@pytest.mark.parametrize("t", [1, 64, 4096])
+@pytest.mark.parametrize("d", [4096, 5120])
+def test_gpu_bf16(d, t, lagged_normed):
+    x, fn, base, scale, w, cpre = _inputs(t, d, torch.bfloat16, seed=t + d, device="cuda")
+    args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w.bfloat16(), cpre, lagged_normed, lagged_normed)
+    got = mk.hc_pre(*args, **kw)
+    _check_pre(got, mhc.hc_pre_reference(*args, **kw), 1e-2, 1e-4)
+    f = torch.randn(t, d, device="cuda").bfloat16()
+    _, _, post, comb = got
+    assert _scaled_err(mk.hc_post(f, x, post, comb), mhc.hc_expand(f, x, post, comb)) <= 1e-2
