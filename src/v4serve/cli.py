@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError
+from .engine.config import KV_DTYPE_ALIASES
 from .presets import DEMO_PRESET, PRESETS
+from .sizes import parse_bytes, parse_tokens
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -21,17 +23,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--numerics", default="deepseek", choices=["deepseek", "transformers"],
                    help="follow DeepSeek's reference numerics (default) or transformers'")
     g.add_argument("--block-size", type=int, default=256, help="token positions per KV block (every cache kind)")
-    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp8", "fp4"],
-                   help="fp8: V4's 584 B records; fp4: V4.1's 288 B compressed entries")
+    g.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "bf16", "fp8", "fp4", *KV_DTYPE_ALIASES],
+                   help="fp8: V4's 584 B records; fp4: V4.1's 288 B compressed entries; vLLM's bfloat16, fp8_e4m3 "
+                        "and fp8_ds_mla are accepted (bf16, fp8, fp8)")
     g.add_argument("--index-cache-dtype", default=None, choices=["auto", "bf16", "fp8", "fp4"],
                    help="index keys: fp8 (132 B) or fp4 (68 B; default with a quantized KV cache)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--kv-cache-memory", type=_bytes, default=None, help="bytes for the KV cache (e.g. 8GiB); any device")
+    g.add_argument("--kv-cache-memory", type=parse_bytes, default=None, help="bytes for the KV cache (e.g. 8GiB); any device")
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="max prefill tokens per request per step (0 = max-num-batched-tokens / 4)")
-    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--max-model-len", type=parse_tokens, default=None,
+                   help="context length in tokens: 131072, 128k (128,000) or 128K (131,072)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
     g.add_argument("--swa-bounded-replay", action=argparse.BooleanOptionalAction, default=None,
                    help="V4.1: approximate SWA rebuild on prefix hits + trimmed decoder prefill (default on for "
@@ -42,17 +46,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="op bodies: auto (the Triton kernels on CUDA, the plain-torch reference elsewhere); "
                         "reference forces the plain-torch path")
     g.add_argument("--max-queue-len", type=int, default=1024)
-
-
-def _bytes(s: str) -> int:
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = s.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        if t and t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(float(t))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a byte size: {s!r} (examples: 8GiB, 512MiB, 1000000)") from None
 
 
 ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dtype", "index_cache_dtype",
@@ -125,9 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("model", nargs="?", default=None, help=f"preset ({', '.join(PRESETS)}) or checkpoint folder; "
                    f"default: the built-in demo model ({DEMO_PRESET})")
     from .server.args import add_server_args
+    from .server.vllm_compat import add_vllm_args
 
     add_server_args(s)
     add_engine_args(s)
+    add_vllm_args(s)
     s.set_defaults(func=cmd_serve)
 
     g = sub.add_parser("generate", help="generate text offline (no server)")
@@ -145,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="parameters, layer kinds, weight and KV-cache bytes (needs only config.json)")
     i.add_argument("model", help="preset name or a folder holding config.json")
     i.add_argument("--json", action="store_true")
-    i.add_argument("--kv-cache-memory", type=_bytes, default=None,
+    i.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="also say how many tokens and 142K-token sessions a KV cache of this size holds")
     i.add_argument("--kv-cache-dtype", default="fp8", choices=["auto", "bf16", "fp8", "fp4"])
     i.add_argument("--block-size", type=int, default=256)

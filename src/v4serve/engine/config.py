@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+# vLLM's --kv-cache-dtype spellings -> ours
+KV_DTYPE_ALIASES = {"bfloat16": "bf16", "fp8_e4m3": "fp8", "fp8_ds_mla": "fp8"}
+
 
 class EngineConfigError(ValueError):
     """An engine option out of range; the message names the option and what to pass instead."""
@@ -53,6 +56,7 @@ class EngineConfig:
             bad("long_prefill_token_threshold", f"must be >= 0, got {self.long_prefill_token_threshold}")
         if self.max_model_len is not None and self.max_model_len < 2:
             bad("max_model_len", f"must be at least 2, got {self.max_model_len}")
+        self.kv_cache_dtype = KV_DTYPE_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype)
         if self.kv_cache_dtype not in ("auto", "bf16", "fp8", "fp4"):
             bad("kv_cache_dtype", f"must be auto, bf16, fp8 or fp4, got {self.kv_cache_dtype!r}")
         if self.index_cache_dtype not in (None, "auto", "bf16", "fp8", "fp4"):

@@ -1,7 +1,7 @@
 """The FastAPI app: `create_app(client, tokenizer, ready, args)`.
 
-Routes: /v1/chat/completions (openai_chat), /v1/completions (openai_completions), /v1/responses (responses), /v1/messages and
-/v1/messages/count_tokens (anthropic), and here /v1/models, /health, /metrics, /tokenize, /detokenize,
+Routes: /v1/chat/completions (openai_chat), /v1/completions (openai_completions), /v1/responses (responses),
+/v1/messages and /v1/messages/count_tokens (anthropic), and here /v1/models, /health, /metrics, /tokenize, /detokenize,
 /version. One pure-ASGI guard in front of everything checks the API key (every route but /health) and
 refuses bodies over --max-request-bytes with 413 before anything parses them.
 """
@@ -64,8 +64,11 @@ class ServerState:
 class Guard:
     """API key and body-size checks before any route runs (pure ASGI: streaming responses pass untouched)."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_bytes: int, metrics: ServerMetrics) -> None:
-        self.app, self.api_key, self.max_bytes, self.metrics = app, api_key, max_bytes, metrics
+    def __init__(self, app: ASGIApp, api_key: str | list[str] | None, max_bytes: int, metrics: ServerMetrics,
+                 log_requests: bool = False) -> None:
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+        self.api_keys = [k for k in keys if k]
+        self.app, self.max_bytes, self.metrics, self.log_requests = app, max_bytes, metrics, log_requests
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, err: APIError) -> None:
         self.metrics.count_error(scope["path"], err.status)
@@ -77,7 +80,10 @@ class Guard:
             return await self.app(scope, receive, send)
         path = scope["path"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if self.api_key and path not in OPEN_PATHS and not self._authorized(headers):
+        if self.log_requests:
+            client = scope.get("client") or ("?", 0)
+            log.info("request %s %s from %s", scope.get("method", ""), path, client[0])
+        if self.api_keys and path not in OPEN_PATHS and not self._authorized(headers):
             err = APIError("missing or wrong API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)",
                            401, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             return await self._refuse(scope, receive, send, err)
@@ -112,10 +118,10 @@ class Guard:
         await self.app(scope, replay, send)
 
     def _authorized(self, headers: dict[str, str]) -> bool:
-        assert self.api_key is not None
         auth = headers.get("authorization", "")
         token = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
-        return hmac.compare_digest(token.encode(), self.api_key.encode())
+        # every key is compared (no early exit): the time taken does not say which key came close
+        return sum(hmac.compare_digest(token.encode(), k.encode()) for k in self.api_keys) > 0
 
 
 def _route_patterns(routes: list[Any]) -> list[tuple[Any, str]]:
@@ -202,5 +208,14 @@ def create_app(client: AsyncEngineClient, tokenizer: Tokenizer, ready: Ready, ar
 
     st.metrics.set_routes(_route_patterns(app.routes))
     app.add_middleware(Guard, api_key=getattr(args, "api_key", None),
-                       max_bytes=getattr(args, "max_request_bytes", DEFAULT_MAX_REQUEST_BYTES), metrics=st.metrics)
+                       max_bytes=getattr(args, "max_request_bytes", DEFAULT_MAX_REQUEST_BYTES), metrics=st.metrics,
+                       log_requests=getattr(args, "enable_log_requests", False))
+    origins = getattr(args, "allowed_origins", None)
+    if origins:  # outermost: preflight requests are answered before the API-key check
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=origins,
+                           allow_methods=getattr(args, "allowed_methods", None) or ["*"],
+                           allow_headers=getattr(args, "allowed_headers", None) or ["*"],
+                           allow_credentials=getattr(args, "allow_credentials", False))
     return app

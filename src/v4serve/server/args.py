@@ -5,30 +5,19 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..sizes import parse_bytes
+
 API_KEY_ENV = "V4SERVE_API_KEY"
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
-
-
-def parse_bytes(text: str) -> int:
-    """"32MiB", "64k", "1000000" -> bytes."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    try:
-        value = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(float(t))
-    except (ValueError, IndexError):
-        raise argparse.ArgumentTypeError(f"not a byte size: {text!r} (examples: 32MiB, 512k, 1000000)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
 
 
 def add_server_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("server")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+    g.add_argument("--api-key", action="append", default=None, metavar="KEY",
                    help=f"require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every route but /health; "
-                        f"default: ${API_KEY_ENV}")
+                        f"repeat for several keys (any one is accepted); default: ${API_KEY_ENV}")
     g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                    help="model name(s) the API answers to; the first is reported in responses "
                         "(default: MODEL as given, or the demo preset's name)")

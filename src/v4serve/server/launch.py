@@ -27,6 +27,7 @@ import uvicorn
 
 from ..engine.core import AsyncEngineClient, EngineDeadError
 from ..presets import DEMO_PRESET, is_preset
+from .args import API_KEY_ENV
 
 log = logging.getLogger("v4serve.server")
 HOME_ENV = "V4SERVE_HOME"
@@ -84,7 +85,11 @@ def serve(args: Namespace) -> int:
     from ..cli import engine_kwargs
     from ..engine.config import EngineConfig
     from ..models.factory import resolve_config
+    from .vllm_compat import apply_vllm_args
 
+    apply_vllm_args(args)
+    if not args.api_key and os.environ.get(API_KEY_ENV):
+        args.api_key = [os.environ[API_KEY_ENV]]
     names = args.served_model_name or []
     if args.model is None and len(names) > 1 and (is_preset(names[-1]) or Path(names[-1]).is_dir()):
         # `--served-model-name a b MODEL`: argparse gave MODEL to the names (it takes as many as it can)
@@ -144,6 +149,8 @@ async def _serve(model: str, args: Namespace, kwargs: dict) -> int:
         app = create_app(client, tokenizer, ready, args)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                 access_log=args.access_log, lifespan="off",
+                                ssl_keyfile=getattr(args, "ssl_keyfile", None),
+                                ssl_certfile=getattr(args, "ssl_certfile", None),
                                 timeout_graceful_shutdown=args.graceful_shutdown_timeout)
         server = _Server(config)
 
