@@ -139,6 +139,7 @@ async def test_thinking_tool_choice_and_sampling_are_wired() -> None:
             "seed": 7, "max_completion_tokens": 50, "stop": "###", "cache_salt": "s1", "n": 2, "user": "u"})
         body = r.json()
         assert [ch["message"]["reasoning_content"] for ch in body["choices"]] == ["I think."] * 2
+        assert [ch["message"]["reasoning"] for ch in body["choices"]] == ["I think."] * 2  # vLLM's name
         assert [ch["message"]["content"] for ch in body["choices"]] == ["Answer."] * 2
         assert body["usage"]["completion_tokens_details"]["reasoning_tokens"] == 2 * len(TOK.encode("I think."))
         s = engine.samplings[-1]

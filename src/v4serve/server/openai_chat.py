@@ -183,7 +183,8 @@ class ChatChoice:
         parsed = collect(self.events)
         msg: dict[str, Any] = {"role": "assistant", "content": parsed.content or (None if parsed.tool_calls else "")}
         if self.plan.thinking or parsed.reasoning:
-            msg["reasoning_content"] = parsed.reasoning
+            # `reasoning` is vLLM's current name, `reasoning_content` the one DeepSeek's API and older clients read
+            msg["reasoning"] = msg["reasoning_content"] = parsed.reasoning
         if parsed.tool_calls:
             msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name,
                                                                               "arguments": c.arguments}}
@@ -196,7 +197,7 @@ def delta_for(ev: Event) -> dict[str, Any] | None:
     if isinstance(ev, ContentDelta):
         return {"content": ev.text}
     if isinstance(ev, ReasoningDelta):
-        return {"reasoning_content": ev.text}
+        return {"reasoning": ev.text, "reasoning_content": ev.text}
     if isinstance(ev, ToolCallStart):
         return {"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
                                 "function": {"name": ev.name, "arguments": ""}}]}
