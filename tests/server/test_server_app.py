@@ -475,3 +475,24 @@ async def test_a_huge_prompt_is_refused_without_tokenizing_all_of_it() -> None:
         assert r.status_code == 400 and "prompt[1]: has more than" in r.json()["error"]["message"]
     assert engine.prompts == []
     assert not TOK.exceeds("hi " * 400, 512) and TOK.exceeds("hi " * 2000, 512)
+
+
+async def test_vllm_metric_names_with_model_name_labels() -> None:
+    """A vLLM dashboard reads v4serve by changing the `vllm:` prefix to `v4serve:`."""
+    engine = ScriptedEngine(cached=2)
+    async with make_client(engine) as c:
+        await c.post("/v1/chat/completions", json={"messages": user()})
+        text = (await c.get("/metrics")).text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    fake = (("model_name", "fake"),)
+    assert samples[("v4serve:num_requests_running", fake)] == 0
+    assert samples[("v4serve:kv_cache_usage_perc", fake)] == 0.03
+    assert samples[("v4serve:prefix_cache_queries_total", fake)] == 100
+    assert samples[("v4serve:prefix_cache_hits_total", fake)] == 50
+    assert samples[("v4serve:request_success_total", (("finished_reason", "stop"), ("model_name", "fake")))] == 1
+    assert samples[("v4serve:generation_tokens_total", fake)] > 0
+    for hist in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",
+                 "request_decode_time_seconds", "request_prompt_tokens", "request_generation_tokens"):
+        assert samples[(f"v4serve:{hist}_count", fake)] >= 1, hist
+    assert all(("model_name", "fake") in labels for (name, labels) in samples if name.startswith("v4serve:"))

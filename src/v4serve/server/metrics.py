@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .vllm_metrics import VllmMetrics
+
 PREFIX = "v4serve"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                     7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -103,6 +105,7 @@ class ServerMetrics:
         Gauge(f"{p}_model_info", "the served model", ["model"], registry=r).labels(model_name).set(1)
         self.engine = EngineStatsCollector()
         r.register(self.engine)
+        self.vllm = VllmMetrics(r, model_name)  # the same observations under vLLM's names (vllm_metrics.py)
         self._routes: list[tuple[re.Pattern[str], str]] = []
 
     def set_routes(self, routes: list[tuple[re.Pattern[str], str]]) -> None:
@@ -128,6 +131,6 @@ class ServerMetrics:
         self.cached_tokens.inc(cached_tokens)
 
     def render(self, engine_stats: dict[str, Any] | None, alive: bool) -> bytes:
-        self.engine.stats = engine_stats
+        self.engine.stats = self.vllm.engine.stats = engine_stats
         self.engine_alive.set(1 if alive else 0)
         return generate_latest(self.registry)

@@ -111,14 +111,20 @@ class EngineCall:
             if d.request_id not in self._first:
                 self._first[d.request_id] = now
                 self.metrics.ttft.observe(now - self.arrival)
+                self.metrics.vllm.ttft.observe(now - self.arrival)
             else:
                 gap = (now - self._last[d.request_id]) / len(d.new_token_ids)
                 for _ in d.new_token_ids:
                     self.metrics.itl.observe(gap)
+                    self.metrics.vllm.itl.observe(gap)
             self._last[d.request_id] = now
         if d.finished and d.request_id not in self._finished:
             self._finished.add(d.request_id)
             self.metrics.e2e.observe(now - self.arrival)
+            self.metrics.vllm.e2e.observe(now - self.arrival)
+            self.metrics.vllm.finished(d.finish_reason or ("error" if d.error else "stop"), d.num_prompt_tokens,
+                                       d.num_output_tokens, self._first.get(d.request_id),
+                                       self._last.get(d.request_id))
             self.metrics.observe_finished(self.route, d.finish_reason or ("error" if d.error else "stop"),
                                           d.num_prompt_tokens, d.num_output_tokens, d.num_cached_tokens)
 
