@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict
 from .anthropic_events import MessageAssembler
 from .errors import APIError
 from .openai_chat import ChatChoice, ChatPlan, plan_chat
-from .protocol import check_context, parse_body, resolve_thinking, sampling_for
+from .protocol import SamplingExtras, check_context, parse_body, resolve_thinking, sampling_for
 from .streaming import EngineCall, EventStream, sse, until_disconnected
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class _ToolChoice(BaseModel):
     disable_parallel_tool_use: bool = False
 
 
-class MessagesRequest(BaseModel):
+class MessagesRequest(SamplingExtras):
     model_config = ConfigDict(extra="allow", strict=True)
     model: str | None = None
     max_tokens: int
@@ -63,19 +63,6 @@ class MessagesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: _ToolChoice | None = None
     thinking: _Thinking | None = None
-    # the OpenAI-route sampling fields sampling_for reads, fixed for this API
-    n: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    cache_salt: str | None = None
 
     @property
     def stop(self) -> list[str] | None:

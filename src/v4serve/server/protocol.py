@@ -49,6 +49,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+class SamplingExtras(BaseModel):
+    """vLLM's sampling extras that `sampling_for` reads, on the routes whose own API lacks them (Anthropic Messages,
+    Responses): accepted there with the chat route's meaning."""
+
+    n: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    cache_salt: str | None = None
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import APIError
+from .protocol import SamplingExtras
 
 
 class _Open(BaseModel):
@@ -40,7 +41,7 @@ class _Text(_Open):
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class ResponsesRequest(_Open):
+class ResponsesRequest(_Open, SamplingExtras):
     model: str | None = None
     input: str | list[dict[str, Any]] | None = None
     instructions: str | None = None
@@ -68,21 +69,9 @@ class ResponsesRequest(_Open):
     safety_identifier: str | None = None
     background: bool | None = None
     stream_options: dict[str, Any] | None = None
-    # the vLLM-style sampling extras sampling_for reads (as on the chat route)
-    n: int | None = None
+    # more vLLM-style sampling extras (the rest come with SamplingExtras)
     top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    min_tokens: int | None = None
-    ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    cache_salt: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
