@@ -4,6 +4,7 @@ refused with a message saying what cannot run yet; sizes parsed one way everywhe
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 
 import httpx
@@ -76,3 +77,28 @@ def test_vllm_launch_command_serves(v4serve_process) -> None:
         "Origin": "https://app.example", "Access-Control-Request-Method": "POST"})
     assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
     assert "request POST /v1/chat/completions" in server.output()
+
+
+async def test_periodic_stats_line(caplog: pytest.LogCaptureFixture) -> None:
+    from v4serve.server.stats_log import log_stats, stats_line, totals
+
+    snapshots = iter([{"prompt_tokens": 0, "cached_tokens": 0, "running": 0, "waiting": 0, "kv_usage": 0.0},
+                      {"prompt_tokens": 1000, "cached_tokens": 900, "running": 2, "waiting": 1, "kv_usage": 0.25}]
+                     + [{"prompt_tokens": 1000, "cached_tokens": 900}] * 100)
+    generated = iter([0, 50] + [50] * 100)
+
+    class Client:
+        async def stats(self) -> dict:
+            return next(snapshots)
+
+    with caplog.at_level(logging.INFO, logger="v4serve.server"):
+        task = asyncio.ensure_future(log_stats(Client(), lambda: next(generated), 0.01))
+        await asyncio.sleep(0.2)
+        task.cancel()
+    lines = [r.getMessage() for r in caplog.records if "throughput" in r.getMessage()]
+    assert len(lines) == 1  # idle intervals print nothing
+    assert "running 2, waiting 1" in lines[0] and "KV cache usage 25.0%" in lines[0]
+    assert "prefix cache hit rate 90.0% (this interval)" in lines[0]
+    line = stats_line({}, totals({"prompt_tokens": 10}, 0, 0.0), totals({"prompt_tokens": 110, "cached_tokens": 0},
+                                                                         20, 2.0))
+    assert "prompt throughput 50.0 tok/s" in line and "generation throughput 10.0 tok/s" in line

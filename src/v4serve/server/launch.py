@@ -171,10 +171,18 @@ async def _serve(model: str, args: Namespace, kwargs: dict) -> int:
                 await asyncio.sleep(0.25)
 
         guard = asyncio.ensure_future(watchdog())
+        tasks = [guard]
+        if not getattr(args, "disable_log_stats", False):
+            from .stats_log import log_stats
+
+            metrics = app.state.v4.metrics
+            tasks.append(asyncio.ensure_future(log_stats(client, lambda: metrics.generated_total,
+                                                         args.log_stats_interval)))
         try:
             await server.serve()
         finally:
-            guard.cancel()
+            for task in tasks:
+                task.cancel()
     finally:
         await client.shutdown()
     if server is not None and not server.started and exit_code == 0:

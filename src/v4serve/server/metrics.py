@@ -107,6 +107,7 @@ class ServerMetrics:
         r.register(self.engine)
         self.vllm = VllmMetrics(r, model_name)  # the same observations under vLLM's names (vllm_metrics.py)
         self._routes: list[tuple[re.Pattern[str], str]] = []
+        self.generated_total = 0  # tokens of finished requests, for the periodic stats line
 
     def set_routes(self, routes: list[tuple[re.Pattern[str], str]]) -> None:
         """The app's route patterns and their templates: the only `route` label values besides "other"."""
@@ -128,6 +129,7 @@ class ServerMetrics:
         self.requests.labels(route, finish_reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
         self.generation_tokens.inc(output_tokens)
+        self.generated_total += output_tokens
         self.cached_tokens.inc(cached_tokens)
 
     def render(self, engine_stats: dict[str, Any] | None, alive: bool) -> bytes:

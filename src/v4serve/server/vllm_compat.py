@@ -25,7 +25,6 @@ NOTED = {
     "tool_call_parser": "--tool-call-parser: v4serve always parses DeepSeek-V4's DSML tool calls",
     "enable_auto_tool_choice": "--enable-auto-tool-choice: tool calls are always parsed when tools are given",
     "reasoning_parser": "--reasoning-parser: v4serve always separates reasoning (reasoning_content and reasoning)",
-    "disable_log_stats": "--disable-log-stats: v4serve has no periodic stats log line yet",
 }
 
 
@@ -58,7 +57,9 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-auto-tool-choice", action="store_true")
     g.add_argument("--reasoning-parser", default=None)
     g.add_argument("--enable-log-requests", action="store_true", help="log every request (method, path, client)")
-    g.add_argument("--disable-log-stats", action="store_true")
+    g.add_argument("--disable-log-stats", action="store_true", help="no periodic stats line")
+    g.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between stats lines (throughput, running / waiting, KV use, prefix hits)")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="same as --no-access-log")
     g.add_argument("--allowed-origins", type=_json_list, default=None,
                    help="CORS: allowed origins, a JSON list (e.g. '[\"*\"]'); no CORS headers when not given")
