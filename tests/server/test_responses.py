@@ -166,7 +166,7 @@ def test_streaming_events_and_text(client: openai.OpenAI) -> None:
 def test_streaming_reasoning(client: openai.OpenAI) -> None:
     stream = client.responses.create(model=MODEL, input="Why is the sky blue?", max_output_tokens=6,
                                      reasoning={"effort": "low", "summary": "auto"}, stream=True,
-                                     extra_body={"ignore_eos": True})
+                                     temperature=0, extra_body={"ignore_eos": True})  # fixed text: no_markup below
     events = list(stream)
     check_sequence([e.type for e in events], [e.sequence_number for e in events])
     final = events[-1].response
@@ -194,7 +194,7 @@ def test_forced_function_call_and_tool_output_round_trip(client: openai.OpenAI) 
 
 def test_required_tool_call_streams_arguments(client: openai.OpenAI) -> None:
     stream = client.responses.create(model=MODEL, input="Weather?", tools=[WEATHER], tool_choice="required",
-                                     max_output_tokens=8, stream=True)
+                                     max_output_tokens=8, stream=True, temperature=0)
     events = list(stream)
     check_sequence([e.type for e in events], [e.sequence_number for e in events])
     final = events[-1].response

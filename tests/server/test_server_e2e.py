@@ -48,7 +48,8 @@ def test_chat_usage_and_shape(client: openai.OpenAI) -> None:
 def test_chat_streaming_with_usage_and_n(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model="tiny-v4-flash", messages=[{"role": "user", "content": "Count"}], max_tokens=5, n=2, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        seed=11)  # a fixed seed: the random model's sampled text (checked for markup below) is the same every run
     chunks = list(stream)
     text = {0: "", 1: ""}
     finish = {}
@@ -66,8 +67,8 @@ def test_chat_streaming_with_usage_and_n(client: openai.OpenAI) -> None:
 
 def test_thinking_goes_to_reasoning_content(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model="tiny-v4-flash", messages=[{"role": "user", "content": "Why?"}],
-                                       max_tokens=8, extra_body={"chat_template_kwargs": {"thinking": True},
-                                                                 "ignore_eos": True})
+                                       max_tokens=8, seed=11, extra_body={"chat_template_kwargs": {"thinking": True},
+                                                                          "ignore_eos": True})
     msg = r.choices[0].message
     reasoning = msg.model_extra.get("reasoning_content")
     assert isinstance(reasoning, str) and no_markup(reasoning) and no_markup(msg.content)
@@ -78,7 +79,7 @@ def test_thinking_goes_to_reasoning_content(client: openai.OpenAI) -> None:
 def test_forced_tool_call(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
         model="tiny-v4-flash", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER],
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=8)
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=8, temperature=0)
     msg = r.choices[0].message
     assert msg.tool_calls and msg.tool_calls[0].function.name == "get_weather"
     assert msg.tool_calls[0].id and msg.tool_calls[0].type == "function"
@@ -90,7 +91,7 @@ def test_forced_tool_call_streaming(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model="tiny-v4-flash", messages=[{"role": "user", "content": "Weather?"}], tools=[WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=6, stream=True,
-        stream_options={"include_usage": True})
+        stream_options={"include_usage": True}, temperature=0)  # greedy: the random model's own text is fixed
     names, args, content = [], "", ""
     for ch in stream:
         for c in ch.choices:
@@ -106,7 +107,7 @@ def test_forced_tool_call_streaming(client: openai.OpenAI) -> None:
 def test_tool_choice_required_and_none_leak_no_markup(client: openai.OpenAI) -> None:
     for choice in ("required", "none", "auto"):
         r = client.chat.completions.create(model="tiny-v4-flash", tools=[WEATHER], tool_choice=choice,
-                                           messages=[{"role": "user", "content": "Hi"}], max_tokens=6)
+                                           messages=[{"role": "user", "content": "Hi"}], max_tokens=6, seed=11)
         msg = r.choices[0].message
         assert no_markup(msg.content)
         for tc in msg.tool_calls or []:
@@ -140,7 +141,8 @@ def test_completions(client: openai.OpenAI) -> None:
     assert all(len(c.logprobs.tokens) == 3 for c in r.choices)
     assert r.usage.completion_tokens == 6
     stream = client.completions.create(model="tiny-v4-flash", prompt="Hello", max_tokens=3, stream=True,
-                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+        seed=11)  # a fixed seed: the random model's sampled text (checked for markup below) is the same every run
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 3
     assert [c.choices[0].finish_reason for c in chunks[:-1]][-1] == "length"
