@@ -33,6 +33,7 @@ THINK_START_TOKEN = "<think>"
 THINK_END_TOKEN = "</think>"
 
 
+EARLY_CHECK_CHARS = 8  # Tokenizer.exceeds counts only text longer than this many characters per allowed token
 PLAIN_OPEN, PLAIN_CLOSE = "\ufdd0", "\ufdd1"  # marks untrusted control-token strings (see Tokenizer.mark_plain)
 _MARKED = re.compile(f"{PLAIN_OPEN}(.*?){PLAIN_CLOSE}", re.DOTALL)
 
@@ -146,8 +147,10 @@ class Tokenizer:
         """Whether `text` certainly tokenizes to more than `limit` tokens, found by tokenizing it a chunk at a time
         and stopping as soon as the count is past the limit: a 30 MB prompt for a 128K context is refused after
         ~1 MB of work instead of all of it. Chunks split at whitespace; each split can change the count by a
-        token or two, so 2 per chunk are allowed for (never a false positive)."""
-        if len(text) <= limit:  # at least one character per token
+        token or two, so 2 per chunk are allowed for (never a false positive). Text under EARLY_CHECK_CHARS
+        characters per token of the limit is not counted here: it costs one full tokenization at most, which the
+        caller does anyway, and most prompts that long fit (counting them twice would double the work)."""
+        if len(text) <= EARLY_CHECK_CHARS * limit:
             return False
         count, start, chunks = 0, 0, 0
         while start < len(text):

@@ -11,6 +11,7 @@ Top-level fields the API does not define are sorted three ways:
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -165,8 +166,6 @@ def _depth(value: Any, limit: int) -> int:
 
 
 def _validate_deep(model: type[BaseModel], body: bytes) -> Any:
-    import json
-
     try:
         data = json.loads(body)
     except RecursionError:

@@ -50,10 +50,15 @@ class Admission:
             raise APIError(f"{param}: this request asks for {total} completions (prompts x n), more than this server "
                            f"runs or queues at once ({self.limit}, --max-num-seqs + --max-queue-len); split it",
                            param=param, code="invalid_value")
-        self.acquire(total, client)
-        self.release(total)
+        self._check(total, client)
 
     def acquire(self, n: int, client: AsyncEngineClient) -> None:
+        self._check(n, client)
+        self.in_flight += n
+        self.metrics.in_flight.set(self.in_flight)
+
+    def _check(self, n: int, client: AsyncEngineClient) -> None:
+        """503 for a dead engine, 400 for `n` beyond the limit, 429 when it does not fit now."""
         if not client.alive:
             raise APIError(f"the engine is not running: {(client.fatal or 'stopped').splitlines()[0]}", 503,
                            code="engine_dead")
@@ -64,8 +69,6 @@ class Admission:
             raise APIError(f"the server is at capacity ({self.in_flight} requests running or queued, limit "
                            f"{self.limit} = --max-num-seqs + --max-queue-len); retry after {self.retry_after} s",
                            429, code="queue_full", headers={"Retry-After": str(self.retry_after)})
-        self.in_flight += n
-        self.metrics.in_flight.set(self.in_flight)
 
     def release(self, n: int) -> None:
         self.in_flight -= n

@@ -196,21 +196,17 @@ def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, blo
     return y
 
 
-def _out_dtype(x: torch.Tensor) -> torch.dtype:
-    return x.dtype
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
            act_group: int = 0) -> torch.Tensor:
     """y = x W^T; x [..., K], W [N, K] stored -> [..., N] in x's dtype."""
     lead = x.shape[:-1]
     if weight.dtype == x.dtype and not act_group:  # a plain float weight in x's own dtype: cuBLAS as is
         return torch.nn.functional.linear(x, weight)
-    y = _run(x.reshape(-1, 1, x.shape[-1]), weight, scale, block, act_group, _out_dtype(x))
+    y = _run(x.reshape(-1, 1, x.shape[-1]), weight, scale, block, act_group, x.dtype)
     return y.view(*lead, weight.shape[0])
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
                    act_group: int = 0) -> torch.Tensor:
     """x [T, G, K], W [G*N, K] -> [T, G, N] in x's dtype."""
-    return _run(x, weight, scale, block, act_group, _out_dtype(x))
+    return _run(x, weight, scale, block, act_group, x.dtype)

@@ -28,33 +28,21 @@ import triton
 import triton.language as tl
 
 from ..linear import scale_bytes, stored_format
+from .quant import e4m3_round, pow2_ceil
 
 # ------------------------------------------------------------------------------------------------------------
 # In-register formats
 # ------------------------------------------------------------------------------------------------------------
 
 @triton.jit
-def _e4m3_round(q):
-    """float32 |q| <= 448 -> nearest e4m3 value (ties to even), as float32: add and subtract 1.5 * 2^(ulp + 23)
-    so the float32 sum keeps exactly the bits e4m3 keeps (subnormals share the 2^-6 binade's ulp 2^-9)."""
-    e = (q.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    e = tl.maximum(e, 127 - 6)
-    magic = ((e + 20) << 23 | 0x400000).to(tl.float32, bitcast=True)
-    return (q + magic) - magic
-
-
-@triton.jit
 def _fp8_sim(v, R: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
     """[R, C] float32 -> FP8 quant-dequant per 1 x G (quant.fp8_simulate): amax floored at 1e-4, scale
     2^ceil(log2(amax / 448)) from the float32 bits, q = e4m3(clamp(v / scale, +-448)) * scale."""
     g = tl.reshape(v, (R, C // G, G))
-    amax = tl.maximum(tl.max(tl.abs(g), 2), 1e-4)
-    bits = (amax / 448.0).to(tl.int32, bitcast=True)
-    e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
-    scale = (e << 23).to(tl.float32, bitcast=True)
-    inv = ((254 - e) << 23).to(tl.float32, bitcast=True)  # 1/scale, exact
+    scale = pow2_ceil(tl.maximum(tl.max(tl.abs(g), 2), 1e-4) / 448.0)
+    inv = 1.0 / scale  # exact: a power of two
     q = tl.clamp(g * inv[:, :, None], -448.0, 448.0)
-    return tl.reshape(_e4m3_round(q) * scale[:, :, None], (R, C))
+    return tl.reshape(e4m3_round(q) * scale[:, :, None], (R, C))
 
 
 @triton.jit
