@@ -39,6 +39,14 @@ if [[ $what == profile ]]; then  # the step profile (eager, by family) and graph
       | grep -v -e Warning -e USDT | tee "$OUT/profile-b$b.log" | tail -30
   done
 fi
+if [[ $what == kernels ]]; then  # kernel tests at real shapes, then the microbenchmarks with their tile variants
+  timeout 200 python3 -m pytest tests/ops -q -p no:cacheprovider -o addopts="" -x 2>&1 | tee "$OUT/ops_tests.log" \
+    | grep -E "passed|failed|Error|assert" | tail -15
+  rc=${PIPESTATUS[0]}
+  for k in attention fp8_gemm ${1:-}; do
+    timeout 170 python3 benchmarks/kernels/$k.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/$k.log" | tail -40
+  done
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

@@ -16,7 +16,7 @@ import torch
 from common import bench_graph_ms, bench_ms, describe, measure_ceilings, write_json
 
 from v4serve.ops import quant
-from v4serve.ops.kernels import fp8_gemm
+from v4serve.ops.kernels import fp8_gemm, fp8_gemv
 from v4serve.ops.linear import linear_reference
 
 # name: (N, K, groups); V4-Flash unless noted
@@ -28,8 +28,10 @@ SHAPES = {
 QUICK = ("wq_b", "wo_a(grouped)", "wo_b", "shared_w1", "wq_a", "v41_wo_b")
 DECODE_M = (1, 8, 32, 64)
 PREFILL_M = (4096, 8192, 16384)
-DECODE_VARIANTS = {"default": None, "bn32": {"BN": 32}, "bn128": {"BN": 128}, "bk256": {"BK": 256},
-                   "stages3": {"num_stages": 3}, "nosplit": {"splits": 1}}
+# decode: the one-launch kernel (fp8_gemv, "default") and its tile variants beside the 3-launch general path
+DECODE_VARIANTS = {"default": None, "bn32": {"BN": 32}, "bn128": {"BN": 128}, "bk128": {"BK": 128},
+                   "bk512": {"BK": 512}, "stages2": {"num_stages": 2}, "w8": {"num_warps": 8},
+                   "split2x": "double", "general": "general"}
 PREFILL_VARIANTS = {"default": None, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 
@@ -76,8 +78,15 @@ def main() -> None:
             xb = x.view(M, G * K) if G == 1 else x[:, 0].contiguous()
             cublas = run(lambda: xb @ wb[:N].t() if G > 1 else xb @ wb.t(), decode)
             for vname, cfg in variants.items():
+                if decode and fp8_gemv.supports(x, q, block, act) and cfg != "general":
+                    if cfg == "double":
+                        cfg = {"splits": 2 * fp8_gemv.config(M, N, K, G, block)["splits"]}
+                    fn = lambda: fp8_gemv.run(x, q, s, block, act, torch.bfloat16, cfg)  # noqa: E731
+                else:
+                    fn = lambda: fp8_gemm.general(x, q, s, block, act, torch.bfloat16,  # noqa: E731
+                                                  cfg if isinstance(cfg, dict) else None)
                 try:
-                    ms = run(lambda: fp8_gemm._run(x, q, s, block, act, torch.bfloat16, cfg), decode)
+                    ms = run(fn, decode)
                 except Exception as e:  # noqa: BLE001 - a variant the compiler rejects (e.g. shared memory)
                     print(f"{name} M={M} {vname}: failed ({type(e).__name__})", flush=True)
                     continue

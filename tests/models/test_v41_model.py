@@ -124,23 +124,24 @@ def test_quantized_cache_records_are_lossless(tiny):
 def _record_selection():
     """Record, per layer with a compressed branch, its selection and the compressed KV rows it attends."""
     seen: dict[int, dict] = {}
-    orig = V41Attention.compressed_rows
+    orig = V41Attention.entries
 
     def wrapped(self, ctx, sel):
-        rows, valid = orig(self, ctx, sel)
+        refs = orig(self, ctx, sel)
+        rows, valid = refs.rows(refs.token_row, refs.picks.clamp(min=0)), refs.picks >= 0
         vis, c = ctx.visible(self.ratio), self.config
         seen[self.layer] = {"topk": sel.topk.clone(), "valid": valid, "source": self.source,
                             "kv": ctx.pools.compressed[self.source].read(rows, torch.float32),
                             "candidates": None if sel.blocks is None else candidate_mask(
                                 sel.blocks, ctx.max_entries(self.ratio), c.candidate_block_size, vis),
                             "visible": vis}
-        return rows, valid
+        return refs
 
-    V41Attention.compressed_rows = wrapped
+    V41Attention.entries = wrapped
     try:
         yield seen
     finally:
-        V41Attention.compressed_rows = orig
+        V41Attention.entries = orig
 
 
 def _recorded_prefill(tiny, n: int = 100):

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from v4serve.ops import backend, quant
-from v4serve.ops.kernels import fp8_gemm
+from v4serve.ops.kernels import fp8_gemm, fp8_gemv
 from v4serve.ops.kernels import quant as kquant
 from v4serve.ops.linear import Linear, grouped_linear_reference, linear, linear_reference
 
@@ -103,6 +103,26 @@ def test_split_k_partials_sum_in_a_fixed_order() -> None:
     a, b = fp8_gemm.linear(x, q, s, 128), fp8_gemm.linear(x, q, s, 128)
     assert torch.equal(a, b)
     assert rel(a, linear_reference(x, q, s, 128, 0)) < 2e-6
+
+
+@pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("act", [0, 1])
+def test_one_launch_decode_gemm(block: int, act: int) -> None:
+    """fp8_gemv (M <= 64, in-register activation quantization, split-K finished by the last program to arrive) equals
+    the reference, gives the same bits twice, and leaves its arrival counters zeroed (graph replays reuse them)."""
+    g = torch.Generator().manual_seed(block + act)
+    act = act * block
+    for M, G, N, K in ((1, 1, 96, 1024), (5, 1, 200, 768), (64, 1, 64, 2048), (3, 4, 48, 512)):
+        q, s = fp8_weight(G * N, K, block, g)
+        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
+        assert fp8_gemv.supports(x, q, block, act) and fp8_gemv.config(M, N, K, G, block)["splits"] > 1
+        out = fp8_gemv.run(x, q, s, block, act, torch.bfloat16)
+        again = fp8_gemv.run(x, q, s, block, act, torch.bfloat16)
+        assert torch.equal(out, again)
+        ref = grouped_linear_reference(x.float(), q, s, block, act)
+        assert rel(out, ref) < 1e-2, (M, G, N, K, rel(out, ref))
+        if GPU:
+            assert int(fp8_gemv._COUNTERS.get(x.device).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("block", [32, 128])

@@ -7,9 +7,16 @@ The per-head sink is a raw logit that enters only the softmax denominator.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
+from .backend import REFERENCE, TRITON
+from .norm import rms_norm
 from .precision import acc_dtype
+from .profiling import family, profiled
+from .rope import apply_rope
 
 
 def sparse_attention(q: torch.Tensor, kv: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor,
@@ -38,3 +45,88 @@ def sparse_attention_chunked(q: torch.Tensor, gather, sink: torch.Tensor, scale:
         kv, valid = gather(lo, hi)
         outs.append(sparse_attention(q[lo:hi], kv, valid, sink, scale))
     return torch.cat(outs)
+
+
+# --- the index-based entry point: pools, window-ring addressing, entry picks; reference and Triton bodies ----------
+
+@dataclass
+class WindowRefs:
+    """Each token's window: `src` [T, W] indexes [the rows' rings before this step (R*W) | this step's fresh rows (T)];
+    `ring_rows` [R*W] are the pool rows of the ring slots; `valid` [T, W] marks positions the token sees."""
+
+    pool: Any  # cache.pool.RowPool (ops does not import cache): .data, .codec, .read(rows, dtype)
+    src: torch.Tensor
+    valid: torch.Tensor
+    ring_rows: torch.Tensor
+
+
+@dataclass
+class EntryRefs:
+    """Each token's compressed entries in a paged pool: the CSA `picks` [T, K] (entry indices, -1 = none), or, with
+    picks None, every entry below `visible` [T] (HCA). Entry j of row r sits in block
+    block_table[r, j * ratio // block_size] (-1 = not allocated: the trash block), at j % (block_size // ratio)."""
+
+    pool: Any
+    block_table: torch.Tensor  # [R, blocks] int64
+    token_row: torch.Tensor  # [T] int64
+    ratio: int
+    block_size: int
+    trash_block: int
+    picks: torch.Tensor | None = None
+    visible: torch.Tensor | None = None
+    width: int = 0  # the reference's dense gather width (static: a step's longest possible context / ratio)
+
+    def rows(self, token_row: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Pool rows of entries j [t, n] of the tokens' rows."""
+        bt = self.block_table
+        col = (j * self.ratio // self.block_size).clamp(0, bt.shape[1] - 1)
+        blocks = bt[token_row.unsqueeze(1), col]
+        blocks = torch.where(blocks < 0, torch.full_like(blocks, self.trash_block), blocks)
+        epb = self.block_size // self.ratio
+        return blocks * epb + j % epb
+
+
+TOKEN_CHUNK = 1024  # tokens whose KV rows the reference gathers at once (bounds long-prefill memory)
+
+
+@profiled("attention")
+def attend_reference(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fresh: torch.Tensor, sink: torch.Tensor,
+                     scale: float, q_norm_eps: float | None, window: WindowRefs,
+                     entries: EntryRefs | None) -> torch.Tensor:
+    """Plain torch: (normalise,) rotate the queries, gather and decode each token's KV rows, attend with the sink,
+    rotate the output back. q [T, H, D] before RoPE, fresh [T, D] this step's KV rows -> [T, H, D] in q's dtype."""
+    if q_norm_eps is not None:
+        q = rms_norm(q, None, q_norm_eps)
+    q = apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1))
+    src = torch.cat([window.pool.read(window.ring_rows, fresh.dtype), fresh])
+    outs = []
+    for lo in range(0, q.shape[0], TOKEN_CHUNK):
+        hi = min(q.shape[0], lo + TOKEN_CHUNK)
+        kv, valid = src[window.src[lo:hi]], window.valid[lo:hi]
+        if entries is not None:
+            if entries.picks is not None:
+                j = entries.picks[lo:hi]
+                ok = j >= 0
+            else:
+                j = torch.arange(entries.width, device=q.device).expand(hi - lo, -1)
+                ok = j < entries.visible[lo:hi].unsqueeze(1)
+            rows = entries.rows(entries.token_row[lo:hi], j.clamp(min=0))
+            kv = torch.cat([kv, entries.pool.read(rows, fresh.dtype)], 1)
+            valid = torch.cat([valid, ok], 1)
+        outs.append(sparse_attention(q[lo:hi], kv, valid, sink, scale))
+    o = torch.cat(outs) if len(outs) > 1 else outs[0]
+    return apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
+
+
+def attend(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fresh: torch.Tensor, sink: torch.Tensor,
+           scale: float, q_norm_eps: float | None, window: WindowRefs, entries: EntryRefs | None,
+           backend: str = REFERENCE) -> torch.Tensor:
+    """The attention of one layer and step (see attend_reference); `backend` picks the body (ops.backend)."""
+    if backend == TRITON:
+        from .kernels import attention as kernel
+
+        kinds = (window.pool.codec.kind,) + ((entries.pool.codec.kind,) if entries is not None else ())
+        if kernel.supports(q, kinds):
+            with family("attention"):
+                return kernel.attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)
+    return attend_reference(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)

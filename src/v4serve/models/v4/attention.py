@@ -10,7 +10,8 @@ from torch import nn
 from ...config import ModelConfig
 from ...ops import compressor as comp
 from ...ops import quant
-from ...ops.attention import sparse_attention
+from ...ops import backend
+from ...ops.attention import attend
 from ...ops.hadamard import hadamard_rotate
 from ...ops.indexer import index_scores, select_topk
 from ...ops.linear import Linear
@@ -102,6 +103,7 @@ class V4Attention(nn.Module):
                 self.indexer.compressor = CompressorParams(c.dim, c.index_head_dim, 4, True, True, True, c.norm_eps)
         else:
             self.ratio = 0  # MTP blocks attend over their window only
+        self.backend = backend.current()
 
     # ------------------------------------------------------------------------------------------------
     def _finish_entry(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -129,50 +131,28 @@ class V4Attention(nn.Module):
         T, H, hd = step.num_tokens, c.n_heads, c.head_dim
         cos, sin = ctx.rope(self.ratio > 0)
         qr = self.q_norm(self.wq_a(x))
-        q = rms_norm(self.wq_b(qr).view(T, H, hd), None, c.norm_eps)
-        q = apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1))
+        q = self.wq_b(qr).view(T, H, hd)  # normalised per head and rotated inside the attention
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
         kv = simulate(kv, self.numerics.window_kv, c.rope_dim)
 
-        sel_rows = sel_valid = None
+        entries = None
         if self.ratio:
             L = self.layer
             with family("compressor"):
                 run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], self._finish_entry)
-            rows = ctx.entry_rows(L)  # [R, E]
             visible = ctx.visible(self.ratio)
             if self.indexer is None:  # HCA: every visible entry
-                sel_rows = rows[step.token_row]
-                E = rows.shape[1]
-                sel_valid = torch.arange(E, device=x.device).unsqueeze(0) < visible.unsqueeze(1)
+                entries = ctx.entry_refs(L, visible=visible)
             else:
                 with family("indexer"):
-                    idx = self._select(x, qr, ctx, rows, visible)
-                sel_rows = torch.gather(rows[step.token_row], 1, idx.clamp(min=0))
-                sel_valid = idx >= 0
+                    idx = self._select(x, qr, ctx, ctx.entry_rows(L), visible)
+                entries = ctx.entry_refs(L, picks=idx)
         with family("attention"):
-            o = self._attend(q, kv, ctx, sel_rows, sel_valid)
+            o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
+                       self.backend)
             ctx.write_window(self.layer, kv)
-        o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.wo_b(o.flatten(1))
-
-    def _attend(self, q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, sel_rows: torch.Tensor | None,
-                sel_valid: torch.Tensor | None) -> torch.Tensor:
-        """Window + selected compressed entries per token, gathered a chunk of tokens at a time (bounded memory)."""
-        src = ctx.window_source(self.layer, kv)
-        comp = ctx.pools.compressed.get(self.layer)
-        outs = []
-        for lo in range(0, q.shape[0], TOKEN_CHUNK):
-            hi = min(q.shape[0], lo + TOKEN_CHUNK)
-            parts, masks = [src[ctx.win_src[lo:hi]]], [ctx.win_valid[lo:hi]]
-            if sel_rows is not None:
-                parts.append(comp.read(sel_rows[lo:hi], kv.dtype))
-                masks.append(sel_valid[lo:hi])
-            kv_sel = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
-            valid = torch.cat(masks, 1) if len(masks) > 1 else masks[0]
-            outs.append(sparse_attention(q[lo:hi], kv_sel, valid, self.attn_sink, self.config.head_dim ** -0.5))
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, rows: torch.Tensor,
                 visible: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ import torch
 
 from ...cache.pool import KVPools
 from ...config import ModelConfig
+from ...ops.attention import EntryRefs, WindowRefs
 from ...ops.rope import inv_freq, rope_cos_sin
 from ..step import StepInput
 
@@ -56,6 +57,10 @@ class StepContext:
         """KV rows [T, W, D] of every token's window and their validity [T, W]."""
         return self.window_source(layer, fresh_kv)[self.win_src], self.win_valid
 
+    def window_refs(self, layer: int) -> WindowRefs:
+        """The window addressing the attention entry point reads (ops.attention.attend)."""
+        return WindowRefs(self.pools.window[layer], self.win_src, self.win_valid, self.ring_rows)
+
     def write_window(self, layer: int, kv: torch.Tensor) -> None:
         self.pools.window[layer].write(self.win_write, kv)
 
@@ -79,6 +84,14 @@ class StepContext:
             blocks = torch.where(blocks < 0, torch.full_like(blocks, self.pools.num_blocks), blocks)
             self._entries[source] = self.pools.entry_rows(source, blocks, j.unsqueeze(0))
         return self._entries[source]
+
+    def entry_refs(self, source: int, picks: torch.Tensor | None = None,
+                   visible: torch.Tensor | None = None) -> EntryRefs:
+        """The compressed entries of `source`'s cache each token attends to: its picks (CSA) or all visible (HCA)."""
+        ratio = self.pools.ratio[source]
+        st = self.step
+        return EntryRefs(self.pools.compressed[source], st.block_table, st.token_row, ratio, self.pools.block_size,
+                         self.pools.num_blocks, picks, visible, width=self.max_entries(ratio))
 
     def entry_write_rows(self, source: int, groups_row: torch.Tensor, entry: torch.Tensor,
                          valid: torch.Tensor) -> torch.Tensor:

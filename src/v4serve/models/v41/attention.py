@@ -17,7 +17,8 @@ from torch import nn
 from ...config import ModelConfig
 from ...ops import compressor as comp
 from ...ops import quant
-from ...ops.attention import sparse_attention
+from ...ops import backend
+from ...ops.attention import EntryRefs, attend
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.precision import wide
@@ -57,30 +58,38 @@ class V41Attention(nn.Module):
         cand = c.candidate_source_layer
         self.publishes_candidates = self.indexer is not None and layer == cand
         self.uses_candidates = self.indexer is not None and 0 <= cand < layer
+        self.backend = backend.current()
 
     # --- the shared pieces (also used by DSpark blocks) -----------------------------------------------
-    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project_queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Queries [T, H, hd] before RoPE (V4.1 has no per-head query norm) and the q latent."""
         c = self.config
         qr = self.q_norm(self.wq_a(x))
-        q = self.wq_b(qr).view(x.shape[0], c.n_heads, c.head_dim)
+        return self.wq_b(qr).view(x.shape[0], c.n_heads, c.head_dim), qr
+
+    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, qr = self.project_queries(x)
         return apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1)), qr
 
     def window_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
         return simulate(kv, self.numerics.window_kv, self.config.rope_dim)
 
-    def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def project_output(self, o: torch.Tensor) -> torch.Tensor:
+        """The grouped output projection of attention outputs already rotated back."""
         c = self.config
-        o = apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True)
         o = self.wo_a.grouped(o.reshape(o.shape[0], c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.wo_b(o.flatten(1))
+
+    def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.project_output(apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True))
 
     # --- forward ---------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor:
         cos, sin = ctx.rope(self.ratio > 0)
-        q, qr = self.queries(x, cos, sin)
+        q, qr = self.project_queries(x)  # rotated inside the attention
         kv = self.window_kv(x, cos, sin)
-        rows = valid = None
+        entries = None
         if self.ratio:
             if self.compressor is not None:
                 with family("compressor"):
@@ -88,32 +97,16 @@ class V41Attention(nn.Module):
             if self.indexer is not None:
                 with family("indexer"):
                     self.select(x, qr, ctx, sel)
-            rows, valid = self.compressed_rows(ctx, sel)
+            entries = self.entries(ctx, sel)
         with family("attention"):
-            o = self.attend(q, kv, ctx, rows, valid)
+            o = attend(q, cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
+                       ctx.window_refs(self.layer), entries, self.backend)
             ctx.write_window(self.layer, kv)
-        return self.output(o, cos, sin)
+        return self.project_output(o)
 
-    def attend(self, q: torch.Tensor, kv: torch.Tensor, ctx: StepContext, rows: torch.Tensor | None,
-               valid: torch.Tensor | None) -> torch.Tensor:
-        """Window + selected compressed entries per token, gathered a chunk of tokens at a time (bounded memory)."""
-        src = ctx.window_source(self.layer, kv)
-        pool = ctx.pools.compressed[self.source] if rows is not None else None
-        outs = []
-        for lo in range(0, q.shape[0], TOKEN_CHUNK):
-            hi = min(q.shape[0], lo + TOKEN_CHUNK)
-            kv_sel, ok = src[ctx.win_src[lo:hi]], ctx.win_valid[lo:hi]
-            if pool is not None:
-                kv_sel = torch.cat([kv_sel, pool.read(rows[lo:hi], kv.dtype)], 1)
-                ok = torch.cat([ok, valid[lo:hi]], 1)
-            outs.append(sparse_attention(q[lo:hi], kv_sel, ok, self.attn_sink, self.config.head_dim ** -0.5))
-        return torch.cat(outs) if len(outs) > 1 else outs[0]
-
-    def compressed_rows(self, ctx: StepContext, sel: Selection) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pool rows [T, k] of the selected entries of the KV source's cache, and which picks are real."""
-        idx = sel.topk
-        rows = ctx.entry_rows(self.source)[ctx.step.token_row.unsqueeze(1), idx.clamp(min=0)]
-        return rows, idx >= 0
+    def entries(self, ctx: StepContext, sel: Selection) -> EntryRefs:
+        """The selected entries of the KV source's cache each token attends to."""
+        return ctx.entry_refs(self.source, picks=sel.topk)
 
     def compress(self, x: torch.Tensor, ctx: StepContext) -> None:
         """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""

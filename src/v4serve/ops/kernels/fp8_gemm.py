@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import fp8_gemv, interpreting
 from .quant import act_quant, act_simulate
 
 _DOT_FP8, _DOT_HALF, _DOT_F32, _DOT_F64 = 0, 1, 2, 3
@@ -153,8 +153,17 @@ def _dot_mode(x: torch.Tensor, a_fp8: bool) -> int:
 
 
 def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
-         out_dtype: torch.dtype, cfg: dict | None = None) -> torch.Tensor:
-    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]. `cfg` overrides the tile choice (benchmarks)."""
+         out_dtype: torch.dtype) -> torch.Tensor:
+    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]: decode rows in one launch (fp8_gemv), the rest here."""
+    if scale is not None and fp8_gemv.supports(x3, weight, block, act_group):
+        return fp8_gemv.run(x3, weight, scale, block, act_group, out_dtype)
+    return general(x3, weight, scale, block, act_group, out_dtype)
+
+
+def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
+            out_dtype: torch.dtype, cfg: dict | None = None) -> torch.Tensor:
+    """Any M and mode: activation quantization, the GEMM, and a split-K sum when split. `cfg` overrides the tile
+    choice (benchmarks)."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
     w_fp8 = weight.dtype == torch.float8_e4m3fn

@@ -1,0 +1,135 @@
+"""The decode form of the FP8 block-scaled GEMM (M <= 64 rows), in ONE launch per linear.
+
+At decode a linear is a weight stream: a 4-32 MB FP8 matrix read once for a handful of rows. Three launches (activation
+quantization, GEMM, split-K sum) cost more than streaming the small weights, so this kernel
+
+* quantizes the activations in registers, per 1 x block as kernels/quant.py does (same scales, same e4m3 rounding), one
+  scale block of K at a time as it meets them: no quantized copy of x is written;
+* splits K across programs until about two waves of them stream the weight, and finishes in the last program to
+  arrive at each output tile (per-tile arrival counters, acq_rel): it adds the partial sums in split order, so the
+  result does not depend on timing, and re-zeroes its counter for the next launch or graph replay.
+
+W8A8 (bf16/fp16 x, activation group = weight block) and W8A16 (no activation quantization: V4's grouped `wo_a`) over
+FP8 weights with e8m0 block scales (128 x 128 for V4, 32 x 32 for V4.1); G > 1 stacks G projections (grouped wo_a).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+from .quant import e4m3_round, pow2_ceil
+from .split_grid import ArrivalCounters
+
+_SMS = 132  # H200 multiprocessors
+_COUNTERS = ArrivalCounters()
+
+
+def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
+    """Decode rows of half-precision x over an FP8 weight, with the activation quantization of the weight's block (or
+    none); everything else takes fp8_gemm's general kernel."""
+    M = x3.shape[0]
+    return (0 < M <= 64 and weight.dtype == torch.float8_e4m3fn and x3.dtype in (torch.bfloat16, torch.float16)
+            and act_group in (0, block) and (x3.is_cuda or interpreting()))
+
+
+@triton.jit
+def _decode_gemm_kernel(x_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
+                        M, N, K, k_per_split,
+                        stride_xm, stride_xg, stride_wn, stride_wsn, stride_ym, stride_yg,
+                        SB: tl.constexpr, A_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr):
+    pid_n = tl.program_id(0)
+    g = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_m = tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    w_rows = g * N + offs_n
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    for k0 in range(k_lo, k_hi, BK):
+        for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+            kb0 = k0 + sub * SB
+            offs_k = kb0 + tl.arange(0, SB)
+            k_ok = offs_k < k_hi
+            kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
+                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            wsb = tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB, mask=n_ok & kb_ok, other=127)
+            w_scale = ((wsb.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(b-127)
+            if A_FP8:  # the activation block quantized here: amax floored at 1e-4, power-of-two scale, e4m3 RNE
+                xf = x.to(tl.float32)
+                x_scale = pow2_ceil(tl.maximum(tl.max(tl.abs(xf), 1), 1e-4) / 448.0)
+                xq = e4m3_round(tl.minimum(tl.maximum(xf / x_scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
+                part = tl.dot(xq, tl.trans(w))
+                acc += part * x_scale[:, None] * w_scale[None, :]
+            else:  # W8A16: the weight tile dequantized to x's dtype (exact) for a half-precision dot
+                wf = (w.to(tl.float32) * w_scale[:, None]).to(x_ptr.dtype.element_ty)
+                if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
+                    acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc += tl.dot(x, tl.trans(wf))
+    y = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLITS == 1:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        tile = g * tl.num_programs(0) + pid_n
+        slot = (offs_m[:, None] * BN + tl.arange(0, BN)[None, :])
+        tile_part = part_ptr + tile * (SPLITS * BM * BN)
+        tl.store(tile_part + split * (BM * BN) + slot, acc)
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:  # the last of this tile's programs: add the partials in split order
+            total = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                total += tl.load(tile_part + s * (BM * BN) + slot, cache_modifier=".cg")
+            tl.store(y, total.to(y_ptr.dtype.element_ty), mask=out_ok)
+            tl.store(cnt_ptr + tile, 0)  # ready for the next launch / graph replay
+
+
+def config(M: int, N: int, K: int, G: int, sb: int) -> dict:
+    """Tiles and splits: enough programs to stream the weight from every SM (about two waves)."""
+    bm = max(16, triton.next_power_of_2(M))
+    if interpreting():  # the CPU interpreter pays per program: few, large ones (but still a split when K allows)
+        bn = min(256, max(16, triton.next_power_of_2(N)))
+        bk = max(sb, 128)
+        return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, triton.cdiv(K, bk))), "num_warps": 4,
+                "num_stages": 1}
+    bn, bk = 64, max(sb, 256)
+    tiles = triton.cdiv(N, bn) * G
+    splits = max(1, min(triton.cdiv(K, bk), triton.cdiv(2 * _SMS, tiles), 16))
+    return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4}
+
+
+def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
+        out_dtype: torch.dtype, cfg: dict | None = None) -> torch.Tensor:
+    """x3 [M, G, K] (M <= 64) -> y [M, G, N] with W [G*N, K] FP8 and its e8m0 block scales."""
+    M, G, K = x3.shape
+    N = weight.shape[0] // G
+    y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    cfg = {**config(M, N, K, G, block), **(cfg or {})}
+    bk = cfg["BK"]
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
+    splits = triton.cdiv(K, k_per_split)
+    n_tiles = triton.cdiv(N, cfg["BN"])
+    part = (torch.empty(n_tiles * G * splits * cfg["BM"] * cfg["BN"], dtype=torch.float32, device=x3.device)
+            if splits > 1 else y)
+    cnt = _COUNTERS.get(x3.device)
+    if n_tiles * G > cnt.numel():
+        raise ValueError(f"{n_tiles * G} output tiles exceed the {cnt.numel()} arrival counters")
+    _decode_gemm_kernel[(n_tiles, G, splits)](
+        x3, weight, scale, part, y, cnt, M, N, K, k_per_split,
+        x3.stride(0), x3.stride(1), weight.stride(0), scale.stride(0), y.stride(0), y.stride(1),
+        SB=block, A_FP8=act_group == block, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
+        INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return y

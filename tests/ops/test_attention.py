@@ -1,0 +1,150 @@
+"""The fused sparse-attention kernel (ops/kernels/attention.py) against ops.attention.attend_reference.
+
+Each case builds real pools (cache.pool.RowPool with the record formats of cache/formats.py) holding encoded random
+rows, a paged block table with holes and shuffled blocks, window addressing that mixes ring rows, fresh rows and
+invisible slots, and CSA picks (with -1s) or dense HCA visibility. On the CPU the kernel runs under Triton's
+interpreter at small shapes: float64 must match the reference to 1e-12 (the stored formats decode exactly), bf16
+within its rounding. With V4SERVE_TEST_DEVICE=cuda the same cases run at V4's real shapes in bf16.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from v4serve.cache.formats import Codec
+from v4serve.cache.pool import RowPool
+from v4serve.ops import attention as attn
+from v4serve.ops.kernels import attention as kernel
+from v4serve.ops.rope import rope_cos_sin
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
+DEVICE = "cuda" if ON_GPU else "cpu"
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+# (heads, head dim, rope dims, window): V4's real geometry on the GPU, a small one under the interpreter
+SHAPE = (64, 512, 64, 128) if ON_GPU else (4, 128, 64, 16)
+
+
+def _pool(kind: str, dtype: torch.dtype, rows: int, g: torch.Generator) -> RowPool:
+    H, D, RD, W = SHAPE
+    codec = Codec(kind, D, RD, dtype if kind == "plain" else torch.float32)
+    pool = RowPool(codec, rows, DEVICE)
+    vals = torch.randn(rows + 1, D, generator=g, dtype=torch.float64) * 2
+    pool.data[:] = codec.encode(vals.to(DEVICE, torch.float32 if kind != "plain" else dtype))
+    return pool
+
+
+def _case(wkind: str, ckind: str | None, mode: str, dtype: torch.dtype, seed: int, rows_tokens=(3, (1, 4, 1))):
+    """A step of R rows with the given tokens per row; mode: 'picks' (CSA), 'dense' (HCA) or 'none'."""
+    H, D, RD, W = SHAPE
+    g = torch.Generator().manual_seed(seed)
+    R, per_row = rows_tokens
+    T = sum(per_row)
+    token_row = torch.repeat_interleave(torch.arange(R), torch.tensor(per_row))
+    wpool = _pool(wkind, dtype, R * W + 7, g)
+    ring_rows = torch.randperm(R * W + 7, generator=g)[: R * W]
+    src = torch.randint(0, R * W + T, (T, W), generator=g)
+    valid = torch.rand(T, W, generator=g) < 0.8
+    valid[0] = False  # a token that sees no window row
+    q = torch.randn(T, H, D, generator=g, dtype=torch.float64)
+    fresh = torch.randn(T, D, generator=g, dtype=torch.float64)
+    sink = torch.randn(H, generator=g, dtype=torch.float64)
+    pos = torch.randint(0, 5000, (T,), generator=g)
+    freqs = 1.0 / (10000.0 ** (torch.arange(0, RD, 2, dtype=torch.float32) / RD))
+    cos, sin = rope_cos_sin(pos, freqs)
+    entries = None
+    if mode != "none":
+        ratio, block_size, nblocks = 4, 32, 12
+        epb = block_size // ratio
+        cpool = _pool(ckind, dtype, nblocks * epb + epb - 1, g)
+        bt = torch.stack([torch.randperm(nblocks, generator=g)[:6] for _ in range(R)])
+        bt[:, 4:] = -1  # unallocated tail: 4 blocks = 32 entries per row are real
+        bt[R - 1, 1] = -1  # a hole
+        if mode == "picks":
+            picks = torch.randint(0, 32, (T, 20), generator=g)
+            picks[torch.rand(T, 20, generator=g) < 0.3] = -1
+            picks[-1] = -1  # an empty selection
+            visible = None
+        else:
+            picks = None
+            visible = torch.randint(0, 33, (T,), generator=g)
+            visible[0] = 0
+        entries = attn.EntryRefs(cpool, bt.to(DEVICE), token_row.to(DEVICE), ratio, block_size, nblocks,
+                                 picks.to(DEVICE) if picks is not None else None,
+                                 visible.to(DEVICE) if visible is not None else None, width=40)
+    window = attn.WindowRefs(wpool, src.to(DEVICE), valid.to(DEVICE), ring_rows.to(DEVICE))
+    d = dict(device=DEVICE)
+    return (q.to(dtype=dtype, **d), cos.to(DEVICE), sin.to(DEVICE), fresh.to(dtype=dtype, **d),
+            sink.to(torch.float32).to(DEVICE), D ** -0.5, window, entries)
+
+
+def _run(args, q_norm_eps):
+    q, cos, sin, fresh, sink, scale, window, entries = args
+    ref = attn.attend_reference(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)
+    got = kernel.attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)
+    return got, ref
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+EXACT = torch.bfloat16 if ON_GPU else torch.float64
+TOL = 2e-2 if ON_GPU else 1e-12
+FORMATS = [("plain", "plain"), ("v4_fp8", "v4_fp8"), ("fp8_b32", "nvfp4"), ("fp8_b32", "fp8_b32")]
+
+
+@pytest.mark.parametrize("wkind,ckind", FORMATS)
+@pytest.mark.parametrize("mode", ["picks", "dense"])
+def test_kernel_equals_reference_on_every_format(wkind: str, ckind: str, mode: str) -> None:
+    args = _case(wkind, ckind, mode, EXACT, seed=hash((wkind, ckind, mode)) % 1000)
+    got, ref = _run(args, None)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    assert _rel(got, ref) < TOL
+
+
+@pytest.mark.parametrize("q_norm", [None, 1e-6])
+def test_window_only_layers_and_the_query_norm(q_norm: float | None) -> None:
+    got, ref = _run(_case("plain", None, "none", EXACT, seed=5), q_norm)
+    assert _rel(got, ref) < TOL
+
+
+def test_bf16_within_its_rounding() -> None:
+    got, ref = _run(_case("v4_fp8", "v4_fp8", "picks", torch.bfloat16, seed=7), 1e-6)
+    assert _rel(got, ref) < 2e-2
+
+
+def test_float32() -> None:
+    got, ref = _run(_case("fp8_b32", "nvfp4", "dense", torch.float32, seed=8), None)
+    assert _rel(got, ref) < (2e-2 if ON_GPU else 1e-5)
+
+
+def test_a_token_that_sees_nothing_gets_zeros() -> None:
+    """Only the sink in the denominator: the output is exactly zero (no NaN from an empty softmax)."""
+    q, cos, sin, fresh, sink, scale, window, entries = _case("plain", "plain", "picks", EXACT, seed=9)
+    window.valid[:] = False
+    entries.picks[:] = -1
+    got = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries)
+    assert torch.equal(got, torch.zeros_like(got))
+
+
+def test_work_does_not_depend_on_the_dense_width() -> None:
+    """HCA: the kernel loops to each token's visible count; the reference's static width only pads."""
+    args = _case("plain", "plain", "dense", EXACT, seed=10)
+    got = kernel.attend(*args[:6], None, *args[6:])
+    args[7].width = 400
+    again = kernel.attend(*args[:6], None, *args[6:])
+    assert torch.equal(got, again)
+    ref = attn.attend_reference(*args[:6], None, *args[6:])
+    assert _rel(got, ref) < TOL
+
+
+def test_entry_point_dispatches_by_backend() -> None:
+    args = _case("plain", "plain", "picks", EXACT, seed=11)
+    q, cos, sin, fresh, sink, scale, window, entries = args
+    a = attn.attend(q, cos, sin, fresh, sink, scale, None, window, entries, backend="triton")
+    b = attn.attend(q, cos, sin, fresh, sink, scale, None, window, entries, backend="reference")
+    assert _rel(a, b) < TOL
