@@ -43,8 +43,12 @@ if [[ $what == kernels ]]; then  # kernel tests at real shapes, then the microbe
   timeout 200 python3 -m pytest tests/ops -q -p no:cacheprovider -o addopts="" -x 2>&1 | tee "$OUT/ops_tests.log" \
     | grep -E "passed|failed|Error|assert" | tail -15
   rc=${PIPESTATUS[0]}
-  for k in attention fp8_gemm ${1:-}; do
-    timeout 170 python3 benchmarks/kernels/$k.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/$k.log" | tail -40
+  for f in v4 v41 bf16; do  # one process per format: a CUDA fault ends its process only
+    timeout 100 python3 benchmarks/kernels/attention.py --format $f --out "$OUT" 2>&1 | grep -v Warning \
+      | tee "$OUT/attention-$f.log" | tail -40
+  done
+  for k in fp8_gemm ${1:-}; do
+    timeout 150 python3 benchmarks/kernels/$k.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/$k.log" | tail -40
   done
 fi
 if [[ $what == bench || $what == all ]]; then

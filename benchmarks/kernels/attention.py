@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import bench_graph_ms, bench_ms, describe, measure_ceilings, write_json
+from common import bench_graph_many, bench_ms, describe, measure_ceilings, write_json
 
 from v4serve.cache.formats import Codec
 from v4serve.cache.pool import RowPool
@@ -24,10 +24,12 @@ from v4serve.ops.kernels import attention as kernel
 
 H, D, RD, W = 64, 512, 64, 128
 CONTEXT, BLOCK = 65536, 256
-FORMATS = {"v4 fp8": ("v4_fp8", "v4_fp8"), "v4.1 fp8/nvfp4": ("fp8_b32", "nvfp4"), "bf16": ("plain", "plain")}
-VARIANTS = {"default": None, "h16n64": kernel.Config(16, 64, 4, 2), "h16n32s3": kernel.Config(16, 32, 4, 3),
-            "h32n32w8": kernel.Config(32, 32, 8, 2), "h64n32w8": kernel.Config(64, 32, 8, 1),
-            "h64n16w8": kernel.Config(64, 16, 8, 2), "h16n16": kernel.Config(16, 16, 4, 2)}
+FORMATS = {"v4": ("v4_fp8", "v4_fp8"), "v41": ("fp8_b32", "nvfp4"), "bf16": ("plain", "plain")}
+# Config(heads, rows, dsplit, warps, stages)
+VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": kernel.Config(16, 64, 4, 8, 1),
+            "w8": kernel.Config(16, 32, 4, 8, 1), "d2w8": kernel.Config(16, 32, 2, 8, 1),
+            "d8": kernel.Config(16, 32, 8, 4, 1), "s2": kernel.Config(16, 32, 4, 4, 2),
+            "h32w8": kernel.Config(32, 32, 4, 8, 1), "h64w8": kernel.Config(64, 32, 4, 8, 1)}
 
 
 def pool(kind: str, rows: int) -> RowPool:
@@ -39,7 +41,7 @@ def pool(kind: str, rows: int) -> RowPool:
     return p
 
 
-def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, dense: bool):
+def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, dense: bool, copies: int = 1):
     """Rows at CONTEXT with their last `tokens_per_row` positions in this step; CSA picks or HCA dense entries."""
     ratio = 128 if dense else 4
     T = rows * tokens_per_row
@@ -56,13 +58,16 @@ def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, dense: bool):
     entries_per_row = CONTEXT // ratio
     blocks_per_row = CONTEXT // BLOCK
     comp = pool(ckind, rows * entries_per_row)
-    bt = torch.randperm(rows * blocks_per_row, device="cuda").view(rows, blocks_per_row)
     visible = torch.div(pos + 1, ratio, rounding_mode="floor")
-    picks = None
-    if not dense:
-        picks = torch.stack([torch.randperm(entries_per_row, device="cuda")[:512] for _ in range(T)])
-    entries = attn.EntryRefs(comp, bt, r, ratio, BLOCK, rows * blocks_per_row, picks, None if picks is not None
-                             else visible, width=entries_per_row)
+    variants = []  # rotations of block tables (and picks): each call reads other rows of the pools than the last
+    for _ in range(copies):
+        bt = torch.randperm(rows * blocks_per_row, device="cuda").view(rows, blocks_per_row)
+        picks = None
+        if not dense:
+            picks = torch.rand(T, entries_per_row, device="cuda").argsort(dim=1)[:, :512].contiguous()
+        variants.append(attn.EntryRefs(comp, bt, r, ratio, BLOCK, rows * blocks_per_row, picks,
+                                       None if picks is not None else visible, width=entries_per_row))
+    entries = variants[0]
     q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
     fresh = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
     freqs = 1.0 / (10000.0 ** (torch.arange(0, RD, 2, dtype=torch.float32, device="cuda") / RD))
@@ -71,13 +76,17 @@ def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, dense: bool):
     n_entries = 512 if not dense else int(visible.max())
     read = T * (W * ring.codec.record_bytes + n_entries * comp.codec.record_bytes) + 2 * q.numel() * 2
     flops = 4 * T * H * D * (W + n_entries)
-    return (q, ang.cos(), ang.sin(), fresh, sink, D ** -0.5, None, window, entries), read, flops
+    args = (q, ang.cos(), ang.sin(), fresh, sink, D ** -0.5, None, window)
+    return [args + (e,) for e in variants], read, flops
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default config only")
+    ap.add_argument("--format", choices=sorted(FORMATS), action="append",
+                    help="record formats to time (default: all; a CUDA fault ends the process, so the session script "
+                         "runs one format per process)")
     args = ap.parse_args()
     ceil = measure_ceilings()
     print(describe(ceil), flush=True)
@@ -85,19 +94,22 @@ def main() -> None:
     rows = []
     shapes = [("decode", 1, 1), ("decode", 32, 1), ("decode", 64, 1), ("prefill", 1, 4096)]
     for fname, (wkind, ckind) in FORMATS.items():
+        if args.format and fname not in args.format:
+            continue
         for layer in ("csa", "hca"):
             for phase, R, tpr in shapes:
-                if args.quick and (fname == "bf16" or (phase == "decode" and R == 64)):
+                if args.quick and phase == "decode" and R == 64:
                     continue
-                a, read, flops = case(wkind, ckind, R, tpr, layer == "hca")
+                many, read, flops = case(wkind, ckind, R, tpr, layer == "hca", 8 if phase == "decode" else 1)
+                a = many[0]
                 ref = attn.attend_reference(*a)
                 got = kernel.attend(*a)
                 err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
                 variants = {"default": None} if args.quick else VARIANTS
                 for vname, cfg in variants.items():
                     try:
-                        fn = lambda: kernel.attend(*a, config=cfg)  # noqa: E731
-                        ms = bench_graph_ms(fn) if phase == "decode" else bench_ms(fn)
+                        fns = [lambda b=b: kernel.attend(*b, config=cfg) for b in many]
+                        ms = bench_graph_many(fns) if phase == "decode" else bench_ms(fns[0])
                     except Exception as e:  # noqa: BLE001 - a config the compiler rejects
                         print(f"{fname} {layer} {phase} R={R} {vname}: failed ({type(e).__name__}: {e})"[:200])
                         continue
@@ -111,9 +123,9 @@ def main() -> None:
                 if phase == "decode" and R == 32:
                     ms_ref = bench_ms(lambda: attn.attend_reference(*a))
                     print(f"{'':15s} reference (torch gathers) {ms_ref * 1e3:9.1f} us", flush=True)
-                del a
+                del a, many
                 torch.cuda.empty_cache()
-    write_json(args.out, "attention", {"ceilings": ceil, "rows": rows})
+    write_json(args.out, "attention-" + "-".join(args.format or ["all"]), {"ceilings": ceil, "rows": rows})
 
 
 if __name__ == "__main__":

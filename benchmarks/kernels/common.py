@@ -42,6 +42,28 @@ def bench_graph_ms(fn, iters: int = 20) -> float:
         return bench_ms(fn, iters=iters)
 
 
+def bench_graph_many(fns, iters: int = 20) -> float:
+    """Median ms per call of fns[0](), fns[1](), ... replayed back to back from one CUDA graph: the in-step cost of a
+    kernel (no per-launch graph latency), each call on its own operands so that none is served from L2 (50 MB on the
+    H200) by the call before it."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for fn in fns:
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for fn in fns:
+            fn()
+    return bench_ms(g.replay, iters=iters) / len(fns)
+
+
+def copies_past_l2(nbytes: int, budget: int = 256 << 20, cap: int = 64) -> int:
+    """How many copies of an operand of nbytes make a rotation that L2 cannot hold."""
+    return max(2, min(cap, -(-budget // max(1, nbytes))))
+
+
 def measure_ceilings(device: str = "cuda") -> dict[str, float]:
     n = 1 << 30
     a = torch.randint(0, 255, (n,), dtype=torch.uint8, device=device)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import bench_graph_ms, bench_ms, describe, measure_ceilings, write_json
+from common import bench_graph_many, bench_ms, copies_past_l2, describe, measure_ceilings, write_json
 
 from v4serve.ops import quant
 from v4serve.ops.kernels import fp8_gemm, fp8_gemv
@@ -46,8 +46,11 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max())
 
 
-def run(fn, graph: bool) -> float:
-    return bench_graph_ms(fn) if graph else bench_ms(fn)
+def run(make, graph: bool, copies) -> float:
+    """Decode: one graph of calls over rotating weight copies (in-step cost, weights from HBM); prefill: eager."""
+    if graph:
+        return bench_graph_many([make(qc, sc) for qc, sc in copies])
+    return bench_ms(make(*copies[0]))
 
 
 def main() -> None:
@@ -64,7 +67,9 @@ def main() -> None:
         block = 32 if name.startswith("v41") else 128
         q, s = weight(G * N, K, block)
         wbytes = q.numel() + s.numel()
-        wb = torch.randn(G * N, K, device="cuda", dtype=torch.bfloat16)
+        copies = [(q, s)] + [weight(G * N, K, block) for _ in range(copies_past_l2(wbytes) - 1)]
+        wbs = [torch.randn(G * N, K, device="cuda", dtype=torch.bfloat16)
+               for _ in range(copies_past_l2(2 * G * N * K)))]
         prefill = PREFILL_M if name in ("wq_b", "wo_b", "shared_w1", "v41_wo_b") else ()
         for M in (DECODE_M + prefill) if not args.quick else (1, 32, 64) + prefill[1:2]:
             decode = M <= 64
@@ -76,17 +81,19 @@ def main() -> None:
             err = rel(out[:, 0], ref)
             variants = {"default": None} if args.quick else (DECODE_VARIANTS if decode else PREFILL_VARIANTS)
             xb = x.view(M, G * K) if G == 1 else x[:, 0].contiguous()
-            cublas = run(lambda: xb @ wb[:N].t() if G > 1 else xb @ wb.t(), decode)
+            cublas = run(lambda wb, _: (lambda: xb @ wb[:N].t() if G > 1 else xb @ wb.t()), decode,
+                         [(wb, None) for wb in wbs])
             for vname, cfg in variants.items():
                 if decode and fp8_gemv.supports(x, q, block, act) and cfg != "general":
                     if cfg == "double":
                         cfg = {"splits": 2 * fp8_gemv.config(M, N, K, G, block)["splits"]}
-                    fn = lambda: fp8_gemv.run(x, q, s, block, act, torch.bfloat16, cfg)  # noqa: E731
+                    make = lambda qc, sc, c=cfg: (  # noqa: E731
+                        lambda: fp8_gemv.run(x, qc, sc, block, act, torch.bfloat16, c))
                 else:
-                    fn = lambda: fp8_gemm.general(x, q, s, block, act, torch.bfloat16,  # noqa: E731
-                                                  cfg if isinstance(cfg, dict) else None)
+                    make = lambda qc, sc, c=cfg: (  # noqa: E731
+                        lambda: fp8_gemm.general(x, qc, sc, block, act, torch.bfloat16, c if isinstance(c, dict) else None))
                 try:
-                    ms = run(fn, decode)
+                    ms = run(make, decode, copies)
                 except Exception as e:  # noqa: BLE001 - a variant the compiler rejects (e.g. shared memory)
                     print(f"{name} M={M} {vname}: failed ({type(e).__name__})", flush=True)
                     continue
@@ -103,7 +110,7 @@ def main() -> None:
     head = torch.randn(129280, 4096, device="cuda", dtype=torch.bfloat16)
     for M in (1, 32):
         h = torch.randn(M, 4096, device="cuda")
-        ms = bench_graph_ms(lambda: fp8_gemm.linear(h, head, None, 0))
+        ms = bench_graph_many([lambda: fp8_gemm.linear(h, head, None, 0)] * 2)
         print(f"head (bf16 W, fp32 x) M={M}: {ms * 1e3:.1f} us, {head.numel() * 2 / ms / 1e6:.0f} GB/s "
               f"({head.numel() * 2 / ms / 1e-3 / hbm * 100:.1f}% HBM)", flush=True)
         rows.append({"shape": "head", "M": M, "variant": "default", "ms": ms,

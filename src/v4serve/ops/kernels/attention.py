@@ -30,13 +30,16 @@ NO_ENTRIES, PICKED, DENSE = 0, 1, 2
 class Config:
     heads: int  # BH: query heads per program (the M of both dots)
     rows: int  # BN: KV rows per tile
+    dsplit: int  # programs per (token, head block), each owning D / dsplit output dims (also the QK chunk width)
     num_warps: int
     num_stages: int
 
 
-# Chosen on the H200 (benchmarks/kernels/attention.py); the interpreter gets the smallest legal tiles.
-GPU_CONFIG = Config(heads=16, rows=32, num_warps=4, num_stages=2)
-INTERPRETER_CONFIG = Config(heads=16, rows=16, num_warps=1, num_stages=1)
+# Chosen on the H200 (benchmarks/kernels/attention.py); the interpreter gets the smallest legal tiles (and two D
+# chunks, so that the chunked paths run in the tests).
+GPU_CONFIG = Config(heads=16, rows=32, dsplit=4, num_warps=4, num_stages=1)
+INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1)
+TOKEN_CHUNK = 2048  # tokens per launch: bounds the prepared-query scratch of long prefills
 
 
 @triton.jit
@@ -47,10 +50,11 @@ def _e8m0(b):
 
 
 @triton.jit
-def _decode(rows, ok, u8_ptr, h16_ptr, val_ptr, stride, FMT: tl.constexpr, D: tl.constexpr, RD: tl.constexpr,
-            DT: tl.constexpr):
-    """Stored records at pool rows [BN] (ok [BN]: which are read) -> values [BN, D] in DT (exact for every format)."""
-    c = tl.arange(0, D)[None, :]
+def _decode(rows, ok, col0, u8_ptr, h16_ptr, val_ptr, stride, FMT: tl.constexpr, WIDTH: tl.constexpr,
+            D: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr):
+    """Dims [col0, col0 + WIDTH) of the stored records at pool rows [BN] (ok: which are read) -> [BN, WIDTH] in DT,
+    exactly for every format."""
+    c = col0 + tl.arange(0, WIDTH)[None, :]
     m = ok[:, None]
     base = rows.to(tl.int64)[:, None] * stride
     if FMT == 0:  # plain values
@@ -77,44 +81,72 @@ def _decode(rows, ok, u8_ptr, h16_ptr, val_ptr, stride, FMT: tl.constexpr, D: tl
 
 
 @triton.jit
-def _tile(q, kv, ok, m_i, l_i, acc, scale_hi, scale_lo, ACC: tl.constexpr, DT: tl.constexpr, HALF: tl.constexpr,
-          INTERPRET: tl.constexpr):
-    """One online-softmax step over a tile of KV rows [BN, D] (ok: which rows count)."""
+def _dot(a, b, ACC: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr):
+    """a [M, K] @ b [K, N] accumulated in ACC."""
     if HALF and INTERPRET:  # the interpreter's bf16 tl.dot is wrong; bf16 values are exact in fp32
-        s = tl.dot(q.to(tl.float32), tl.trans(kv.to(tl.float32)), input_precision="ieee")
+        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     elif HALF:
-        s = tl.dot(q, tl.trans(kv))
+        r = tl.dot(a, b)
     else:
-        s = tl.dot(q, tl.trans(kv), input_precision="ieee", out_dtype=ACC)
-    s = s.to(ACC)
+        r = tl.dot(a, b, input_precision="ieee", out_dtype=ACC)
+    return r.to(ACC)
+
+
+@triton.jit
+def _tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, pid_d, m_i, l_i, acc,
+          u8_ptr, h16_ptr, val_ptr, stride, scale_hi, scale_lo,
+          FMT: tl.constexpr, FRESH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, DC: tl.constexpr,
+          BH: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, HALF: tl.constexpr,
+          INTERPRET: tl.constexpr):
+    """One online-softmax step over a tile of KV rows (ok: which count; ring: pool rows, else this step's fresh rows).
+
+    QK^T runs over D in DC-wide chunks (bounded registers); the chunk this program owns is kept for P.V."""
+    s = tl.zeros((BH, BN), ACC)
+    own = tl.zeros((BN, DC), DT)
+    cd = tl.arange(0, DC)
+    for ci in tl.static_range(D // DC):
+        kv = _decode(rows, ok & ring, ci * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT, DC, D, RD, DT)
+        if FRESH:
+            f = tl.load(fresh_ptr + fresh_row.to(tl.int64)[:, None] * stride_ft + ci * DC + cd[None, :],
+                        mask=(ok & ~ring)[:, None], other=0.0).to(DT)
+            kv = tl.where(ring[:, None], kv, f)
+        q = tl.load(qp + ci * DC + cd[None, :], mask=h_ok[:, None], other=0.0)
+        s += _dot(q, tl.trans(kv), ACC, HALF, INTERPRET)
+        own = tl.where(pid_d == ci, kv, own)
     s = s * scale_hi + s * scale_lo  # the scale as two fp32 halves: fp64 runs need its full precision
     s = tl.where(ok[None, :], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if HALF and INTERPRET:
-        pv = tl.dot(p.to(DT).to(tl.float32), kv.to(tl.float32), input_precision="ieee")
-    elif HALF:
-        pv = tl.dot(p.to(DT), kv)
-    else:
-        pv = tl.dot(p.to(DT), kv, input_precision="ieee", out_dtype=ACC)
-    acc = acc * alpha[:, None] + pv.to(ACC)
+    acc = acc * alpha[:, None] + _dot(p.to(DT), own, ACC, HALF, INTERPRET)
     return m_new, l_i, acc
 
 
 @triton.jit
-def _rotate(x, cos, sin, INVERSE: tl.constexpr, BH: tl.constexpr, D: tl.constexpr):
-    """Interleaved-pair rotation of x [BH, D] by per-pair cos/sin [D/2] (1 and 0 on the nope pairs)."""
-    a, b = tl.split(tl.reshape(x, (BH, D // 2, 2)))
+def _rotate(x, cos, sin, INVERSE: tl.constexpr, BH: tl.constexpr, W: tl.constexpr):
+    """Interleaved-pair rotation of x [BH, W] by per-pair cos/sin [W/2] (1 and 0 on the nope pairs)."""
+    a, b = tl.split(tl.reshape(x, (BH, W // 2, 2)))
     c, s = cos[None, :], sin[None, :]
     if INVERSE:
         s = -s
-    return tl.reshape(tl.join(a * c - b * s, a * s + b * c), (BH, D))
+    return tl.reshape(tl.join(a * c - b * s, a * s + b * c), (BH, W))
 
 
 @triton.jit
-def _attend_kernel(q_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
+def _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, pair0, NPAIRS: tl.constexpr, D: tl.constexpr, RD: tl.constexpr,
+                  RT: tl.constexpr):
+    """cos/sin of pairs pair0 .. pair0 + NPAIRS - 1 of a token (1 / 0 on the nope pairs)."""
+    pair = pair0 + tl.arange(0, NPAIRS)
+    rope = pair >= (D - RD) // 2
+    ri = tl.where(rope, pair - (D - RD) // 2, 0)
+    cos = tl.where(rope, tl.load(cos_ptr + t * stride_ct + ri, mask=rope, other=1.0), 1.0)
+    sin = tl.where(rope, tl.load(sin_ptr + t * stride_ct + ri, mask=rope, other=0.0), 0.0)
+    return cos.to(RT), sin.to(RT)
+
+
+@triton.jit
+def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
                    win_src_ptr, win_ok_ptr, ring_ptr, wu8_ptr, wh16_ptr, wval_ptr, w_stride,
                    cu8_ptr, ch16_ptr, cval_ptr, c_stride,
                    bt_ptr, bt_stride, tok_row_ptr, pick_ptr, pick_stride, vis_ptr,
@@ -122,29 +154,32 @@ def _attend_kernel(q_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
                    scale_hi, scale_lo, eps,
                    stride_qt, stride_qh, stride_ct, stride_ft, stride_ot, stride_oh,
                    D: tl.constexpr, RD: tl.constexpr, W: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
-                   WFMT: tl.constexpr, CFMT: tl.constexpr, CMODE: tl.constexpr, QNORM: tl.constexpr,
-                   DT: tl.constexpr, ACC: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr):
+                   DC: tl.constexpr, WFMT: tl.constexpr, CFMT: tl.constexpr, CMODE: tl.constexpr,
+                   QNORM: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr, HALF: tl.constexpr,
+                   INTERPRET: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
+    pid_d = tl.program_id(2)
     h_ok = h < H
     c = tl.arange(0, D)
-    # --- queries: (per-head RMS norm,) RoPE on the trailing RD dims, in the model dtype as the reference rounds them
+    RT = tl.float64 if ACC == tl.float64 else tl.float32
+    # --- queries: (per-head RMS norm,) RoPE on the trailing RD dims, rounded to the model dtype as the reference
+    # does; written to a scratch row that the D chunks read back (every program of this token and head block writes
+    # the same bits, so the copies cannot disagree)
     q = tl.load(q_ptr + t * stride_qt + h[:, None] * stride_qh + c[None, :], mask=h_ok[:, None], other=0.0)
     QT = q.dtype
     if QNORM:
         qf = q.to(ACC)
         q = (qf / tl.sqrt(tl.sum(qf * qf, 1) / D + eps)[:, None]).to(QT)
-    pair = tl.arange(0, D // 2)
-    rope = pair >= (D - RD) // 2
-    ri = tl.where(rope, pair - (D - RD) // 2, 0)
-    cos = tl.where(rope, tl.load(cos_ptr + t * stride_ct + ri, mask=rope, other=1.0), 1.0)
-    sin = tl.where(rope, tl.load(sin_ptr + t * stride_ct + ri, mask=rope, other=0.0), 0.0)
-    RT = tl.float64 if ACC == tl.float64 else tl.float32
-    q = _rotate(q.to(RT), cos.to(RT), sin.to(RT), False, BH, D).to(QT).to(DT)
+    cos, sin = _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, 0, D // 2, D, RD, RT)
+    q = _rotate(q.to(RT), cos, sin, False, BH, D).to(QT).to(DT)
+    qp = qp_ptr + t * stride_qt + h[:, None] * stride_qh
+    tl.store(qp + c[None, :], q, mask=h_ok[:, None])
+    tl.debug_barrier()  # the scratch row is complete before any thread reads it back
 
     m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink: a logit in the denominator only
     l_i = tl.full((BH,), 1.0, ACC)
-    acc = tl.zeros((BH, D), ACC)
+    acc = tl.zeros((BH, DC), ACC)
     n = tl.arange(0, BN)
     # --- window: the ring's stored rows before this step, or this step's fresh rows
     for k0 in range(0, W, BN):
@@ -154,11 +189,9 @@ def _attend_kernel(q_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
         ok = tl.load(win_ok_ptr + t * W + k, mask=k_in, other=0) != 0
         ring = src < RW
         prow = tl.load(ring_ptr + src, mask=ok & ring, other=0)
-        kv = _decode(prow, ok & ring, wu8_ptr, wh16_ptr, wval_ptr, w_stride, WFMT, D, RD, DT)
-        fresh = tl.load(fresh_ptr + (src - RW).to(tl.int64)[:, None] * stride_ft + c[None, :],
-                        mask=(ok & ~ring)[:, None], other=0.0).to(DT)
-        kv = tl.where(ring[:, None], kv, fresh)
-        m_i, l_i, acc = _tile(q, kv, ok, m_i, l_i, acc, scale_hi, scale_lo, ACC, DT, HALF, INTERPRET)
+        m_i, l_i, acc = _tile(qp, h_ok, prow, ok, ring, fresh_ptr, stride_ft, src - RW, pid_d, m_i, l_i, acc,
+                              wu8_ptr, wh16_ptr, wval_ptr, w_stride, scale_hi, scale_lo, WFMT, True, D, RD, DC, BH,
+                              BN, ACC, DT, HALF, INTERPRET)
     # --- compressed entries: the picks (CSA) or every visible entry (HCA), through the block table
     if CMODE != 0:
         r = tl.load(tok_row_ptr + t)
@@ -177,11 +210,14 @@ def _attend_kernel(q_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
             blk = tl.load(bt_ptr + r * bt_stride + (j * ratio) // block_size, mask=ok, other=-1)
             blk = tl.where(blk < 0, trash_block, blk)
             prow = blk * epb + j % epb
-            kv = _decode(prow, ok, cu8_ptr, ch16_ptr, cval_ptr, c_stride, CFMT, D, RD, DT)
-            m_i, l_i, acc = _tile(q, kv, ok, m_i, l_i, acc, scale_hi, scale_lo, ACC, DT, HALF, INTERPRET)
-    # --- output: normalise, rotate back (inverse RoPE), store in the query dtype
-    o = _rotate((acc / l_i[:, None]).to(QT).to(RT), cos.to(RT), sin.to(RT), True, BH, D)
-    tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + c[None, :], o.to(QT), mask=h_ok[:, None])
+            m_i, l_i, acc = _tile(qp, h_ok, prow, ok, ok, fresh_ptr, stride_ft, j, pid_d, m_i, l_i, acc,
+                                  cu8_ptr, ch16_ptr, cval_ptr, c_stride, scale_hi, scale_lo, CFMT, False, D, RD, DC,
+                                  BH, BN, ACC, DT, HALF, INTERPRET)
+    # --- output: normalise, rotate back (inverse RoPE), store this program's D chunk in the query dtype
+    cos, sin = _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, pid_d * (DC // 2), DC // 2, D, RD, RT)
+    o = _rotate((acc / l_i[:, None]).to(QT).to(RT), cos, sin, True, BH, DC)
+    cd = pid_d * DC + tl.arange(0, DC)
+    tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + cd[None, :], o.to(QT), mask=h_ok[:, None])
 
 
 def _views(data: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -207,10 +243,10 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     if T == 0:
         return out
     cfg = config or (INTERPRETER_CONFIG if interpreting() else GPU_CONFIG)
+    dsplit = cfg.dsplit if D % cfg.dsplit == 0 and D // cfg.dsplit >= 2 * cos.shape[-1] else 1
     W = window.src.shape[1]
     RD = 2 * cos.shape[-1]
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    fresh = fresh.contiguous()
+    q, fresh = q.contiguous(), fresh.contiguous()
     wdata = window.pool.data
     wkind = window.pool.codec.kind
     wu8, wh16, wval = _views(wdata, wkind)
@@ -231,17 +267,23 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dt = acc if q.dtype in (torch.float32, torch.float64) else q.dtype
     s_hi, s_lo = hi_lo(scale)
-    grid = (T, triton.cdiv(H, cfg.heads))
-    _attend_kernel[grid](
-        q, cos, sin, fresh, sink, out,
-        window.src, window.valid, ring, wu8, wh16, wval, wdata.stride(0),
-        cu8, ch16, cval, cdata.stride(0),
-        bt, bt.stride(0), tok_row, picks, picks.stride(0) if picks.dim() > 1 else 0, vis,
-        H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
-        s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
-        q.stride(0), q.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1),
-        D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, WFMT=FORMATS[wkind], CFMT=FORMATS[ckind], CMODE=cmode,
-        QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
-        HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    per_token = picks.dim() > 1
+    for lo in range(0, T, TOKEN_CHUNK):
+        hi = min(T, lo + TOKEN_CHUNK)
+        qc = q[lo:hi]
+        qp = torch.empty_like(qc)  # the prepared queries (same strides as qc)
+        _attend_kernel[(hi - lo, triton.cdiv(H, cfg.heads), dsplit)](
+            qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi],
+            window.src[lo:hi], window.valid[lo:hi], ring, wu8, wh16, wval, wdata.stride(0),
+            cu8, ch16, cval, cdata.stride(0),
+            bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
+            picks[lo:hi] if per_token or cmode == DENSE else picks, picks.stride(0) if per_token else 0,
+            vis[lo:hi] if cmode == DENSE else vis,
+            H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
+            s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
+            qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1),
+            D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, WFMT=FORMATS[wkind], CFMT=FORMATS[ckind],
+            CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
+            HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -24,6 +24,9 @@ from .quant import e4m3_round, pow2_ceil
 from .split_grid import ArrivalCounters
 
 _SMS = 132  # H200 multiprocessors
+# Measured on the H200 (benchmarks/kernels/fp8_gemm.py, 2026-11-30): one launch wins below ~16 MB of weight, where
+# launches dominate; larger weights stream faster through fp8_gemm's general kernel fed by pre-quantized activations.
+MAX_WEIGHT_BYTES = 16 << 20
 _COUNTERS = ArrivalCounters()
 
 
@@ -31,8 +34,9 @@ def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int)
     """Decode rows of half-precision x over an FP8 weight, with the activation quantization of the weight's block (or
     none); everything else takes fp8_gemm's general kernel."""
     M = x3.shape[0]
-    return (0 < M <= 64 and weight.dtype == torch.float8_e4m3fn and x3.dtype in (torch.bfloat16, torch.float16)
-            and act_group in (0, block) and (x3.is_cuda or interpreting()))
+    small = weight.numel() <= MAX_WEIGHT_BYTES or interpreting()
+    return (0 < M <= 64 and small and weight.dtype == torch.float8_e4m3fn
+            and x3.dtype in (torch.bfloat16, torch.float16) and act_group in (0, block) and (x3.is_cuda or interpreting()))
 
 
 @triton.jit
@@ -103,7 +107,7 @@ def config(M: int, N: int, K: int, G: int, sb: int) -> dict:
         bk = max(sb, 128)
         return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, triton.cdiv(K, bk))), "num_warps": 4,
                 "num_stages": 1}
-    bn, bk = 64, max(sb, 256)
+    bn, bk = 64, max(sb, 128)
     tiles = triton.cdiv(N, bn) * G
     splits = max(1, min(triton.cdiv(K, bk), triton.cdiv(2 * _SMS, tiles), 16))
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4}
