@@ -69,7 +69,7 @@ def main() -> None:
         wbytes = q.numel() + s.numel()
         copies = [(q, s)] + [weight(G * N, K, block) for _ in range(copies_past_l2(wbytes) - 1)]
         wbs = [torch.randn(G * N, K, device="cuda", dtype=torch.bfloat16)
-               for _ in range(copies_past_l2(2 * G * N * K)))]
+               for _ in range(copies_past_l2(2 * G * N * K))]
         prefill = PREFILL_M if name in ("wq_b", "wo_b", "shared_w1", "v41_wo_b") else ()
         for M in (DECODE_M + prefill) if not args.quick else (1, 32, 64) + prefill[1:2]:
             decode = M <= 64

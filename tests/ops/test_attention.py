@@ -150,10 +150,11 @@ def test_entry_point_dispatches_by_backend() -> None:
     assert _rel(a, b) < TOL
 
 
-@pytest.mark.parametrize("cfg", [kernel.Config(16, 16, 1, 1, 1), kernel.Config(16, 32, 2, 1, 1),
-                                 kernel.Config(32, 16, 2, 1, 1)])
+@pytest.mark.parametrize("cfg", [kernel.Config(16, 16, 1, 1, 1, 1), kernel.Config(16, 32, 2, 1, 1, 1),
+                                 kernel.Config(32, 16, 2, 1, 1, 3), kernel.Config(16, 16, 2, 1, 1, 5)])
 def test_tile_configs_agree(cfg: kernel.Config) -> None:
-    """One D chunk or several, other row tiles and head blocks: the same attention."""
+    """One D chunk or several, other row tiles and head blocks, a token's rows in one program or split over several
+    (partials combined by the last to arrive, some splits empty): the same attention."""
     q, cos, sin, fresh, sink, scale, window, entries = _case("v4_fp8", "v4_fp8", "picks", EXACT, seed=12)
     got = kernel.attend(q, cos, sin, fresh, sink, scale, 1e-6, window, entries, config=cfg)
     ref = attn.attend_reference(q, cos, sin, fresh, sink, scale, 1e-6, window, entries)

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from .split_grid import TL_DTYPES, hi_lo
+from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, hi_lo
 
 PLAIN, V4_FP8, FP8_B32, NVFP4 = 0, 1, 2, 3
 FORMATS = {"plain": PLAIN, "v4_fp8": V4_FP8, "fp8_b32": FP8_B32, "nvfp4": NVFP4}
@@ -33,12 +33,15 @@ class Config:
     dsplit: int  # programs per (token, head block), each owning D / dsplit output dims (also the QK chunk width)
     num_warps: int
     num_stages: int
+    kv_splits: int = 0  # programs per token's KV rows (0 = by the grid size; the partials combine in the last)
 
 
 # Chosen on the H200 (benchmarks/kernels/attention.py); the interpreter gets the smallest legal tiles (and two D
 # chunks, so that the chunked paths run in the tests).
-GPU_CONFIG = Config(heads=16, rows=32, dsplit=4, num_warps=4, num_stages=1)
-INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1)
+GPU_CONFIG = Config(heads=16, rows=32, dsplit=2, num_warps=8, num_stages=1)
+INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
+_SMS = 132  # H200 multiprocessors
+_COUNTERS = ArrivalCounters()
 TOKEN_CHUNK = 2048  # tokens per launch: bounds the prepared-query scratch of long prefills
 
 
@@ -146,7 +149,7 @@ def _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, pair0, NPAIRS: tl.constexpr, D
 
 
 @triton.jit
-def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
+def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr, part_ptr, cnt_ptr,
                    win_src_ptr, win_ok_ptr, ring_ptr, wu8_ptr, wh16_ptr, wval_ptr, w_stride,
                    cu8_ptr, ch16_ptr, cval_ptr, c_stride,
                    bt_ptr, bt_stride, tok_row_ptr, pick_ptr, pick_stride, vis_ptr,
@@ -154,12 +157,14 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
                    scale_hi, scale_lo, eps,
                    stride_qt, stride_qh, stride_ct, stride_ft, stride_ot, stride_oh,
                    D: tl.constexpr, RD: tl.constexpr, W: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
-                   DC: tl.constexpr, WFMT: tl.constexpr, CFMT: tl.constexpr, CMODE: tl.constexpr,
-                   QNORM: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr, HALF: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+                   DC: tl.constexpr, NSPLIT: tl.constexpr, WFMT: tl.constexpr, CFMT: tl.constexpr,
+                   CMODE: tl.constexpr, QNORM: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr,
+                   HALF: tl.constexpr, INTERPRET: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    pid_d = tl.program_id(2)
+    hb = tl.program_id(1)
+    h = hb * BH + tl.arange(0, BH)
+    pid_d = tl.program_id(2) // NSPLIT
+    pid_s = tl.program_id(2) % NSPLIT
     h_ok = h < H
     c = tl.arange(0, D)
     RT = tl.float64 if ACC == tl.float64 else tl.float32
@@ -177,16 +182,27 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
     tl.store(qp + c[None, :], q, mask=h_ok[:, None])
     tl.debug_barrier()  # the scratch row is complete before any thread reads it back
 
-    m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink: a logit in the denominator only
-    l_i = tl.full((BH,), 1.0, ACC)
+    # --- this program's share of the token's rows [window W | compressed n_c]: split pid_s of NSPLIT (decode
+    # splits a token's rows over programs so that enough gathers are in flight; the last to arrive combines)
+    if CMODE == 0:
+        n_c = 0
+    elif CMODE == 1:
+        n_c = n_picks
+    else:
+        n_c = tl.load(vis_ptr + t).to(tl.int32)
+    span = tl.cdiv(tl.cdiv(W + n_c, NSPLIT), BN) * BN
+    lo = pid_s * span
+    hi = tl.minimum(lo + span, W + n_c)
+    m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink: a logit in the denominator only,
+    l_i = tl.full((BH,), 1.0, ACC) * (pid_s == 0).to(ACC)  # counted once (split 0); m starts finite everywhere
     acc = tl.zeros((BH, DC), ACC)
     n = tl.arange(0, BN)
     # --- window: the ring's stored rows before this step, or this step's fresh rows
-    for k0 in range(0, W, BN):
+    for k0 in range(lo, tl.minimum(hi, W), BN):
         k = k0 + n
-        k_in = k < W
+        k_in = k < tl.minimum(hi, W)
         src = tl.load(win_src_ptr + t * W + k, mask=k_in, other=0)
-        ok = tl.load(win_ok_ptr + t * W + k, mask=k_in, other=0) != 0
+        ok = (tl.load(win_ok_ptr + t * W + k, mask=k_in, other=0) != 0) & k_in
         ring = src < RW
         prow = tl.load(ring_ptr + src, mask=ok & ring, other=0)
         m_i, l_i, acc = _tile(qp, h_ok, prow, ok, ring, fresh_ptr, stride_ft, src - RW, pid_d, m_i, l_i, acc,
@@ -195,17 +211,15 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
     # --- compressed entries: the picks (CSA) or every visible entry (HCA), through the block table
     if CMODE != 0:
         r = tl.load(tok_row_ptr + t)
-        if CMODE == 1:
-            hi = n_picks
-        else:
-            hi = tl.load(vis_ptr + t)
-        for j0 in range(0, hi, BN):
+        for j0 in range(tl.maximum(lo, W) - W, hi - W, BN):
+            jj = j0 + n
+            j_in = jj < hi - W
             if CMODE == 1:
-                j = tl.load(pick_ptr + t * pick_stride + j0 + n, mask=j0 + n < n_picks, other=-1)
+                j = tl.load(pick_ptr + t * pick_stride + jj, mask=j_in, other=-1)
                 ok = j >= 0
             else:
-                j = j0 + n
-                ok = j < hi
+                j = jj
+                ok = j_in
             j = tl.where(ok, j, 0).to(tl.int64)
             blk = tl.load(bt_ptr + r * bt_stride + (j * ratio) // block_size, mask=ok, other=-1)
             blk = tl.where(blk < 0, trash_block, blk)
@@ -213,7 +227,41 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
             m_i, l_i, acc = _tile(qp, h_ok, prow, ok, ok, fresh_ptr, stride_ft, j, pid_d, m_i, l_i, acc,
                                   cu8_ptr, ch16_ptr, cval_ptr, c_stride, scale_hi, scale_lo, CFMT, False, D, RD, DC,
                                   BH, BN, ACC, DT, HALF, INTERPRET)
-    # --- output: normalise, rotate back (inverse RoPE), store this program's D chunk in the query dtype
+    cd = tl.arange(0, DC)
+    if NSPLIT > 1:  # partial (m, l, acc) to the workspace; the last program of (token, head block, D chunk) combines
+        slot = (t * tl.num_programs(1) + hb) * (tl.num_programs(2) // NSPLIT) + pid_d
+        base = part_ptr + (slot * NSPLIT) * (BH * (DC + 2))
+        own = base + pid_s * (BH * (DC + 2)) + tl.arange(0, BH)[:, None] * (DC + 2)
+        tl.store(own + cd[None, :], acc)
+        tl.store(own + DC + tl.zeros((BH, 1), tl.int32), m_i[:, None])
+        tl.store(own + DC + 1 + tl.zeros((BH, 1), tl.int32), l_i[:, None])
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+        if arrived == NSPLIT - 1:
+            rows = tl.arange(0, BH)[:, None] * (DC + 2)
+            m_all = tl.full((BH,), float("-inf"), ACC)
+            for sp in tl.static_range(NSPLIT):
+                m_all = tl.maximum(m_all, tl.reshape(tl.load(base + sp * (BH * (DC + 2)) + rows + DC,
+                                                             cache_modifier=".cg"), (BH,)))
+            l_i = tl.zeros((BH,), ACC)
+            acc = tl.zeros((BH, DC), ACC)
+            for sp in tl.static_range(NSPLIT):  # fixed order: the sum does not depend on who came last
+                p = base + sp * (BH * (DC + 2)) + rows
+                w = tl.exp(tl.reshape(tl.load(p + DC, cache_modifier=".cg"), (BH,)) - m_all)
+                l_i += tl.reshape(tl.load(p + DC + 1, cache_modifier=".cg"), (BH,)) * w
+                acc += tl.load(p + cd[None, :], cache_modifier=".cg") * w[:, None]
+            _finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
+                    D, RD, DC, BH, RT)
+            tl.store(cnt_ptr + slot, 0)  # ready for the next launch / graph replay
+    else:
+        _finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
+                D, RD, DC, BH, RT)
+
+
+@triton.jit
+def _finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT: tl.constexpr,
+            D: tl.constexpr, RD: tl.constexpr, DC: tl.constexpr, BH: tl.constexpr, RT: tl.constexpr):
+    """Normalise, rotate back (inverse RoPE) and store this program's D chunk in the query dtype."""
     cos, sin = _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, pid_d * (DC // 2), DC // 2, D, RD, RT)
     o = _rotate((acc / l_i[:, None]).to(QT).to(RT), cos, sin, True, BH, DC)
     cd = pid_d * DC + tl.arange(0, DC)
@@ -226,6 +274,16 @@ def _views(data: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, t
         return data, data, data
     h16 = data.view(torch.bfloat16) if kind == "v4_fp8" else data
     return data, h16, data
+
+
+def _kv_splits(cfg: Config, programs: int, rows_hint: int) -> int:
+    """Programs per token's rows: enough for about two waves over the GPU at decode (each keeping >= 2 row tiles),
+    one for prefills (plenty of tokens) or when the combine's arrival counters would not suffice."""
+    if cfg.kv_splits:
+        return cfg.kv_splits
+    if programs > N_COUNTERS:
+        return 1
+    return max(1, min(triton.cdiv(2 * _SMS, programs), rows_hint // (2 * cfg.rows), 16))
 
 
 def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:
@@ -268,12 +326,17 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     dt = acc if q.dtype in (torch.float32, torch.float64) else q.dtype
     s_hi, s_lo = hi_lo(scale)
     per_token = picks.dim() > 1
+    HB = triton.cdiv(H, cfg.heads)
+    nsplit = _kv_splits(cfg, min(T, TOKEN_CHUNK) * HB * dsplit, W + (n_picks if cmode == PICKED else 4 * cfg.rows))
+    cnt = _COUNTERS.get(q.device) if nsplit > 1 else out
     for lo in range(0, T, TOKEN_CHUNK):
         hi = min(T, lo + TOKEN_CHUNK)
         qc = q[lo:hi]
         qp = torch.empty_like(qc)  # the prepared queries (same strides as qc)
-        _attend_kernel[(hi - lo, triton.cdiv(H, cfg.heads), dsplit)](
-            qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi],
+        part = (torch.empty((hi - lo) * HB * dsplit * nsplit * cfg.heads * (D // dsplit + 2), dtype=acc,
+                            device=q.device) if nsplit > 1 else out)
+        _attend_kernel[(hi - lo, HB, dsplit * nsplit)](
+            qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi], part, cnt,
             window.src[lo:hi], window.valid[lo:hi], ring, wu8, wh16, wval, wdata.stride(0),
             cu8, ch16, cval, cdata.stride(0),
             bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
@@ -282,7 +345,7 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
             H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
             s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
             qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1),
-            D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, WFMT=FORMATS[wkind], CFMT=FORMATS[ckind],
+            D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, NSPLIT=nsplit, WFMT=FORMATS[wkind], CFMT=FORMATS[ckind],
             CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
             HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
