@@ -21,6 +21,9 @@ from v4serve.ops.linear import Linear, grouped_linear_reference, linear, linear_
 
 GPU = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
+# float32 activations: exact IEEE dots under the interpreter; on the GPU the kernel splits x into two bf16 halves for the
+# tensor cores (16 of its 24 mantissa bits), which the H200 run measured at up to 3.5e-6 relative
+F32_TOL = 2e-5 if GPU else 2e-6
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -67,7 +70,7 @@ def test_fp8_gemm_matches_reference(block: int, dtype: torch.dtype) -> None:
     if dtype == torch.float64 and GPU:
         pytest.skip("fp64 kernels run only under the CPU interpreter")
     g = torch.Generator().manual_seed(block)
-    tol = {torch.float32: 2e-6, torch.float64: 1e-12, torch.bfloat16: 1.6e-2}[dtype]
+    tol = {torch.float32: F32_TOL, torch.float64: 1e-12, torch.bfloat16: 1.6e-2}[dtype]
     for M, N, K in SHAPES:
         if K % block:
             continue
@@ -102,7 +105,7 @@ def test_split_k_partials_sum_in_a_fixed_order() -> None:
     assert fp8_gemm._config(2, 64, 2048, 1, 128, False)["splits"] > 1
     a, b = fp8_gemm.linear(x, q, s, 128), fp8_gemm.linear(x, q, s, 128)
     assert torch.equal(a, b)
-    assert rel(a, linear_reference(x, q, s, 128, 0)) < 2e-6
+    assert rel(a, linear_reference(x, q, s, 128, 0)) < F32_TOL
 
 
 @pytest.mark.parametrize("block", [32, 128])
@@ -132,7 +135,7 @@ def test_grouped_linear_matches_reference(block: int) -> None:
     q, s = fp8_weight(G * N, K, block, g)
     x = torch.randn(9, G, K, generator=g).to(DEV)
     out = fp8_gemm.grouped_linear(x, q, s, block)
-    assert rel(out, grouped_linear_reference(x, q, s, block, 0)) < 2e-6
+    assert rel(out, grouped_linear_reference(x, q, s, block, 0)) < F32_TOL
 
 
 @pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
@@ -143,7 +146,7 @@ def test_plain_float_weight_with_wider_activations(wdtype: torch.dtype) -> None:
     x = torch.randn(3, 64, generator=g).to(DEV)
     out = fp8_gemm.linear(x, w, None, 0)
     assert out.dtype == torch.float32
-    assert rel(out, linear_reference(x, w, None, 0, 0)) < 2e-6
+    assert rel(out, linear_reference(x, w, None, 0, 0)) < F32_TOL
 
 
 def test_linear_module_keeps_stored_tensors_and_dispatches() -> None:
@@ -158,7 +161,7 @@ def test_linear_module_keeps_stored_tensors_and_dispatches() -> None:
         m.act_group = 32
     assert fast.backend == backend.TRITON and ref.backend == backend.REFERENCE
     x = torch.randn(4, 128, generator=g).to(DEV)
-    assert rel(fast(x), ref(x)) < 2e-6
+    assert rel(fast(x), ref(x)) < F32_TOL
     assert torch.equal(ref(x), linear_reference(x, q, s, 32, 32))
     assert torch.equal(linear(x, q, s, 32, 32, backend.TRITON), fp8_gemm.linear(x, q, s, 32, 32))
     with pytest.raises(ValueError, match="does not fit"):
