@@ -97,12 +97,14 @@ def test_decode_after_prefill_equals_full_recompute(tiny):
 
 
 def test_tiled_gathers_equal_untiled(tiny, monkeypatch):
-    """Token chunks of the gathers and entry tiles of the index scores do not change the result."""
-    from v4serve.models.v41 import attention, indexer
+    """Token chunks of the gathers and token chunks / entry tiles of the index scores do not change the result."""
+    from v4serve.models.v41 import attention
+    from v4serve.ops import indexer
 
     toks = _tokens(70, 11)
     whole = _prefill(tiny, _pools(tiny), toks, 0, [0, 1, 2], [70], logits="all")
     monkeypatch.setattr(attention, "TOKEN_CHUNK", 9)
+    monkeypatch.setattr(indexer, "TOKEN_CHUNK", 9)
     monkeypatch.setattr(indexer, "ENTRY_CHUNK", 5)
     tiled = _prefill(tiny, _pools(tiny), toks, 0, [0, 1, 2], [70], logits="all")
     assert (tiled - whole).abs().max() < 1e-6

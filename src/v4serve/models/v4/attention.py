@@ -13,7 +13,7 @@ from ...ops import quant
 from ...ops import backend
 from ...ops.attention import attend
 from ...ops.hadamard import hadamard_rotate
-from ...ops.indexer import index_scores, select_topk
+from ...ops.indexer import Entries, index_topk
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.precision import acc_dtype, wide
@@ -22,8 +22,6 @@ from ...ops.rope import apply_rope
 from ..numerics import Numerics
 from .context import StepContext
 from .modules import CompressorParams, Norm, param
-
-TOKEN_CHUNK = 1024  # tokens whose KV rows are gathered at once (bounds long-prefill memory)
 
 
 def simulate(x: torch.Tensor, fmt: str | None, rope_dim: int) -> torch.Tensor:
@@ -145,7 +143,7 @@ class V4Attention(nn.Module):
                 entries = ctx.entry_refs(L, visible=visible)
             else:
                 with family("indexer"):
-                    idx = self._select(x, qr, ctx, ctx.entry_rows(L), visible)
+                    idx = self._select(x, qr, ctx, visible)
                 entries = ctx.entry_refs(L, picks=idx)
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
@@ -154,9 +152,9 @@ class V4Attention(nn.Module):
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.wo_b(o.flatten(1))
 
-    def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, rows: torch.Tensor,
-                visible: torch.Tensor) -> torch.Tensor:
-        """The indexer: write this step's index keys, score every visible key, keep the top-k."""
+    def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
+        """The indexer: write this step's index keys, score every visible key, keep the top-k (the keys are read
+        from the pool, paged and in their stored format, by ops.indexer.index_topk)."""
         c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
         ix = self.indexer
         with family("compressor"):
@@ -167,10 +165,6 @@ class V4Attention(nn.Module):
         qi = ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim)
         qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
         w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
-        keys = pools.index_keys[L].read(rows, x.dtype)  # [R, E, d]
-        picks = []
-        for lo in range(0, T, TOKEN_CHUNK):
-            hi = min(T, lo + TOKEN_CHUNK)
-            scores = index_scores(qi[lo:hi], w[lo:hi], keys[step.token_row[lo:hi]])
-            picks.append(select_topk(scores, visible[lo:hi], c.index_topk))
-        return torch.cat(picks) if len(picks) > 1 else picks[0]
+        entries = Entries(step.block_table, step.token_row, visible, pools.ratio[L], pools.block_size,
+                          pools.num_blocks, ctx.max_entries(self.ratio))
+        return index_topk(qi, w, pools.index_keys[L], entries, c.index_topk, backend=self.backend)[0]

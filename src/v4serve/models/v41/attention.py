@@ -19,6 +19,7 @@ from ...ops import compressor as comp
 from ...ops import quant
 from ...ops import backend
 from ...ops.attention import EntryRefs, attend
+from ...ops.indexer import Entries, index_topk
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.precision import wide
@@ -28,7 +29,7 @@ from ..numerics import Numerics
 from ..v4.attention import add_projections, simulate
 from ..v4.context import StepContext
 from ..v4.modules import CompressorParams, Norm
-from .indexer import Selection, candidate_blocks, candidate_mask, mask_invisible, select_entries, tiled_scores
+from .indexer import Selection
 
 TOKEN_CHUNK = 1024  # tokens whose KV rows / index scores are gathered at once (bounds long-prefill memory)
 
@@ -136,29 +137,22 @@ class V41Attention(nn.Module):
         return quant.fp4_simulate(x, 32) if self.numerics.index_fp4 else x
 
     def select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, sel: Selection) -> None:
-        """Score the KV source's index keys, (publish candidate blocks,) keep the top-k; chunked over tokens."""
+        """Score the KV source's index keys, (publish candidate blocks,) keep the top-k (ops.indexer.index_topk)."""
         c, step = self.config, ctx.step
         ix = self.indexer
         cos, sin = ctx.rope(True)
         qi = ix.wq_b(qr).view(step.num_tokens, c.index_n_heads, c.index_head_dim)
         qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
         w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
-        keys = ctx.pools.index_keys[self.source].read(ctx.entry_rows(self.source), x.dtype)  # [R, E, d]
-        visible = ctx.visible(self.ratio)
         if self.uses_candidates and sel.blocks is None:
             raise RuntimeError(f"layer {self.layer} masks to candidate blocks, but layer "
                                f"{c.candidate_source_layer} published none in this step")
-        picks, blocks = [], []
-        for lo in range(0, step.num_tokens, TOKEN_CHUNK):
-            hi = min(step.num_tokens, lo + TOKEN_CHUNK)
-            scores, vis = tiled_scores(qi[lo:hi], w[lo:hi], keys, step.token_row[lo:hi]), visible[lo:hi]
-            cands = None
-            if self.publishes_candidates:
-                blocks.append(candidate_blocks(mask_invisible(scores, vis), vis, c.candidate_topk_blocks,
-                                               c.candidate_block_size))
-            elif self.uses_candidates:
-                cands = candidate_mask(sel.blocks[lo:hi], scores.shape[1], c.candidate_block_size, vis)
-            picks.append(select_entries(scores, vis, c.index_topk, cands))
-        sel.topk = torch.cat(picks) if len(picks) > 1 else picks[0]
-        if blocks:
-            sel.blocks = torch.cat(blocks) if len(blocks) > 1 else blocks[0]
+        pools, ratio = ctx.pools, ctx.pools.ratio[self.source]
+        entries = Entries(step.block_table, step.token_row, ctx.visible(self.ratio), ratio, pools.block_size,
+                          pools.num_blocks, ctx.max_entries(ratio))
+        sel.topk, blocks = index_topk(qi, w, pools.index_keys[self.source], entries, c.index_topk,
+                                      candidates=sel.blocks if self.uses_candidates else None,
+                                      publish=c.candidate_topk_blocks if self.publishes_candidates else 0,
+                                      block=c.candidate_block_size, backend=self.backend)
+        if blocks is not None:
+            sel.blocks = blocks

@@ -1,0 +1,193 @@
+"""Lightning-indexer kernels (ops/kernels/indexer.py) vs the plain-torch reference on one GPU, V4-Flash shapes.
+
+    python benchmarks/kernels/indexer.py --out DIR [--quick] [--sweep]
+
+64 index heads, d = 128, top-512, compress ratio 4, 256-position blocks (64 entries each), bf16 queries; index keys
+MXFP4 (68 B) and FP8 row (132 B). Every row's context is 64K positions (16K entries visible).
+* Decode (batch 1 and 32): one CUDA graph of calls, each on its own copy of the key pool (more bytes than the L2, as
+  the layers of a step are), divided by the calls: the logits launch, the select launch, both (index_topk), and the
+  reference (eager, one call). Bytes = the visible key records + q + w + the scores written; % of the HBM copy
+  ceiling of the same run. Target: <= 25 us per layer for batch 1.
+* Prefill: a 4096-token chunk at positions 60K..64K of one row, eager: the logits in TFLOP/s (2 H d per visible
+  (token, entry)) against the FP8 and bf16 peaks of the same run (target: >= 40 % of FP8), and logits + select.
+  With FP8-row keys also FP8 queries with one scale per row (the FP8 tensor-core path).
+The kernel's picks are first compared with the reference's (bf16 on a GPU: fp32 sums in another order may swap
+near-ties): rows identical, and the recall of the reference's picks.
+--quick: default configs, no reference timing; --sweep: also alternative tile configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+import common
+import torch
+
+from v4serve.cache.formats import Codec
+from v4serve.cache.pool import RowPool
+from v4serve.ops import indexer
+from v4serve.ops.kernels import indexer as ik
+
+H, D, K, RATIO, BLOCK = 64, 128, 512, 4, 256
+CONTEXT = 65536
+E = CONTEXT // RATIO  # entries visible at the end of the context (and E_max)
+EPB = BLOCK // RATIO
+DECODE, PREFILL_T = (1, 32), 4096
+TARGET_DECODE_US, TARGET_PREFILL_PCT_FP8 = 25.0, 40.0
+
+
+def make_pool(kind: str, rows: int, seed: int) -> RowPool:
+    """Index keys of `rows` rows of CONTEXT positions each (row r owns blocks r*nb..), from random unit-RMS values."""
+    nb = rows * (CONTEXT // BLOCK)
+    codec = Codec(kind, D)
+    pool = RowPool(codec, nb * EPB + EPB - 1, "cuda")
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    for lo in range(0, pool.data.shape[0], 1 << 18):
+        hi = min(pool.data.shape[0], lo + (1 << 18))
+        pool.data[lo:hi] = codec.encode(torch.randn(hi - lo, D, device="cuda", generator=g))
+    return pool
+
+
+def copy_pool(pool: RowPool) -> RowPool:
+    twin = RowPool(pool.codec, pool.rows, "cuda")
+    twin.data.copy_(pool.data)
+    return twin
+
+
+def entries_for(t: int, rows: int, decode: bool) -> indexer.Entries:
+    """Decode: t = rows tokens, one per row, at position CONTEXT-1. Prefill: t tokens of row 0 ending there."""
+    nb = CONTEXT // BLOCK
+    bt = torch.arange(rows * nb, device="cuda").view(rows, nb)
+    if decode:
+        token_row, pos = torch.arange(rows, device="cuda"), torch.full((rows,), CONTEXT - 1, device="cuda")
+    else:
+        token_row = torch.zeros(t, dtype=torch.long, device="cuda")
+        pos = torch.arange(CONTEXT - t, CONTEXT, device="cuda")
+    return indexer.Entries(bt, token_row, (pos + 1) // RATIO, RATIO, BLOCK, rows * nb, E)
+
+
+def queries(t: int, seed: int, fp8: bool):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(t, H, D, device="cuda", generator=g).bfloat16()
+    w = torch.randn(t, H, device="cuda", generator=g) * (D ** -0.5 * H ** -0.5)
+    if not fp8:
+        return q, w, None
+    scale = q.float().abs().amax(-1).clamp_min(1e-8) / 448.0
+    return (q.float() / scale.unsqueeze(-1)).to(torch.float8_e4m3fn), w, scale
+
+
+def validate(pool: RowPool, ent: indexer.Entries, q, w, q_scale, n: int | None = None) -> dict:
+    if n is not None:  # a subset of the prefill chunk's tokens (the reference's [T, E] scores)
+        ent = indexer.Entries(ent.block_table, ent.token_row[:n], ent.visible[:n], RATIO, BLOCK, ent.num_blocks, E)
+        q, w, q_scale = q[:n], w[:n], None if q_scale is None else q_scale[:n]
+    got = ik.index_topk(q, w, pool, ent, K, q_scale=q_scale)[0]
+    want = indexer.index_topk_reference(q, w, pool, ent, K, q_scale=q_scale)[0]
+    same_rows = int((got == want).all(-1).sum())
+    hits = sum(len(set(a.tolist()) & set(b.tolist())) for a, b in zip(got, want))
+    return {"rows_identical": same_rows, "rows": got.shape[0], "recall": hits / want.numel()}
+
+
+def time_decode(kind: str, b: int, cfg: ik.Config | None, with_ref: bool) -> dict:
+    base = make_pool(kind, b, seed=b)
+    ent = entries_for(b, b, decode=True)
+    q, w, _ = queries(b, seed=1, fp8=False)
+    check = validate(base, ent, q, w, None)
+    pools = [base] + [copy_pool(base) for _ in range(common.copies_past_l2(base.data.numel()) - 1)]
+    scores = torch.empty(b, E, dtype=torch.float32, device="cuda")
+    out = torch.empty(b, K, dtype=torch.long, device="cuda")
+    ik.logits(q, w, base, ent, scores, config=cfg)
+    t_logits = common.bench_graph_many([lambda p=p: ik.logits(q, w, p, ent, scores, config=cfg) for p in pools])
+    t_select = common.bench_graph_many([lambda: ik.select(scores, ent.visible, out, E, config=cfg)] * len(pools))
+    t_both = common.bench_graph_many([lambda p=p: ik.index_topk(q, w, p, ent, K, config=cfg) for p in pools])
+    t_ref = common.bench_ms(lambda: indexer.index_topk_reference(q, w, base, ent, K), warmup=2, iters=5) \
+        if with_ref else float("nan")
+    nbytes = b * E * base.codec.record_bytes + q.numel() * 2 + w.numel() * 4 + b * E * 4
+    return {"logits_us": t_logits * 1e3, "select_us": t_select * 1e3, "both_us": t_both * 1e3,
+            "reference_us": t_ref * 1e3, "logits_bytes": nbytes, "copies": len(pools), **check}
+
+
+def time_prefill(kind: str, fp8_q: bool, cfg: ik.Config | None) -> dict:
+    pool = make_pool(kind, 1, seed=7)
+    ent = entries_for(PREFILL_T, 1, decode=False)
+    q, w, qs = queries(PREFILL_T, seed=2, fp8=fp8_q)
+    check = validate(pool, ent, q, w, qs, n=256)
+    scores = torch.empty(PREFILL_T, E, dtype=torch.float32, device="cuda")
+    t_logits = common.bench_ms(lambda: ik.logits(q, w, pool, ent, scores, q_scale=qs, config=cfg))
+    t_both = common.bench_ms(lambda: ik.index_topk(q, w, pool, ent, K, q_scale=qs, config=cfg))
+    flops = 2 * H * D * float(ent.visible.sum())
+    return {"logits_ms": t_logits, "both_ms": t_both, "flops": flops, "TFLOP_per_s": flops / t_logits / 1e9, **check}
+
+
+DECODE_SWEEP = [ik.Config(1, be, 0, nw, ns, sb, sw) for be in (32, 64, 128) for nw in (4, 8) for ns in (1, 2)
+                for sb, sw in ((1024, 4), (2048, 8), (4096, 16))]
+PREFILL_SWEEP = [ik.Config(bt, be, 0, nw, ns) for bt in (1, 2, 4) for be in (64, 128) for nw in (4, 8)
+                 for ns in (1, 2, 3)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true", help="default configs only, no reference timing")
+    ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    a = ap.parse_args()
+    ceil = common.measure_ceilings()
+    hbm, fp8, bf16 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"], ceil["bf16_flops"]
+    print(common.describe(ceil), flush=True)
+    rows, sweeps = [], []
+    for kind in ("mxfp4", "fp8_row"):
+        for b in DECODE:
+            r = {"regime": "decode", "keys": kind, "batch": b, **time_decode(kind, b, None, not a.quick)}
+            r["pct_hbm"] = 100 * r["logits_bytes"] / (r["logits_us"] * 1e-6) / hbm
+            rows.append(r)
+            print(f"decode {kind:<8} B={b:<3} logits {r['logits_us']:7.1f} us ({r['pct_hbm']:4.1f}% HBM)  select "
+                  f"{r['select_us']:7.1f} us  both {r['both_us']:7.1f} us  ref {r['reference_us']:9.1f} us  rows "
+                  f"{r['rows_identical']}/{r['rows']} recall {r['recall']:.4f}", flush=True)
+            if a.sweep and b == 1:
+                for cfg in DECODE_SWEEP:
+                    try:
+                        s = time_decode(kind, b, cfg, False)
+                    except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
+                        sweeps.append({"keys": kind, "batch": b, "config": asdict(cfg), "error": repr(exc)[:200]})
+                        continue
+                    sweeps.append({"keys": kind, "batch": b, "config": asdict(cfg), **s})
+                    print(f"  sweep {cfg}: logits {s['logits_us']:.1f} select {s['select_us']:.1f} both "
+                          f"{s['both_us']:.1f} us", flush=True)
+        for fp8_q in ((False, True) if kind == "fp8_row" else (False,)):
+            r = {"regime": "prefill", "keys": kind, "fp8_queries": fp8_q, "T": PREFILL_T,
+                 **time_prefill(kind, fp8_q, None)}
+            r["pct_fp8"] = 100 * r["TFLOP_per_s"] * 1e12 / fp8
+            r["pct_bf16"] = 100 * r["TFLOP_per_s"] * 1e12 / bf16
+            rows.append(r)
+            print(f"prefill {kind:<8} q {'fp8' if fp8_q else 'bf16'}: logits {r['logits_ms']:.3f} ms "
+                  f"{r['TFLOP_per_s']:.0f} TFLOP/s ({r['pct_fp8']:.1f}% FP8, {r['pct_bf16']:.1f}% bf16)  logits+select "
+                  f"{r['both_ms']:.3f} ms  rows {r['rows_identical']}/{r['rows']} recall {r['recall']:.4f}", flush=True)
+            if a.sweep:
+                for cfg in PREFILL_SWEEP:
+                    try:
+                        s = time_prefill(kind, fp8_q, cfg)
+                    except Exception as exc:  # noqa: BLE001 - a config that does not compile is skipped
+                        sweeps.append({"keys": kind, "fp8_queries": fp8_q, "config": asdict(cfg), "error": repr(exc)})
+                        continue
+                    sweeps.append({"keys": kind, "fp8_queries": fp8_q, "config": asdict(cfg), **s})
+                    print(f"  sweep {cfg}: {s['TFLOP_per_s']:.0f} TFLOP/s", flush=True)
+    common.write_json(a.out, "indexer", {"ceilings": ceil, "H": H, "d": D, "k": K, "ratio": RATIO,
+                                         "context": CONTEXT, "entries": E, "targets": {
+                                             "decode_b1_us": TARGET_DECODE_US,
+                                             "prefill_pct_fp8": TARGET_PREFILL_PCT_FP8},
+                                         "rows": rows, "sweeps": sweeps})
+    print(f"\nindexer H={H} d={D} top-{K}, {CONTEXT // 1024}K context ({E} entries); {common.describe(ceil)}")
+    for r in rows:
+        if r["regime"] == "decode":
+            ok = "meets" if r["batch"] > 1 or r["both_us"] <= TARGET_DECODE_US else "MISSES"
+            print(f"decode  {r['keys']:<8} B={r['batch']:<3} {r['both_us']:8.1f} us/layer "
+                  f"(logits {r['logits_us']:.1f} + select {r['select_us']:.1f}), reference {r['reference_us']:.1f} us"
+                  + (f"  [{ok} the {TARGET_DECODE_US:.0f} us target]" if r["batch"] == 1 else ""))
+        else:
+            ok = "meets" if r["pct_fp8"] >= TARGET_PREFILL_PCT_FP8 else "MISSES"
+            print(f"prefill {r['keys']:<8} q {'fp8 ' if r['fp8_queries'] else 'bf16'} {r['TFLOP_per_s']:6.0f} TFLOP/s "
+                  f"= {r['pct_fp8']:.1f}% FP8 peak [{ok} {TARGET_PREFILL_PCT_FP8:.0f}%]")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,435 @@
+"""The lightning indexer in two launches (the reference is ops/indexer.py): paged/sparse MQA logits and a radix top-k.
+
+1. `_logits_kernel`, programs over (token block, split). A token block's tokens of one row share each key tile: the
+   program walks the entry tiles j < max visible of its tokens (tile = pid_split, + splits, ...: the loop bound is read
+   from device memory, so the work follows `visible`, not E_max), reads the records straight from the pool through
+   the block table, dequantizes them in registers (plain values, MXFP4 = e2m1 nibbles x ue8m0 per 32, FP8 row = e4m3 x
+   one float32 scale), computes keys [BLOCK_E, d] x q^T [d, tokens*heads] (the heads on the N side, so that the sum
+   over heads is a row reduction), ReLU, weights by w, sums over heads and stores float32 scores for j < visible[t]
+   only. With `candidates` each program takes one token and walks its candidate blocks instead (sparse MQA logits);
+   with `publish` it also stores the block maxima (the newest block forced to +inf) for j < visible.
+2. `_select_kernel`, one program per token: a radix select over the 64-bit keys (order-preserving 32 bits of the
+   float32 score << ID_BITS | (ID_MASK - entry id)): per 8-bit digit, from the top, one pass over the token's scores
+   builds a 256-bin histogram of the keys that still match the chosen prefix and fixes the next digit of the k-th
+   largest key; it stops as soon as every key matching the prefix is taken. A last pass writes the picked keys (in
+   the output row, as scratch), then the program sorts them (descending, `tl.sort`) and writes the entry ids, -1 past
+   the picks. Ties therefore go to the lower entry id exactly as ops.indexer.ordered_keys orders them. The same
+   kernel picks the published candidate blocks from the block maxima.
+
+Precision: scores accumulate in float32 (float64 for float64 queries: the CPU interpreter's exactness runs) and are
+rounded to float32 before the selection, as the reference's ordered_keys does. Decoded keys are rounded to the
+query dtype first (bf16 on GPU), as the reference decodes them. The interpreter takes bf16 / fp8 dots through fp32
+(its bf16 tl.dot is wrong, see ops/kernels/__init__.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from ..indexer import Entries, KeyPool
+from .split_grid import FLOATS, TL_DTYPES, runs_here
+
+FORMATS = {"plain": 0, "mxfp4": 1, "fp8_row": 2}
+SCORE_BUDGET = 256 << 20  # bytes of float32 scores per launch pair: longer prefills run a chunk of tokens at a time
+MAX_ID_BITS = 24  # entry ids < 2^24 (64M-token contexts at ratio 4): 32 + 24 key bits fit the int64 radix shifts
+
+
+@dataclass(frozen=True)
+class Config:
+    block_t: int  # tokens per logits program (a power of two; 1 with candidates)
+    block_e: int  # entries per key tile (a power of two, a multiple of the candidate block)
+    split: int = 0  # logits programs per token block along the entries; 0 = enough to fill the GPU
+    num_warps: int = 4
+    num_stages: int = 2
+    select_block: int = 2048  # scores per step of the select passes
+    select_warps: int = 8
+
+
+# --- logits ---------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _round_bf16(x):
+    """fp32 -> the nearest bf16 value (ties to even), kept in fp32: the interpreter's own fp32 -> bf16 cast
+    truncates (triton 3.6), where torch and the GPU round to nearest."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e2m1(code):
+    """4-bit e2m1 codes -> fp32 values (bit 3 = sign; magnitudes 0 .5 1 1.5 2 3 4 6), exact."""
+    mag = code & 7
+    p2 = (((mag >> 1) + 125) << 23).to(tl.float32, bitcast=True)  # 2^((mag >> 1) - 2)
+    v = tl.where(mag < 2, mag.to(tl.float32) * 0.5, ((mag & 1) + 2).to(tl.float32) * p2)
+    return tl.where(code >= 8, -v, v)
+
+
+@triton.jit
+def _key_tile(data_ptr, prow, e_ok, stride_row, BLOCK_E: tl.constexpr, D: tl.constexpr, FORMAT: tl.constexpr,
+              KEY: tl.constexpr, DOT: tl.constexpr, RAW_FP8: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """Records at pool rows prow [BLOCK_E] -> (keys [BLOCK_E, D] in DOT, per-entry scale [BLOCK_E] for RAW_FP8).
+    Keys pass through KEY, the dtype the reference decodes them to (ROUND_BF16: bf16 emulated in fp32)."""
+    offs_d = tl.arange(0, D)
+    rec = data_ptr + prow.to(tl.int64) * stride_row
+    base = rec[:, None]
+    m2 = e_ok[:, None]
+    scale = tl.full(prow.shape, 1.0, tl.float32)
+    if FORMAT == 0:  # plain values
+        x = tl.load(base + offs_d[None, :], mask=m2, other=0.0)
+    elif FORMAT == 1:  # MXFP4: e2m1 codes (low nibble = even element), then one ue8m0 scale per 32
+        byte = tl.load(base + tl.arange(0, D // 2)[None, :], mask=m2, other=0).to(tl.int32)  # each byte once
+        v = tl.interleave(_e2m1(byte & 15), _e2m1(byte >> 4))  # [BLOCK_E, D]
+        sb = tl.load(base + D // 2 + tl.arange(0, D // 32)[None, :], mask=m2, other=127).to(tl.int32)
+        sc = tl.where(sb == 0, 0x400000, sb << 23).to(tl.float32, bitcast=True)  # 2^(b-127); b = 0: subnormal
+        x = tl.reshape(tl.reshape(v, [BLOCK_E, D // 32, 32]) * sc[:, :, None], [BLOCK_E, D])
+    else:  # FP8 row: e4m3 values, then one float32 scale
+        f8 = tl.load(base + offs_d[None, :], mask=m2, other=0).to(tl.float8e4nv, bitcast=True)
+        s = tl.load((rec + D).to(tl.pointer_type(tl.float32)), mask=e_ok, other=0.0)
+        if RAW_FP8:  # the scale is applied after the dot (FP8 tensor cores)
+            x = f8
+            scale = s
+        else:
+            x = f8.to(tl.float32) * s[:, None]
+    if RAW_FP8:
+        k = x.to(DOT)
+    elif ROUND_BF16:
+        k = _round_bf16(x.to(tl.float32)).to(DOT)
+    else:
+        k = x.to(KEY).to(DOT)
+    return k, scale
+
+
+@triton.jit
+def _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, e_ok, tile, qt, wm, seg, vis,
+                offs_t, out_ptr, stride_ot, blk_ptr, stride_bo,
+                D: tl.constexpr, RATIO: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_E: tl.constexpr, H_PAD: tl.constexpr, CB: tl.constexpr, FORMAT: tl.constexpr,
+                PUBLISH: tl.constexpr, RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr,
+                ACC: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """Entries `ids` [BLOCK_E] (at score positions offs_p) of one row against the block's q rows: store the scores
+    of each token's visible entries (and, with PUBLISH, the block maxima)."""
+    EPB: tl.constexpr = BLOCK_SIZE // RATIO
+    NBT: tl.constexpr = BLOCK_E // CB
+    col = tl.minimum(ids * RATIO // BLOCK_SIZE, n_cols - 1)
+    blk = tl.load(bt_row + col * stride_btc, mask=e_ok, other=-1).to(tl.int64)
+    blk = tl.where(blk < 0, trash, blk)  # unallocated: the trash block, as the reference addresses it
+    keys, ks = _key_tile(data_ptr, blk * EPB + ids % EPB, e_ok, stride_row, BLOCK_E, D, FORMAT, KEY, DOT, RAW_FP8,
+                         ROUND_BF16)
+    s = tl.dot(keys, tl.trans(qt), input_precision="ieee", out_dtype=ACC)  # [BLOCK_E, BLOCK_T * H_PAD]
+    s = tl.maximum(s, 0.0) * wm[None, :]
+    sc = tl.sum(tl.reshape(s, [BLOCK_E, BLOCK_T, H_PAD]), axis=2)  # [BLOCK_E, BLOCK_T]: heads summed
+    if RAW_FP8:
+        sc = sc * ks[:, None].to(ACC)
+    sc = sc.to(tl.float32)
+    keep = e_ok[:, None] & seg[None, :] & (ids[:, None] < vis[None, :])
+    tl.store(out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_p[:, None], sc, mask=keep)
+    if PUBLISH:  # block maxima over the visible entries; the block of entry visible-1 is forced in
+        bm = tl.max(tl.reshape(tl.where(keep, sc, float("-inf")), [NBT, CB, BLOCK_T]), axis=1)
+        offs_b = tile * NBT + tl.arange(0, NBT)
+        newest = tl.maximum(vis - 1, 0) // CB
+        bm = tl.where(offs_b[:, None] == newest[None, :], float("inf"), bm)
+        tl.store(blk_ptr + offs_t.to(tl.int64)[None, :] * stride_bo + offs_b[:, None], bm,
+                 mask=seg[None, :] & (offs_b[:, None] * CB < vis[None, :]))
+
+
+@triton.jit
+def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, cand_ptr, out_ptr, blk_ptr,
+                   T, n_cols, trash, n_cand,
+                   stride_qt, stride_qh, stride_qd, stride_qst, stride_qsh, stride_wt, stride_wh, stride_row,
+                   stride_btr, stride_btc, stride_ct, stride_ot, stride_bo,
+                   H: tl.constexpr, H_PAD: tl.constexpr, D: tl.constexpr, RATIO: tl.constexpr,
+                   BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, CB: tl.constexpr,
+                   FORMAT: tl.constexpr, CAND: tl.constexpr, PUBLISH: tl.constexpr, QFP8: tl.constexpr,
+                   RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr,
+                   ROUND_BF16: tl.constexpr):
+    NBT: tl.constexpr = BLOCK_E // CB  # candidate blocks per tile
+    pid_t = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    n_split = tl.num_programs(1)
+    t0 = pid_t * BLOCK_T
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    t_ok = offs_t < T
+    rows = tl.load(row_ptr + offs_t, mask=t_ok, other=-1)
+    vis = tl.load(vis_ptr + offs_t, mask=t_ok, other=0)
+    # the q rows of the block: m = (token, head), heads padded to H_PAD with zero q and w (no contribution)
+    offs_m = tl.arange(0, BLOCK_T * H_PAD)
+    tm = t0 + offs_m // H_PAD
+    hm = offs_m % H_PAD
+    offs_d = tl.arange(0, D)
+    t_end = tl.minimum(t0 + BLOCK_T, T)
+    cur = t0
+    while cur < t_end:  # runs of tokens of one row (one run unless the block straddles rows)
+        r = tl.load(row_ptr + cur)
+        seg_end = tl.min(tl.where(t_ok & (offs_t > cur) & (rows != r), offs_t, t_end))
+        seg = (offs_t >= cur) & (offs_t < seg_end)
+        m_ok = (hm < H) & (tm >= cur) & (tm < seg_end)
+        qt = tl.load(q_ptr + tm.to(tl.int64)[:, None] * stride_qt + hm[:, None] * stride_qh
+                     + offs_d[None, :] * stride_qd, mask=m_ok[:, None], other=0.0).to(DOT)
+        wm = tl.load(w_ptr + tm.to(tl.int64) * stride_wt + hm * stride_wh, mask=m_ok, other=0.0).to(ACC)
+        if QFP8:  # relu(s q8 . k) = s relu(q8 . k) for the positive per-row scale s: fold it into the head weight
+            wm = wm * tl.load(qs_ptr + tm.to(tl.int64) * stride_qst + hm * stride_qsh, mask=m_ok, other=0.0).to(ACC)
+        v_max = tl.max(tl.where(seg, vis, 0))  # the run's longest visible prefix: the loop bound, from memory
+        if CAND:
+            n_tiles = tl.cdiv(n_cand, NBT)
+        else:
+            n_tiles = tl.cdiv(v_max, BLOCK_E)
+        bt_row = bt_ptr + r.to(tl.int64) * stride_btr
+        for tile in range(pid_s, n_tiles, n_split):
+            offs_p = tile * BLOCK_E + tl.arange(0, BLOCK_E)  # positions in the score row
+            if CAND:  # slot p holds entry cand[p // CB] * CB + p % CB
+                cb = tl.load(cand_ptr + t0.to(tl.int64) * stride_ct + offs_p // CB, mask=offs_p // CB < n_cand,
+                             other=-1)
+                ids = cb.to(tl.int64) * CB + offs_p % CB
+                e_ok = (cb >= 0) & (ids < v_max)
+                if tl.max(e_ok.to(tl.int32)) > 0:  # a tile of empty candidate slots costs one load
+                    _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, e_ok, tile, qt,
+                                wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, D, RATIO, BLOCK_SIZE,
+                                BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC, ROUND_BF16)
+            else:  # no branch in the dense loop: the key loads pipeline across tiles
+                ids = offs_p.to(tl.int64)
+                _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, ids < v_max, tile,
+                            qt, wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, D, RATIO, BLOCK_SIZE,
+                            BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC, ROUND_BF16)
+        cur = seg_end
+
+
+# --- select ---------------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND: tl.constexpr, CB: tl.constexpr,
+          ID_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Positions p0.. of token t's score row -> (64-bit keys, valid): the order-preserving bits of the float32 score,
+    then ID_MASK - entry id (ties go to the lower id), as ops.indexer.ordered_keys."""
+    ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
+    offs = p0 + tl.arange(0, BLOCK)
+    if CAND:
+        cb = tl.load(cand_ptr + t * stride_ct + offs // CB, mask=offs < n_pos, other=-1)
+        ids = cb.to(tl.int64) * CB + offs % CB
+        ok = (cb >= 0) & (ids < vis)
+    else:
+        ids = offs.to(tl.int64)
+        ok = offs < n_pos
+    sc = tl.load(s_ptr + t * stride_st + offs, mask=ok, other=0.0)
+    bits = tl.where(sc == 0.0, 0, sc.to(tl.int32, bitcast=True))  # -0.0 ties with +0.0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    key = ((ordered.to(tl.int64) + 2147483648) << ID_BITS) | (ID_MASK - ids)
+    return key, ok
+
+
+@triton.jit
+def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_ct, stride_ot,
+                   K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
+                   ID_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
+    STAGES: tl.constexpr = (32 + ID_BITS + 7) // 8
+    TOP: tl.constexpr = 8 * STAGES  # key bits, rounded up to whole digits
+    t = tl.program_id(0).to(tl.int64)
+    vis = tl.load(vis_ptr + t)
+    if CAND:
+        n_pos = n_cand * CB
+    else:
+        n_pos = (vis + DIV - 1) // DIV  # DIV = 1: entries; DIV = block: the blocks holding visible entries
+    bins = tl.arange(0, 256)
+    pref = tl.full([], 0, tl.int64)  # the digits of the k-th largest key fixed so far
+    last_shift = tl.full([], TOP, tl.int64)
+    need = tl.full([], 0, tl.int32)  # picks still to make among the keys that match the prefix
+    kk = tl.full([], 0, tl.int32)
+    done = tl.full([], 0, tl.int32)
+    for stage in tl.static_range(STAGES):
+        if done == 0:
+            shift: tl.constexpr = TOP - 8 * (stage + 1)
+            hist = tl.zeros([256], tl.int32)
+            for p0 in range(0, n_pos, BLOCK):
+                key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+                match = ok & ((key >> (shift + 8)) == pref)
+                hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+            if stage == 0:
+                kk = tl.minimum(tl.sum(hist), K)
+                need = kk
+            ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist  # keys with this digit or a larger one
+            b = tl.max(tl.where(ge >= need, bins, 0))
+            gt = tl.sum(tl.where(bins > b, hist, 0))
+            eq = tl.sum(tl.where(bins == b, hist, 0))
+            need = need - gt
+            pref = pref * 256 + b
+            last_shift = tl.full([], shift, tl.int64)
+            done = (need == eq).to(tl.int32)  # every key with this prefix is a pick
+    # the picks: keys whose fixed digits are >= the prefix (exactly kk of them), stored in the output row as scratch
+    count = tl.full([], 0, tl.int32)
+    for p0 in range(0, n_pos, BLOCK):
+        key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+        sel = ok & ((key >> last_shift) >= pref)
+        pos = count + tl.cumsum(sel.to(tl.int32), 0) - 1
+        tl.store(out_ptr + t * stride_ot + pos, key, mask=sel)
+        count += tl.sum(sel.to(tl.int32))
+    tl.debug_barrier()  # this program's scratch stores precede its loads
+    slots = tl.arange(0, K_PAD)
+    got = tl.load(out_ptr + t * stride_ot + slots, mask=slots < kk, other=-1, cache_modifier=".cg")
+    got = tl.sort(got, descending=True)
+    ids = tl.where(slots < kk, ID_MASK - (got & ID_MASK), -1)
+    tl.store(out_ptr + t * stride_ot + slots, ids, mask=slots < K)
+
+
+# --- host side ------------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=16)
+def _programs_to_fill(device: torch.device) -> int:
+    """Logits programs that fill the device: two per SM (a few on the CPU interpreter, to exercise the split)."""
+    if device.type != "cuda":
+        return 3
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return 2 * torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _id_bits(n: int) -> int:
+    return max(1, (n - 1).bit_length())
+
+
+def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
+    """GPU: decode-sized steps take one token per program and small key tiles spread over the SMs; prefills take two
+    tokens of a row per program (N = 2 x 64 heads) and 128-entry tiles. Not yet tuned on a GPU
+    (benchmarks/kernels/indexer.py --sweep). The interpreter gets small tiles (numpy cost, not speed)."""
+    if not on_gpu:
+        return Config(block_t=1 if candidates else 2, block_e=32, split=2, select_block=128)
+    if candidates or t <= 64:
+        return Config(block_t=1, block_e=64, num_warps=4, num_stages=2)
+    return Config(block_t=2, block_e=128, num_warps=8, num_stages=2)
+
+
+# Record formats whose kernels have run on the H200. The MXFP4 and FP8-row paths pass under the interpreter but fault
+# with "misaligned address" in the logits kernel on the GPU (tests/ops/test_indexer.py GPU cases, 2026-11-30): until
+# that is found, those formats take the reference body on CUDA.
+GPU_VERIFIED = ("plain",)
+
+
+def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, candidates: torch.Tensor | None,
+             publish: int, block: int, q_scale: torch.Tensor | None) -> bool:
+    """True where the kernels run: plain / MXFP4 / FP8-row records of a power-of-two dim >= 16 (MXFP4: a multiple of
+    32), float queries (FP8 ones only with a per-row scale, FP8-row keys and dim >= 32), power-of-two candidate
+    blocks, entry ids below 2^24, everything on one device; CUDA without float64, or the CPU under Triton's
+    interpreter."""
+    codec = keys.codec
+    if codec.kind not in FORMATS or q.dim() != 3 or q.shape[2] != codec.dim or w.shape != q.shape[:2]:
+        return False
+    if q.is_cuda and codec.kind not in GPU_VERIFIED:
+        return False
+    d = codec.dim
+    if d < 16 or d & (d - 1) or (codec.kind == "mxfp4" and d % 32):
+        return False
+    if codec.kind == "plain" and keys.data.dtype not in FLOATS:
+        return False
+    if q_scale is not None:
+        if q.dtype != torch.float8_e4m3fn or codec.kind != "fp8_row" or q_scale.shape != q.shape[:2] or d < 32:
+            return False
+    elif q.dtype not in FLOATS:
+        return False
+    if (candidates is not None or publish) and (block < 1 or block & (block - 1) or block > 1024):
+        return False
+    if candidates is not None and publish:  # V4.1 never does both (one candidate source, later sources mask to it)
+        return False
+    if entries.max_entries >= 1 << MAX_ID_BITS or entries.block_size % entries.ratio:
+        return False
+    tensors = [w, keys.data, entries.block_table, entries.token_row, entries.visible]
+    tensors += [t for t in (candidates, q_scale) if t is not None]
+    if any(t.device != q.device for t in tensors):
+        return False
+    return runs_here(q if q.dtype in FLOATS else w)
+
+
+def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, scores: torch.Tensor, *,
+           candidates: torch.Tensor | None = None, block: int = 1, block_scores: torch.Tensor | None = None,
+           q_scale: torch.Tensor | None = None, config: Config | None = None) -> None:
+    """Launch 1 over all tokens of q: float32 scores of each token's visible entries into scores [T, >= W] (W = E_max,
+    or Kc * block with candidates: slot p holds entry candidates[t, p // block] * block + p % block); with
+    block_scores [T, >= ceil(E_max / block)] also the block maxima (the newest block +inf) of the visible blocks."""
+    T, H, D = q.shape
+    cfg = config or default_config(T, candidates is not None, q.is_cuda)
+    cand, publish = candidates is not None, block_scores is not None
+    cb = block if (cand or publish) else 1
+    block_t = 1 if cand else cfg.block_t
+    block_e = max(cfg.block_e, cb)
+    if block_t & (block_t - 1) or block_e & (block_e - 1):
+        raise ValueError(f"block sizes must be powers of two: {cfg}")
+    n_cand = candidates.shape[1] if cand else 0
+    on_gpu = q.is_cuda
+    qfp8 = q_scale is not None
+    raw_fp8 = qfp8 and on_gpu  # FP8 tensor-core dots; the interpreter takes them through fp32
+    if on_gpu:
+        dot = tl.float8e4nv if raw_fp8 else TL_DTYPES[q.dtype]
+    else:  # the interpreter's bf16 / fp8 dots are wrong: fp32 (bf16 x bf16 products are exact there)
+        dot = tl.float64 if q.dtype == torch.float64 else tl.float32
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    key_dt = torch.float32 if qfp8 else q.dtype  # the reference decodes keys to the (dequantized) query dtype
+    n_tb = triton.cdiv(T, block_t)
+    tiles = triton.cdiv(n_cand, block_e // cb) if cand else triton.cdiv(entries.max_entries, block_e)
+    split = max(1, min(cfg.split or triton.cdiv(_programs_to_fill(q.device), n_tb), tiles))
+    qs = q_scale if qfp8 else w
+    cand_t = candidates if cand else entries.token_row
+    bsc = block_scores if publish else scores
+    bt, data = entries.block_table, keys.data
+    _logits_kernel[(n_tb, split)](
+        q, qs, w, data, bt, entries.token_row, entries.visible, cand_t, scores, bsc,
+        T, bt.shape[1], entries.num_blocks, n_cand,
+        q.stride(0), q.stride(1), q.stride(2), qs.stride(0), qs.stride(1), w.stride(0), w.stride(1),
+        data.stride(0), bt.stride(0), bt.stride(1), cand_t.stride(0), scores.stride(0), bsc.stride(0),
+        H=H, H_PAD=max(triton.next_power_of_2(H), 16 // block_t if on_gpu else 1), D=D, RATIO=entries.ratio,
+        BLOCK_SIZE=entries.block_size, BLOCK_T=block_t, BLOCK_E=block_e, CB=cb, FORMAT=FORMATS[keys.codec.kind],
+        CAND=cand, PUBLISH=publish, QFP8=qfp8, RAW_FP8=raw_fp8, KEY=TL_DTYPES[key_dt], DOT=dot, ACC=TL_DTYPES[acc],
+        ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids: int, *,
+           candidates: torch.Tensor | None = None, block: int = 1, per: int = 1,
+           config: Config | None = None) -> None:
+    """Launch 2: the top out.shape[1] of each token's scores -> out [T, K] int64 (descending, ties to the lower id,
+    -1 past the picks). Dense rows: positions < ceil(visible / per) (per = 1: entries; per = block: the blocks of
+    visible entries); with candidates: the slots of launch 1. n_ids bounds the ids (E_max, or the number of blocks)."""
+    T, K = out.shape
+    if T == 0 or K == 0:
+        return
+    cfg = config or default_config(T, candidates is not None, scores.is_cuda)
+    if cfg.select_block & (cfg.select_block - 1):
+        raise ValueError(f"block sizes must be powers of two: {cfg}")
+    cand = candidates is not None
+    cand_t = candidates if cand else visible
+    _select_kernel[(T,)](scores, visible, cand_t, out, candidates.shape[1] if cand else 0, scores.stride(0),
+                         cand_t.stride(0), out.stride(0), K=K, K_PAD=triton.next_power_of_2(K), CAND=cand,
+                         CB=block if cand else 1, DIV=per, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
+                         num_warps=cfg.select_warps)
+
+
+def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int, *,
+               candidates: torch.Tensor | None = None, publish: int = 0, block: int = 1,
+               q_scale: torch.Tensor | None = None, config: Config | None = None,
+               scores_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """-> (idx [T, min(k, E_max)], blocks [T, publish] or None), as ops.indexer.index_topk_reference. The score rows
+    are E_max wide (memory, not work); a step whose rows exceed SCORE_BUDGET runs a chunk of tokens at a time.
+    `scores_out` (tests): the [T, >= E_max] float32 score buffer to use (only the visible part is written)."""
+    T = q.shape[0]
+    E, dev = entries.max_entries, q.device
+    idx = torch.empty(T, min(k, E), dtype=torch.long, device=dev)
+    blocks = torch.empty(T, publish, dtype=torch.long, device=dev) if publish else None
+    if T == 0:
+        return idx, blocks
+    W = candidates.shape[1] * block if candidates is not None else E
+    NB = -(-E // block)
+    row_bytes = 4 * (W + (NB if publish else 0))
+    chunk = T if scores_out is not None else max(1, min(T, SCORE_BUDGET // max(row_bytes, 1)))
+    scores = scores_out if scores_out is not None else torch.empty(chunk, max(W, 1), dtype=torch.float32, device=dev)
+    bscores = torch.empty(chunk, NB, dtype=torch.float32, device=dev) if publish else None
+    for lo in range(0, T, chunk):
+        hi = min(T, lo + chunk)
+        part = replace(entries, token_row=entries.token_row[lo:hi], visible=entries.visible[lo:hi])
+        cands = candidates[lo:hi] if candidates is not None else None
+        logits(q[lo:hi], w[lo:hi], keys, part, scores, candidates=cands, block=block, block_scores=bscores,
+               q_scale=q_scale[lo:hi] if q_scale is not None else None, config=config)
+        select(scores, part.visible, idx[lo:hi], E, candidates=cands, block=block, config=config)
+        if publish:
+            select(bscores, part.visible, blocks[lo:hi], NB, per=block, config=config)
+    return idx, blocks

@@ -1,0 +1,373 @@
+"""The lightning-indexer kernels (ops/kernels/indexer.py) against ops.indexer.index_topk_reference.
+
+On the CPU the kernels run under Triton's interpreter (tests/conftest.py) on small shapes. The selection is discrete,
+so the two bodies must return identical indices: float32 cases use operands on a coarse grid (products and sums are
+exact in float32, so any summation order gives the same scores and every tie is a real tie); float64 cases use
+random operands (the two bodies' scores differ by float64 rounding only, far below any gap between the float32
+scores that are ranked). With V4SERVE_TEST_DEVICE=cuda* the GPU cases run V4-sized shapes in bf16 / FP8 on grid
+operands, where tensor-core sums are exact too, so the picks must still be identical.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from v4serve.cache.formats import Codec
+from v4serve.cache.pool import RowPool
+from v4serve.ops import backend, indexer
+from v4serve.ops.kernels import indexer as ik
+
+_GPU_RUN = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
+# the interpreter cases build CPU tensors; on a GPU run the device cases at the end of the file cover the kernels
+CPU_ONLY = pytest.mark.skipif(_GPU_RUN, reason="interpreter shapes on CPU tensors (the GPU cases below run instead)")
+
+# the interpreter's own `int(array)` on loop bounds
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+RATIO, BLOCK_SIZE, N_BLOCKS = 4, 16, 24  # 4 entries per block
+EPB = BLOCK_SIZE // RATIO
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _grid(shape, g, lo: int = -8, hi: int = 8, scale: float = 0.25) -> torch.Tensor:
+    return torch.randint(lo, hi + 1, shape, generator=g).double() * scale
+
+
+def _pool(kind: str, d: int, g: torch.Generator, exact: bool, storage=torch.float64, zero: bool = False,
+          pow2: bool = True) -> RowPool:
+    """An index-key pool of N_BLOCKS blocks (+ trash) filled with random records (`exact`: grid values, FP8-row
+    records with power-of-two scales unless not `pow2`, so that decoded keys have few significant bits)."""
+    codec = Codec(kind, d, 0, storage)
+    pool = RowPool(codec, N_BLOCKS * EPB + EPB - 1, "cpu")
+    n = pool.data.shape[0]
+    vals = torch.zeros(n, d, dtype=torch.float64) if zero else (_grid((n, d), g) if exact else
+                                                                 torch.randn(n, d, generator=g, dtype=torch.float64))
+    if kind == "fp8_row" and exact and pow2:
+        scale = torch.full((n, 1), 0.5, dtype=torch.float32)
+        pool.data[:] = torch.cat([vals.to(torch.float8_e4m3fn).view(torch.uint8), scale.view(torch.uint8)], 1)
+    else:
+        pool.data[:] = codec.encode(vals)
+    return pool
+
+
+def _layout(rows: list[tuple[int, int]], g: torch.Generator):
+    """Rows given as (first position, tokens): block tables over a shuffled pool (blocks reused across rows: a shared
+    prefix), -1 holes past each row's context, token_row and visible = (pos + 1) // RATIO."""
+    perm = torch.randperm(N_BLOCKS, generator=g)
+    nb = max(-(-(p + n) // BLOCK_SIZE) for p, n in rows) + 1
+    bt = torch.full((len(rows), nb), -1, dtype=torch.long)
+    for r, (p, n) in enumerate(rows):
+        used = -(-(p + n) // BLOCK_SIZE)
+        bt[r, :used] = perm[(torch.arange(used) + 3 * r) % N_BLOCKS]
+        if r and used > 1:
+            bt[r, 0] = bt[0, 0]  # the same physical block in two rows
+    token_row = torch.cat([torch.full((n,), r, dtype=torch.long) for r, (_, n) in enumerate(rows)])
+    pos = torch.cat([torch.arange(p, p + n) for p, n in rows])
+    return bt, token_row, (pos + 1) // RATIO
+
+
+def _case(kind: str, rows, dtype, seed: int, d: int = 32, h: int = 3, e_max: int | None = None, exact: bool = False,
+          storage=torch.float64, zero_keys: bool = False, pow2: bool = True):
+    g = _gen(seed)
+    pool = _pool(kind, d, g, exact, storage, zero_keys, pow2)
+    bt, token_row, visible = _layout(rows, g)
+    E = e_max or max(1, -(-max(p + n for p, n in rows) // RATIO))
+    entries = indexer.Entries(bt, token_row, visible, RATIO, BLOCK_SIZE, N_BLOCKS, E)
+    T = token_row.shape[0]
+    if exact:
+        q, w = _grid((T, h, d), g, scale=0.125), _grid((T, h), g, -4, 4, 0.5)
+    else:
+        q = torch.randn(T, h, d, generator=g, dtype=torch.float64)
+        w = torch.randn(T, h, generator=g, dtype=torch.float64)
+    wdt = torch.float64 if dtype == torch.float64 else torch.float32
+    return q.to(dtype), w.to(wdt), pool, entries
+
+
+def _reference_scores(q, w, pool, entries, q_scale=None) -> torch.Tensor:
+    """The reference's float32 scores [T, E_max] (before masking)."""
+    if q_scale is not None:
+        q = q.float() * q_scale.unsqueeze(-1)
+    rows = entries.rows()
+    keys = pool.codec.decode(pool.data[rows.reshape(-1)], q.dtype).view(*rows.shape, -1)
+    return indexer.index_scores(q, w, keys[entries.token_row]).float()
+
+
+def _same(q, w, pool, entries, k, config=None, check_scores: bool = True, **kw):
+    """Kernel picks == reference picks; on dense rows also the visible scores (bitwise but for float64 operands)."""
+    want = indexer.index_topk_reference(q, w, pool, entries, k, kw.get("candidates"), kw.get("publish", 0),
+                                        kw.get("block", 1), kw.get("q_scale"))
+    scores = None
+    if check_scores and kw.get("candidates") is None:  # (a given score buffer runs the step in one chunk)
+        scores = kw["scores_out"] = torch.full((q.shape[0], entries.max_entries), float("nan"))
+    got = ik.index_topk(q, w, pool, entries, k, config=config, **kw)
+    if scores is not None:
+        vis = torch.arange(entries.max_entries)[None, :] < entries.visible[:, None]
+        ref = _reference_scores(q, w, pool, entries, kw.get("q_scale"))
+        if q.dtype != torch.float64:
+            assert torch.equal(scores[vis], ref[vis])
+        else:
+            assert torch.allclose(scores[vis], ref[vis], rtol=1e-6, atol=1e-6)
+    assert got[0].dtype == torch.long and got[0].shape == want[0].shape
+    assert torch.equal(got[0], want[0]), f"\n{got[0]}\n{want[0]}"
+    if want[1] is not None:
+        assert torch.equal(got[1], want[1]), f"\n{got[1]}\n{want[1]}"
+    return got
+
+
+PREFILL_ROWS = [(0, 37), (40, 9), (130, 1), (3, 0), (61, 5)]  # rows of different lengths (one with no token here)
+
+
+@pytest.mark.parametrize("kind,dtype,exact,storage", [
+    ("plain", torch.float32, True, torch.float32),
+    ("plain", torch.float64, False, torch.float64),
+    ("plain", torch.float32, True, torch.bfloat16),  # bf16-stored keys widened to the float32 queries
+    ("mxfp4", torch.float32, True, None),
+    ("mxfp4", torch.float64, False, None),
+    ("fp8_row", torch.float32, True, None),
+    ("fp8_row", torch.float64, False, None),
+], ids=["plain-fp32", "plain-fp64", "bf16-keys", "mxfp4-fp32", "mxfp4-fp64", "fp8-fp32", "fp8-fp64"])
+
+@CPU_ONLY
+def test_every_key_format_matches_reference(kind, dtype, exact, storage):
+    """Several tokens per row (prefill chunks), rows of different lengths, paged tables with holes and reused blocks;
+    k below, at and above the visible counts (0 .. 33 entries visible)."""
+    q, w, pool, entries = _case(kind, PREFILL_ROWS, dtype, seed=1, exact=exact, storage=storage or torch.float64)
+    for k in (1, 6, 16):
+        _same(q, w, pool, entries, k)
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("kind", ["mxfp4", "fp8_row"])
+def test_bf16_queries(kind):
+    """bf16 queries (the GPU's compute dtype): keys are decoded to bf16 as the reference decodes them, rounded to
+    nearest (FP8-row keys of grid values with the encoder's amax/448 scales need it: 24-bit products)."""
+    q, w, pool, entries = _case(kind, PREFILL_ROWS, torch.bfloat16, seed=2, exact=True, pow2=False)
+    _same(q, w, pool, entries, 8)
+
+
+@CPU_ONLY
+def test_decode_rows_visible_edges():
+    """One token per row with visible = 0, 1, k-1, k, k+1 and many more; block tables with holes."""
+    k = 8
+    rows = [(2, 1)] + [(p * RATIO + RATIO - 1, 1) for p in (0, k - 2, k - 1, k, 40)]  # position 2 sees nothing yet
+    q, w, pool, entries = _case("mxfp4", rows, torch.float64, seed=3)
+    assert entries.visible.tolist() == [0, 1, k - 1, k, k + 1, 41]
+    got = _same(q, w, pool, entries, k)[0]
+    assert (got >= 0).sum(1).tolist() == [0, 1, k - 1, k, k, k] and got[1, 0] == 0
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("zero", [True, False], ids=["all-zero-keys", "duplicate-keys"])
+def test_ties_break_toward_the_lower_index(zero):
+    """Zero keys: every score is 0 (ReLU), the picks are the lowest visible indices. Duplicated key records: equal
+    scores at several indices, ordered by index."""
+    q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float32, seed=4, exact=True, storage=torch.float32,
+                                zero_keys=zero)
+    if not zero:
+        src = pool.data[torch.arange(0, pool.data.shape[0], 3)]
+        pool.data[:] = src.repeat_interleave(3, 0)[:pool.data.shape[0]]  # runs of 3 identical keys
+        w = w.abs()
+    got = _same(q, w, pool, entries, 12)[0]
+    if zero:
+        vis = entries.visible
+        want = torch.arange(12).expand(len(vis), -1)
+        assert torch.equal(got, torch.where(want < vis[:, None], want, -1))
+
+
+@CPU_ONLY
+def test_k_larger_than_entries():
+    q, w, pool, entries = _case("fp8_row", [(0, 20), (5, 3)], torch.float64, seed=5)
+    E = entries.max_entries
+    got = _same(q, w, pool, entries, 3 * E)[0]
+    assert got.shape == (23, E)
+
+
+@CPU_ONLY
+def test_candidates_restrict_the_selection():
+    """Candidate blocks (of 4 entries) in score order with -1 padding, trailing and in between; blocks that hold no
+    visible entry yet; the select runs within them exactly as select_entries with candidate_mask."""
+    q, w, pool, entries = _case("mxfp4", [(0, 45), (100, 6)], torch.float64, seed=6, e_max=40)
+    g = _gen(60)
+    T, kc = q.shape[0], 6
+    nb = -(-entries.max_entries // 4)
+    cands = torch.stack([torch.randperm(nb, generator=g)[:kc] for _ in range(T)])
+    cands[::3, 4:] = -1
+    cands[1::4, 1] = -1
+    cands[2, :] = -1
+    for k in (5, 16, 30):
+        _same(q, w, pool, entries, k, candidates=cands, block=4)
+
+
+@CPU_ONLY
+def test_publish_candidate_blocks():
+    """The candidate source: the dense selection plus the top blocks (block max, newest forced, -1 = none), also with
+    more blocks asked for than exist and with fewer visible blocks than asked."""
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=7)
+    for topk_blocks, block in ((3, 4), (20, 2), (4, 8)):
+        _same(q, w, pool, entries, 6, publish=topk_blocks, block=block)
+    # and the published blocks fed to a later source, as V4.1 does
+    _, blocks = ik.index_topk(q, w, pool, entries, 6, publish=3, block=4)
+    _same(q * 0.5 + 0.1, w, pool, entries, 7, candidates=blocks, block=4)
+
+
+@CPU_ONLY
+def test_fp8_queries_with_row_scales():
+    """FP8 e4m3 queries with one power-of-two scale per (token, head) row against FP8-row keys (the FP8 tensor-core
+    path on a GPU; fp32 here)."""
+    q, w, pool, entries = _case("fp8_row", PREFILL_ROWS, torch.float32, seed=8, exact=True)
+    g = _gen(80)
+    q_scale = 2.0 ** torch.randint(-2, 3, q.shape[:2], generator=g).float()
+    _same(q.to(torch.float8_e4m3fn), w, pool, entries, 10, q_scale=q_scale)
+
+
+@pytest.mark.parametrize("cfg", [ik.Config(block_t=4, block_e=16, split=3, select_block=16),
+                                 ik.Config(block_t=1, block_e=64, split=1, select_block=256),
+                                 ik.Config(block_t=8, block_e=32, split=0, select_block=32)],
+                         ids=["t4-e16-s3", "t1-e64", "t8-auto-split"])
+@CPU_ONLY
+def test_tilings_agree(cfg):
+    """Token blocks straddling rows, entry tiles that do not divide E, several splits per token block, select steps
+    smaller than a row."""
+    q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float64, seed=9, h=4)
+    _same(q, w, pool, entries, 9, config=cfg)
+    _same(q, w, pool, entries, 9, config=cfg, publish=3, block=4)
+
+
+@CPU_ONLY
+def test_token_chunks_of_the_score_buffer(monkeypatch):
+    """A score budget smaller than the step: chunks of tokens, same result."""
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=10)
+    whole = ik.index_topk(q, w, pool, entries, 7, publish=3, block=4)
+    monkeypatch.setattr(ik, "SCORE_BUDGET", 4 * (33 + 9) * 5)  # 5 tokens' score rows (33 entries, 9 blocks) at a time
+    chunked = _same(q, w, pool, entries, 7, check_scores=False, publish=3, block=4)
+    assert torch.equal(chunked[0], whole[0]) and torch.equal(chunked[1], whole[1])
+
+
+@CPU_ONLY
+def test_work_follows_visible_not_e_max():
+    """Doubling E_max (the static bound) changes no pick; the logits kernel writes only j < visible of the score
+    rows, and the select reads nothing else: +inf planted beyond the visible part is never picked."""
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=11)
+    E = entries.max_entries
+    base = ik.index_topk(q, w, pool, entries, 6)[0]
+    wide = indexer.Entries(entries.block_table, entries.token_row, entries.visible, RATIO, BLOCK_SIZE, N_BLOCKS, 2 * E)
+    assert torch.equal(ik.index_topk(q, w, pool, wide, 6)[0], base)
+    scores = torch.full((q.shape[0], 2 * E), float("inf"))
+    got = ik.index_topk(q, w, pool, wide, 6, scores_out=scores)[0]
+    assert torch.equal(got, base)
+    beyond = torch.arange(2 * E)[None, :] >= entries.visible[:, None]
+    assert torch.isinf(scores[beyond]).all() and torch.isfinite(scores[~beyond]).all()
+
+
+@CPU_ONLY
+def test_entry_point_dispatches():
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=12)
+    args = (q, w, pool, entries, 6)
+    got = indexer.index_topk(*args, backend=backend.TRITON)
+    assert torch.equal(got[0], ik.index_topk(*args)[0])
+    assert torch.equal(indexer.index_topk(*args, backend=backend.REFERENCE)[0],
+                       indexer.index_topk_reference(*args)[0])
+    assert ik.supports(q, w, pool, entries, None, 0, 1, None)
+    # formats and shapes the kernels do not take fall back to the reference
+    nv = RowPool(Codec("nvfp4", 32), pool.rows, "cpu")
+    assert not ik.supports(q, w, nv, entries, None, 0, 1, None)
+    assert not ik.supports(q, w, pool, entries, None, 3, 3, None)  # candidate blocks of 3 entries
+    cands = torch.zeros(q.shape[0], 2, dtype=torch.long)
+    assert ik.supports(q, w, pool, entries, cands, 0, 4, None)
+    assert not ik.supports(q, w, pool, entries, cands, 3, 4, None)  # publishing and masking at once
+    nv.data[:] = Codec("nvfp4", 32).encode(torch.randn(nv.data.shape[0], 32, dtype=torch.float64))
+    assert torch.equal(indexer.index_topk(q, w, nv, entries, 6, backend=backend.TRITON)[0],
+                       indexer.index_topk_reference(q, w, nv, entries, 6)[0])
+
+
+# --- on a GPU (V4SERVE_TEST_DEVICE=cuda*): real shapes, still exact on grid operands ----------------------------------
+ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
+
+
+def _gpu_case(kind: str, rows: list[tuple[int, int]], heads: int, seed: int, fp8_q: bool = False):
+    """V4-sized operands on the GPU: d = 128, 256-position blocks, bf16 queries on a grid (FP8 with power-of-two row
+    scales), MXFP4 keys of grid values / FP8-row keys with power-of-two scales: every product and sum is exact in
+    float32, so tensor-core dots in any order must give the reference's scores bit for bit."""
+    g = _gen(seed)
+    d, bs = 128, 256
+    blocks = sum(-(-(p + n) // bs) for p, n in rows) + 1
+    codec = Codec(kind, d)
+    pool = RowPool(codec, blocks * (bs // RATIO) + bs // RATIO - 1, "cpu")
+    vals = _grid((pool.data.shape[0], d), g)
+    if kind == "fp8_row":
+        scale = torch.full((vals.shape[0], 1), 0.5, dtype=torch.float32)
+        pool.data[:] = torch.cat([vals.to(torch.float8_e4m3fn).view(torch.uint8), scale.view(torch.uint8)], 1)
+    else:
+        pool.data[:] = codec.encode(vals)
+    pool.data = pool.data.cuda()
+    nb = max(-(-(p + n) // bs) for p, n in rows)
+    bt = torch.full((len(rows), nb + 1), -1, dtype=torch.long)
+    perm, used = torch.randperm(blocks - 1, generator=g), 0
+    for r, (p, n) in enumerate(rows):
+        k = -(-(p + n) // bs)
+        bt[r, :k] = perm[used:used + k]
+        used += k
+    token_row = torch.cat([torch.full((n,), r, dtype=torch.long) for r, (_, n) in enumerate(rows)])
+    pos = torch.cat([torch.arange(p, p + n) for p, n in rows])
+    E = -(-max(p + n for p, n in rows) // RATIO)
+    entries = indexer.Entries(bt.cuda(), token_row.cuda(), ((pos + 1) // RATIO).cuda(), RATIO, bs, blocks - 1, E)
+    T = token_row.shape[0]
+    q = _grid((T, heads, d), g, scale=0.125).cuda()
+    w = _grid((T, heads), g, -4, 4, 0.5).float().cuda()
+    if fp8_q:
+        q_scale = (2.0 ** torch.randint(-2, 3, (T, heads), generator=g).float()).cuda()
+        return q.to(torch.float8_e4m3fn), w, pool, entries, q_scale
+    return q.bfloat16(), w, pool, entries, None
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
+@pytest.mark.xfail(ON_GPU, reason="misaligned-address fault in the logits kernel on the H200 (2026-11-30); these "
+                   "formats take the reference body on CUDA until it is fixed (kernels.indexer.GPU_VERIFIED)",
+                   strict=True)
+@pytest.mark.parametrize("kind,fp8_q", [("mxfp4", False), ("fp8_row", False), ("fp8_row", True)],
+                         ids=["mxfp4", "fp8", "fp8-fp8q"])
+@pytest.mark.parametrize("shape", ["decode", "prefill"])
+def test_gpu_real_shapes(kind, fp8_q, shape):
+    """64 heads, top-512: 32 decode rows at contexts up to 16K; a 700-token prefill chunk beside 2 decode rows."""
+    g = _gen(99)
+    rows = ([(int(p), 1) for p in torch.randint(100, 16384, (32,), generator=g)] if shape == "decode" else
+            [(12000, 700), (5000, 1), (16000, 1)])
+    q, w, pool, entries, q_scale = _gpu_case(kind, rows, 64, seed=13, fp8_q=fp8_q)
+    got = ik.index_topk(q, w, pool, entries, 512, q_scale=q_scale)[0]
+    want = indexer.index_topk_reference(q, w, pool, entries, 512, q_scale=q_scale)[0]
+    assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
+def test_gpu_candidate_level():
+    """V4.1 shapes: 32 heads, blocks of 8 entries, 64 published blocks, then a selection inside them."""
+    rows = [(9000, 300), (3000, 1), (15000, 1)]
+    q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 32, seed=14)
+    got = ik.index_topk(q, w, pool, entries, 512, publish=64, block=8)
+    want = indexer.index_topk_reference(q, w, pool, entries, 512, publish=64, block=8)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    got = ik.index_topk(q.flip(0), w, pool, entries, 256, candidates=want[1], block=8)[0]
+    assert torch.equal(got, indexer.index_topk_reference(q.flip(0), w, pool, entries, 256, want[1], 0, 8)[0])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
+def test_gpu_graph_replay():
+    """Captured once, replayed on new queries and visible counts: no host synchronisation inside."""
+    rows = [(int(p), 1) for p in range(1000, 16000, 1900)]
+    q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 64, seed=15)
+    ik.index_topk(q, w, pool, entries, 512)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ik.index_topk(q, w, pool, entries, 512)[0]
+    for seed in range(3):
+        q.copy_(_gpu_case("mxfp4", rows, 64, seed=100 + seed)[0])
+        entries.visible.sub_(seed * 7).clamp_(min=0)
+        graph.replay()
+        assert torch.equal(out, indexer.index_topk_reference(q, w, pool, entries, 512)[0])
