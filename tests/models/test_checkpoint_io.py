@@ -304,3 +304,18 @@ def test_parallel_rank_and_split_errors():
         shard_for_rank("layers.2.ffn.experts.1.w1.weight", torch.ones(2, 2), ParallelRank(ep_rank=0, ep_size=3), 8)
     with pytest.raises(CheckpointError, match="layers.2.attn.wq_b.weight"):
         shard_for_rank("layers.2.attn.wq_b.weight", torch.ones(5, 2), ParallelRank(tp_rank=0, tp_size=2), 8)
+
+
+def test_loading_shows_a_progress_bar_in_bytes(fp8_folder, monkeypatch, capsys):
+    """A bar on stderr while a checkpoint loads (quiet below 1 GiB, so forced on here), ending at the checkpoint's
+    stored bytes."""
+    from v4serve.models import progress
+    from v4serve.models.footprint import checkpoint_bytes
+
+    monkeypatch.setattr(progress, "MIN_BYTES", 0)
+    monkeypatch.delenv("V4SERVE_NO_PROGRESS", raising=False)
+    build_model(str(fp8_folder), dtype=torch.float32, with_mtp=False)
+    err = capsys.readouterr().err
+    assert "Loading safetensors checkpoint" in err and "100%" in err
+    total = sum(checkpoint_bytes(get_preset("tiny-v4-flash"), False).values())
+    assert progress.load_bar(total, "x").total == total

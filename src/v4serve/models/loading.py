@@ -11,7 +11,9 @@ from ..config import ModelConfig
 from ..ops.linear import Linear, stored_format
 from .checkpoint import iter_random_checkpoint
 from .layout import TensorSpec, tensor_specs
+from .footprint import checkpoint_bytes
 from .numerics import Numerics
+from .progress import load_bar, tensor_bytes
 from .weights import CheckpointError, CheckpointReader, ParallelRank, check_and_iter
 
 
@@ -85,11 +87,14 @@ def load_random(model: nn.Module, config: ModelConfig, seed: int, storage: str, 
     different random model than the CPU would draw)."""
     n_params = sum(s.numel for s in tensor_specs(config, include_mtp))
     gen_device = device if device.type == "cuda" and n_params > CPU_GENERATION_LIMIT else torch.device("cpu")
-    for spec, tensors in iter_random_checkpoint(config, seed, storage, gen_device, include_mtp):
-        t = tensors[spec.name]
-        scale = next((v for k, v in tensors.items() if k != spec.name), None)
-        dev = _placement(model, spec, device)
-        assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+    total = sum(checkpoint_bytes(config, include_mtp, storage).values())
+    with load_bar(total, "Random weights") as bar:
+        for spec, tensors in iter_random_checkpoint(config, seed, storage, gen_device, include_mtp):
+            t = tensors[spec.name]
+            scale = next((v for k, v in tensors.items() if k != spec.name), None)
+            dev = _placement(model, spec, device)
+            assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+            bar.update(tensor_bytes(t, scale))
 
 
 def _placement(model: nn.Module, spec: TensorSpec, device: torch.device) -> torch.device:
@@ -104,6 +109,9 @@ def load_checkpoint(model: nn.Module, folder: str | Path, config: ModelConfig, d
         raise NotImplementedError("multi-GPU layouts load per-rank shards with weights.shard_for_rank; the "
                                   "model forward runs at world size 1 until the parallel-layouts work lands")
     reader = CheckpointReader(folder)
-    for spec, t, scale in check_and_iter(reader, config, include_mtp):
-        dev = _placement(model, spec, device)
-        assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+    total = sum(checkpoint_bytes(config, include_mtp).values())
+    with load_bar(total, "Loading safetensors checkpoint") as bar:
+        for spec, t, scale in check_and_iter(reader, config, include_mtp):
+            dev = _placement(model, spec, device)
+            assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+            bar.update(tensor_bytes(t, scale))
