@@ -67,3 +67,66 @@ def test_info_cli_needs_only_a_config(tmp_path, capsys) -> None:
     assert out["kv_cache"]["kv=fp8, index=fp4"]["total_per_token"] == pytest.approx(5031.4375)
     assert main(["info", "no-such-model"]) == 2
     assert "neither a preset nor an existing checkpoint folder" in capsys.readouterr().err
+
+
+# --- sizing a deployment: per-GPU weight bytes under TP / DP / EP --------------------------------------------------
+def _split(name: str) -> str:
+    """Independently of models/sharding.py: what TP splits (rows or columns) and what EP moves whole."""
+    if ".ffn.experts." in name:
+        return "routed"
+    if name in ("embed.weight", "head.weight"):  # the vocabulary (DSpark's small markov heads stay whole)
+        return "split"
+    split = ("attn.wq_b.weight", "attn.wo_a.weight", "attn.attn_sink", "attn.wo_b.weight", ".engram.embed.weight",
+             "shared_experts.w1.weight", "shared_experts.w2.weight", "shared_experts.w3.weight")
+    return "split" if any(name.endswith(s) for s in split) else "replicated"
+
+
+def _bytes_by_split(c: ModelConfig) -> dict[str, int]:
+    from v4serve.models.footprint import stored_bytes
+    from v4serve.models.layout import tensor_specs
+
+    out = {"routed": 0, "split": 0, "replicated": 0}
+    for s in tensor_specs(c, include_mtp=True):
+        out[_split(s.name)] += sum(stored_bytes(s, c).values())
+    return out
+
+
+@pytest.mark.parametrize("preset", ["v4-flash", "v4-pro", "v41-flash"])
+def test_weight_bytes_per_gpu_follow_the_layout(preset: str) -> None:
+    from v4serve.info import parallel_info
+    from v4serve.models.sharding import Layout
+
+    c = get_preset(preset)
+    b = _bytes_by_split(c)
+    total = sum(b.values())
+    one = parallel_info(c, Layout(1), gpu_memory=1 << 50)
+    assert one["weight_bytes_per_gpu"] == total
+    tp4 = parallel_info(c, Layout(4), gpu_memory=1 << 50)["weight_bytes_per_gpu"]
+    assert tp4 == pytest.approx(b["replicated"] + (b["split"] + b["routed"]) / 4, rel=1e-6)  # an uneven split (V4.1's Engram rows) gives the fullest rank a row more
+    dep = parallel_info(c, Layout(2, 4, True), gpu_memory=1 << 50)["weight_bytes_per_gpu"]  # EP over 8 GPUs
+    assert dep == pytest.approx(b["replicated"] + b["split"] / 2 + b["routed"] / 8, rel=1e-6)  # an uneven split (V4.1's Engram rows) gives the fullest rank a row more
+
+
+def test_kv_left_per_gpu_and_sessions_count_dp_ranks() -> None:
+    from v4serve.info import H200_BYTES, parallel_info
+    from v4serve.models.sharding import Layout
+
+    c = get_preset("v4-flash")
+    assert not parallel_info(c, Layout(1))["fits"]  # 160 GB of weights on one H200
+    a = parallel_info(c, Layout(8, 1, True))
+    b = parallel_info(c, Layout(4, 2, True))
+    assert a["fits"] and b["fits"]
+    assert a["kv_cache_bytes_per_gpu"] == int(0.9 * H200_BYTES - a["weight_bytes_per_gpu"] - a["activation_reserve_bytes"])
+    key = next(k for k in b["capacity_per_dp_rank"] if k.startswith("sessions_of_"))
+    assert b["sessions_total"] == 2 * b["capacity_per_dp_rank"][key]
+
+
+def test_info_cli_sizes_a_deployment_and_refuses_uneven_splits(capsys) -> None:
+    assert main(["info", "v4-flash", "-tp", "8", "--enable-expert-parallel"]) == 0
+    out = capsys.readouterr().out
+    assert "TP=8 EP=8 on 8 GPU(s)" in out and "GB per GPU" in out and "sessions" in out
+    assert main(["info", "v4-flash", "--tensor-parallel-size", "3"]) == 2
+    assert "64 attention heads" in capsys.readouterr().err
+    assert main(["info", "v41-flash", "-tp", "4", "--engram-on-host", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["parallel"]["host_weight_bytes"] > 100e9

@@ -89,6 +89,18 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         info["capacity"] = capacity_info(config, args.kv_cache_memory, args.kv_cache_dtype, args.block_size,
                                          args.max_num_seqs)
+    if args.tensor_parallel_size > 1 or args.data_parallel_size > 1 or args.enable_expert_parallel or args.gpu_memory:
+        from .info import H200_BYTES, parallel_info
+        from .models.sharding import Layout
+
+        layout = Layout(args.tensor_parallel_size, args.data_parallel_size, args.enable_expert_parallel)
+        try:
+            info["parallel"] = parallel_info(config, layout, args.gpu_memory or H200_BYTES,
+                                             args.gpu_memory_utilization, args.kv_cache_dtype, args.block_size,
+                                             args.max_num_seqs, engram_on_host=args.engram_on_host)
+        except ValueError as e:
+            print(f"v4serve info: {e}", file=sys.stderr)
+            return 2
     print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
@@ -145,6 +157,16 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--kv-cache-dtype", default="fp8", choices=["auto", "bf16", "fp8", "fp4"])
     i.add_argument("--block-size", type=int, default=256)
     i.add_argument("--max-num-seqs", type=int, default=64)
+    i.add_argument("-tp", "--tensor-parallel-size", type=int, default=1,
+                   help="size a deployment: weight bytes per GPU, KV cache left and sessions that fit")
+    i.add_argument("-dp", "--data-parallel-size", type=int, default=1)
+    i.add_argument("--enable-expert-parallel", action="store_true",
+                   help="routed experts spread whole over all TP x DP GPUs (vLLM's flag)")
+    i.add_argument("--gpu-memory", type=parse_bytes, default=None,
+                   help="memory of one GPU for the sizing (default: an H200's 140.4 GiB)")
+    i.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    i.add_argument("--engram-on-host", action="store_true",
+                   help="V4.1: size with the Engram tables in host memory (the engine's V4SERVE_ENGRAM_ON_HOST=1)")
     i.set_defaults(func=cmd_info)
 
     m = sub.add_parser("make-checkpoint", help="write a random checkpoint in the official layout")

@@ -7,8 +7,9 @@ from typing import Any
 
 from .cache.spec import make_cache_spec
 from .config import ModelConfig
-from .models.footprint import checkpoint_bytes, engine_bytes
+from .models.footprint import checkpoint_bytes, engine_bytes, stored_bytes
 from .models.layout import TensorSpec, tensor_specs
+from .models.sharding import Layout, check_layout, rank_fraction
 
 
 def layer_kinds(c: ModelConfig) -> list[str]:
@@ -104,6 +105,39 @@ def capacity_info(c: ModelConfig, kv_bytes: int, kv_dtype: str, block_size: int,
             f"sessions_of_{AGENTX_SESSION_TOKENS}_tokens": cap.sessions(block_size)}
 
 
+H200_BYTES = 143_771 * 2**20  # what an H200 reports (torch.cuda.mem_get_info total)
+
+
+def parallel_info(c: ModelConfig, layout: Layout, gpu_memory: int = H200_BYTES, utilization: float = 0.9,
+                  kv_dtype: str = "fp8", block_size: int = 256, max_num_seqs: int = 64,
+                  step_tokens: int = 8192, engram_on_host: bool = False) -> dict[str, Any]:
+    """Per-GPU weight bytes under a parallel layout (models/sharding.py), the KV cache each GPU has left, and the
+    sessions that fit: TP ranks hold the same KV (one KV head, replicated compressed caches), DP ranks each their own.
+    """
+    from .engine.memory import activation_reserve
+
+    check_layout(c, layout)
+    per_gpu = host = 0.0
+    for spec in tensor_specs(c, include_mtp=True):
+        b = sum(stored_bytes(spec, c).values())
+        if engram_on_host and spec.kind == "engram":
+            host += b  # each host holds the whole tables (their rows travel per step, not the tables)
+        else:
+            per_gpu += b * rank_fraction(spec, c, layout)
+    reserve = activation_reserve(c, step_tokens)
+    kv = int(utilization * gpu_memory - per_gpu - reserve)
+    out: dict[str, Any] = {"layout": layout.describe(), "gpus": layout.gpus, "gpu_memory_bytes": gpu_memory,
+                           "weight_bytes_per_gpu": int(per_gpu), "host_weight_bytes": int(host),
+                           "activation_reserve_bytes": reserve,
+                           "kv_cache_bytes_per_gpu": max(kv, 0), "fits": kv > 0}
+    if kv > 0:
+        cap = capacity_info(c, kv, kv_dtype, block_size, max_num_seqs)
+        key = next(k for k in cap if k.startswith("sessions_of_"))
+        out["capacity_per_dp_rank"] = cap
+        out["sessions_total"] = cap[key] * layout.data_parallel
+    return out
+
+
 def format_info(info: dict[str, Any]) -> str:
     p = info["parameters"]
     lines = [f"{info['name']} ({info['family']}): {info['layers']} layers, hidden {info['hidden']}",
@@ -131,6 +165,20 @@ def format_info(info: dict[str, Any]) -> str:
         lines.append(f"a {cap['kv_cache_bytes'] / 2**30:.1f} GiB KV cache ({cap['kv_cache_dtype']}): {cap['blocks']:,} "
                      f"blocks = {cap['tokens']:,} tokens, {cap['slots']} slots ({cap['window_checkpoints']} window "
                      f"checkpoints); holds {n_sessions} AgentX-median sessions of 142,000 tokens")
+    if "parallel" in info:
+        p = info["parallel"]
+        head = (f"{p['layout']} on {p['gpus']} GPU(s) of {p['gpu_memory_bytes'] / 2**30:.1f} GiB: weights "
+                f"{p['weight_bytes_per_gpu'] / 1e9:.2f} GB per GPU"
+                + (f" (+ {p['host_weight_bytes'] / 1e9:.1f} GB of Engram tables in host memory)"
+                   if p["host_weight_bytes"] else "") + ", activations reserve "
+                f"{p['activation_reserve_bytes'] / 2**30:.1f} GiB")
+        if not p["fits"]:
+            lines.append(head + "; does NOT fit (no memory left for a KV cache): use more GPUs or expert parallel")
+        else:
+            cap = p["capacity_per_dp_rank"]
+            lines.append(head + f", KV cache {p['kv_cache_bytes_per_gpu'] / 2**30:.1f} GiB per GPU = "
+                         f"{cap['tokens']:,} tokens per data-parallel rank; holds {p['sessions_total']} AgentX-median "
+                         f"sessions of 142,000 tokens in all")
     if "engram_rows" in info:
         lines.append("Engram rows: " + ", ".join(f"layer {k}: {v:,}" for k, v in info["engram_rows"].items()))
         lines.append(f"decoder layers (trimmed prefill): {info['decoder_layers']}")

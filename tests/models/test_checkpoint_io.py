@@ -236,18 +236,17 @@ def test_official_name_maps_transformers_names():
 # --- parallel split rules ---------------------------------------------------------------------------------
 
 def _kind(name: str) -> str:
-    """The split the reference's tensor parallelism applies (spec §3.9), written out independently."""
-    if name in ("embed.weight", "head.weight"):
+    """The split of each tensor under TP (docs in models/sharding.py), written out independently."""
+    if name in ("embed.weight", "head.weight") or name.endswith(".engram.embed.weight"):
         return "vocab"
-    if ".ffn.experts." in name:
-        return "expert"
-    for suffix in ("attn.wq_b.weight", "attn.wo_a.weight", "attn.indexer.wq_b.weight",
-                   "attn.indexer.weights_proj.weight"):
+    if ".ffn.experts." in name or ".ffn.shared_experts." in name:
+        return "row" if ".w2." in name else "column"
+    for suffix in ("attn.wq_b.weight", "attn.wo_a.weight", "attn.attn_sink"):
         if name.endswith(suffix):
             return "column"
     if name.endswith("attn.wo_b.weight"):
         return "row"
-    return "replicated"
+    return "replicated"  # the indexer included: its scores sum over heads before the top-k
 
 
 def test_shard_for_rank_tensor_parallel_halves_concatenate_back():
@@ -263,12 +262,14 @@ def test_shard_for_rank_tensor_parallel_halves_concatenate_back():
         if kind in ("column", "vocab"):
             assert parts[0].shape[0] == t.shape[0] // 2, spec.name
             assert torch.equal(torch.cat(parts, 0), t), spec.name
+            if spec.name.endswith("attn_sink"):
+                seen.add("sink")
         elif kind == "row":
             assert parts[0].shape[1] == t.shape[1] // 2, spec.name
             assert torch.equal(torch.cat(parts, 1), t), spec.name
-        else:  # replicated (and experts: TP does not split them)
+        else:
             assert all(torch.equal(p, t) for p in parts), spec.name
-    assert seen == {"vocab", "column", "row", "replicated", "expert"}
+    assert seen == {"vocab", "column", "row", "replicated", "sink"}
     # column-parallel by heads: rank 0 holds the first half of the heads of wq_b
     wq_b = torch.randn(c.n_heads * c.head_dim, c.q_lora_rank, generator=g)
     r0 = shard_for_rank("layers.2.attn.wq_b.weight", wq_b, ParallelRank(0, 2), c.n_routed_experts)
@@ -282,7 +283,7 @@ def test_shard_for_rank_expert_parallel_assigns_each_expert_to_one_rank():
     for spec in tensor_specs(c):
         t = torch.ones(2, 2)
         got = [shard_for_rank(spec.name, t, ParallelRank(ep_rank=r, ep_size=2), E) for r in (0, 1)]
-        if _kind(spec.name) == "expert":
+        if ".ffn.experts." in spec.name:
             holders = [r for r, g in enumerate(got) if g is not None]
             assert len(holders) == 1, spec.name
             assert got[holders[0]] is t

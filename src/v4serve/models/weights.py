@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from ..config import ModelConfig, ceil_div
+from . import sharding
 from .layout import TensorSpec, tensor_specs
 
 
@@ -59,11 +60,8 @@ class ParallelRank:
                 raise ValueError(f"{what}-parallel rank {r} is outside world size {s}")
 
 
-# --- split rules (DeepSeek's reference tensor parallelism) -------------------------------------------------
-_COLUMN = re.compile(r"(attn\.wq_b|attn\.wo_a|indexer\.wq_b|indexer\.weights_proj)\.weight$")
-_ROW = re.compile(r"attn\.wo_b\.weight$")
-_VOCAB = re.compile(r"^(embed|head)\.weight$")
-_EXPERT = re.compile(r"ffn\.experts\.(\d+)\.")
+# --- splitting a tensor for one rank (the rules: models/sharding.py) -------------------------------------------
+_EXPERT_ID = re.compile(r"ffn\.experts\.(\d+)\.")
 
 
 def expert_owner(expert: int, n_experts: int, ep: ParallelRank) -> bool:
@@ -73,28 +71,30 @@ def expert_owner(expert: int, n_experts: int, ep: ParallelRank) -> bool:
     return ep.ep_rank * per <= expert < (ep.ep_rank + 1) * per
 
 
+def _chunk(name: str, t: torch.Tensor, dim: int, rank: ParallelRank) -> torch.Tensor:
+    if t.shape[dim] % rank.tp_size:
+        raise CheckpointError(f"{name}: dim {dim} ({t.shape[dim]}) does not split over {rank.tp_size} ranks")
+    return t.chunk(rank.tp_size, dim)[rank.tp_rank].contiguous()
+
+
 def shard_for_rank(name: str, t: torch.Tensor, rank: ParallelRank, n_experts: int) -> torch.Tensor | None:
     """This rank's part of a (dequantized) tensor; None when another expert-parallel rank owns it.
 
-    Column-parallel by heads: attn.wq_b, attn.wo_a (by output group), indexer.wq_b and weights_proj (by index
-    head). Row-parallel: attn.wo_b (its output is all-reduced). Vocab-parallel: embed and head. Routed experts
-    go whole to the EP rank that owns their id. Everything else (wq_a, wkv, norms, compressors, the single KV
-    head, the shared expert, gates, mHC) is replicated.
+    Column (dim 0): attn.wq_b, attn.wo_a, attn_sink, and w1/w3 of the shared and (without EP) routed experts; row
+    (dim 1): attn.wo_b and w2; vocab (dim 0): embed, head, Engram tables; with EP, routed experts go whole to the rank
+    that owns their id; everything else (the indexer included) is replicated. See models/sharding.py for why.
     """
-    m = _EXPERT.search(name)
-    if m is not None:
-        return t if rank.ep_size == 1 or expert_owner(int(m.group(1)), n_experts, rank) else None
-    if rank.tp_size == 1:
+    kind = sharding.split_kind(name)
+    if kind == sharding.EXPERT:
+        if rank.ep_size > 1:
+            m = _EXPERT_ID.search(name)
+            return t if expert_owner(int(m.group(1)), n_experts, rank) else None
+        kind = sharding.SHARED_OUT if ".w2." in name else sharding.SHARED_IN
+    if rank.tp_size == 1 or kind == sharding.REPLICATED:
         return t
-    if _COLUMN.search(name) or _VOCAB.search(name):
-        if t.shape[0] % rank.tp_size:
-            raise CheckpointError(f"{name}: dim 0 ({t.shape[0]}) does not split over {rank.tp_size} ranks")
-        return t.chunk(rank.tp_size, 0)[rank.tp_rank].contiguous()
-    if _ROW.search(name):
-        if t.shape[1] % rank.tp_size:
-            raise CheckpointError(f"{name}: dim 1 ({t.shape[1]}) does not split over {rank.tp_size} ranks")
-        return t.chunk(rank.tp_size, 1)[rank.tp_rank].contiguous()
-    return t
+    if kind in (sharding.ROW, sharding.SHARED_OUT):
+        return _chunk(name, t, 1, rank)
+    return _chunk(name, t, 0, rank)
 
 
 # --- reading ----------------------------------------------------------------------------------------------

@@ -1,0 +1,106 @@
+"""How the parallel layouts split each checkpoint tensor: one rule set for sharded loading and for deployment sizing.
+
+Layouts use vLLM's names: tensor parallel (TP) splits attention heads and the vocabulary; `--enable-expert-parallel`
+spreads the routed experts whole over all TP x DP ranks (EP); data parallel (DP) replicates the attention per rank, each
+with its own requests and KV cache (DEP = DP attention + EP experts). Without EP, each routed expert is sliced across
+the TP ranks (its intermediate dim), as the shared expert always is.
+
+Splits by tensor:
+* column (dim 0) by query head: attn.wq_b, attn.wo_a (by output group); attn_sink (one logit per head);
+* row (dim 1): attn.wo_b (its output is all-reduced);
+* vocab (dim 0): embed, head, and V4.1's Engram tables (a lookup like the embedding);
+* expert: routed experts whole to their EP rank, or (no EP) w1/w3 by rows and w2 by columns across TP, like the
+  shared expert;
+* replicated: wq_a, wkv and the single KV head, norms, compressors, mHC, the router gate and its bias, and the lightning
+  indexer. The indexer's scores sum over its heads before the top-k: splitting it by head would need an all-reduce of
+  a [tokens, entries] score matrix per CSA layer and step (64K context: 16K floats per token), larger than its weights
+  (an 8 MB wq_b and a 0.5 MB weights_proj per layer), so every rank scores the entries itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..config import ModelConfig
+from .layout import TensorSpec
+
+COLUMN, ROW, VOCAB, EXPERT, SHARED_IN, SHARED_OUT, REPLICATED = (
+    "column", "row", "vocab", "expert", "expert-in", "expert-out", "replicated")
+
+_COLUMN = re.compile(r"(attn\.wq_b\.weight|attn\.wo_a\.weight|attn\.attn_sink)$")
+_ROW = re.compile(r"attn\.wo_b\.weight$")
+_VOCAB = re.compile(r"^(embed|head)\.weight$|\.engram\.embed\.weight$")
+_ROUTED = re.compile(r"ffn\.experts\.(\d+)\.")
+_SHARED_IN = re.compile(r"ffn\.shared_experts\.w[13]\.")
+_SHARED_OUT = re.compile(r"ffn\.shared_experts\.w2\.")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    expert_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1 or self.data_parallel < 1:
+            raise ValueError("parallel sizes must be at least 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel * self.data_parallel
+
+    @property
+    def expert_ranks(self) -> int:
+        """Ranks the routed experts are spread over (all GPUs with EP; none without)."""
+        return self.gpus if self.expert_parallel else 1
+
+    def describe(self) -> str:
+        parts = [f"TP={self.tensor_parallel}"] + ([f"DP={self.data_parallel}"] if self.data_parallel > 1 else [])
+        return " ".join(parts + ([f"EP={self.expert_ranks}"] if self.expert_parallel else []))
+
+
+def split_kind(name: str) -> str:
+    """The split of the tensor `name` (internal names; scales follow their weight)."""
+    if _ROUTED.search(name):
+        return EXPERT
+    if _SHARED_IN.search(name):
+        return SHARED_IN
+    if _SHARED_OUT.search(name):
+        return SHARED_OUT
+    if _COLUMN.search(name) or _VOCAB.search(name):
+        return COLUMN if _COLUMN.search(name) else VOCAB
+    if _ROW.search(name):
+        return ROW
+    return REPLICATED
+
+
+def rank_fraction(spec: TensorSpec, c: ModelConfig, layout: Layout) -> float:
+    """The share of `spec`'s bytes one GPU holds (the largest share where a split is uneven)."""
+    kind = split_kind(spec.name)
+    tp = layout.tensor_parallel
+    if kind == EXPERT:
+        if layout.expert_parallel:
+            per = -(-c.n_routed_experts // layout.expert_ranks)  # experts on the fullest rank
+            return per / c.n_routed_experts
+        return 1.0 / tp  # sliced like the shared expert
+    if kind in (COLUMN, ROW, VOCAB, SHARED_IN, SHARED_OUT):
+        dim = spec.shape[1] if kind in (ROW, SHARED_OUT) and len(spec.shape) > 1 else spec.shape[0]
+        return (-(-dim // tp)) / dim
+    return 1.0
+
+
+def check_layout(c: ModelConfig, layout: Layout) -> None:
+    """The splits must be even: heads, output groups, the shared expert's width and (EP) the experts."""
+    tp = layout.tensor_parallel
+    bad = []
+    if c.n_heads % tp:
+        bad.append(f"{c.n_heads} attention heads")
+    if c.o_groups % tp:
+        bad.append(f"{c.o_groups} output groups of wo_a")
+    if c.moe_inter_dim % tp:
+        bad.append(f"the expert width {c.moe_inter_dim}")
+    if layout.expert_parallel and c.n_routed_experts % layout.expert_ranks:
+        bad.append(f"{c.n_routed_experts} routed experts over {layout.expert_ranks} ranks")
+    if bad:
+        raise ValueError(f"{layout.describe()} does not split {c.name or 'this model'} evenly: " + ", ".join(bad))
