@@ -9,10 +9,14 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, ModelConfig, load_config
+from ..dist import parallel
+from ..dist.parallel import TensorParallel
 from ..ops import backend
 from ..presets import get_preset, is_preset
 from .loading import apply_numerics, load_checkpoint, load_random
 from .numerics import numerics_for
+from .sharding import rank_config
+from .weights import ParallelRank
 
 
 @dataclass
@@ -48,21 +52,27 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype: torch.dtype | None = None,
                 device: str | torch.device = "cpu", with_mtp: bool = True, storage: str = "fp8",
-                kernels: str = "auto") -> LoadedModel:
+                kernels: str = "auto", tp: TensorParallel | None = None) -> LoadedModel:
     """A preset (deterministic random weights from `seed`, stored as `storage`) or a checkpoint folder.
 
     `kernels` picks the op families' bodies once for the whole model (ops/backend.py): auto = the Triton kernels on
-    CUDA, the plain-torch reference elsewhere."""
+    CUDA, the plain-torch reference elsewhere. `tp` builds this process's tensor-parallel rank (its heads, expert
+    slices and vocabulary share; dist/parallel.py), loading only its part of every tensor."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     config, folder = resolve_config(model)
+    tp = tp or parallel.SINGLE
+    if tp.size > 1 and config.is_v41:
+        raise NotImplementedError("tensor parallelism runs the V4 family for now; V4.1 (shared KV sources, Engram) "
+                                  "runs at world size 1")
     nm = numerics_for(config, numerics)
-    with torch.device(device), backend.use(backend.resolve(kernels, device)):
-        net = model_class(config)(config, nm, with_mtp=with_mtp, dtype=dtype)
+    with torch.device(device), backend.use(backend.resolve(kernels, device)), parallel.use(tp):
+        net = model_class(config)(rank_config(config, tp.size), nm, with_mtp=with_mtp, dtype=dtype)
+    rank = ParallelRank(tp_rank=tp.rank, tp_size=tp.size)
     if folder is None:
-        load_random(net, config, seed, storage, dtype, device, with_mtp)
+        load_random(net, config, seed, storage, dtype, device, with_mtp, rank)
     else:
-        load_checkpoint(net, folder, config, dtype, device, with_mtp)
+        load_checkpoint(net, folder, config, dtype, device, with_mtp, rank)
         if hasattr(net, "bind_tokenizer"):  # V4.1 Engram hashes with the checkpoint's own tokenizer
             net.bind_tokenizer(folder)
     apply_numerics(net, nm, config)

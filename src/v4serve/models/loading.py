@@ -14,7 +14,7 @@ from .layout import TensorSpec, tensor_specs
 from .footprint import checkpoint_bytes
 from .numerics import Numerics
 from .progress import load_bar, tensor_bytes
-from .weights import CheckpointError, CheckpointReader, ParallelRank, check_and_iter
+from .weights import CheckpointError, CheckpointReader, ParallelRank, check_and_iter, shard_stored
 
 
 def _resolve(model: nn.Module, name: str) -> tuple[nn.Module, str, list[str]]:
@@ -80,8 +80,19 @@ def apply_numerics(model: nn.Module, numerics: Numerics, config: ModelConfig) ->
 CPU_GENERATION_LIMIT = 2_000_000_000  # parameters
 
 
+def _assign_shard(model: nn.Module, spec: TensorSpec, t: torch.Tensor, scale: torch.Tensor | None,
+                  config: ModelConfig, dtype: torch.dtype, device: torch.device, rank: ParallelRank) -> None:
+    """This rank's part of one tensor (weights.shard_stored), placed in the model."""
+    part = shard_stored(spec.name, t, scale, rank, config.n_routed_experts)
+    if part is None:  # another expert-parallel rank's expert
+        return
+    t, scale = part
+    dev = _placement(model, spec, device)
+    assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+
+
 def load_random(model: nn.Module, config: ModelConfig, seed: int, storage: str, dtype: torch.dtype,
-                device: torch.device, include_mtp: bool) -> None:
+                device: torch.device, include_mtp: bool, rank: ParallelRank | None = None) -> None:
     """Deterministic random weights. Models up to 2B parameters are drawn on the CPU, so a preset is the same model
     on every device (and equals `make-checkpoint` output); larger ones are drawn on the target GPU (fast, but a
     different random model than the CPU would draw)."""
@@ -92,8 +103,7 @@ def load_random(model: nn.Module, config: ModelConfig, seed: int, storage: str, 
         for spec, tensors in iter_random_checkpoint(config, seed, storage, gen_device, include_mtp):
             t = tensors[spec.name]
             scale = next((v for k, v in tensors.items() if k != spec.name), None)
-            dev = _placement(model, spec, device)
-            assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+            _assign_shard(model, spec, t, scale, config, dtype, device, rank or ParallelRank())
             bar.update(tensor_bytes(t, scale))
 
 
@@ -105,13 +115,9 @@ def _placement(model: nn.Module, spec: TensorSpec, device: torch.device) -> torc
 def load_checkpoint(model: nn.Module, folder: str | Path, config: ModelConfig, dtype: torch.dtype,
                     device: torch.device, include_mtp: bool, rank: ParallelRank | None = None) -> None:
     rank = rank or ParallelRank()
-    if rank.tp_size > 1 or rank.ep_size > 1:
-        raise NotImplementedError("multi-GPU layouts load per-rank shards with weights.shard_for_rank; the "
-                                  "model forward runs at world size 1 until the parallel-layouts work lands")
     reader = CheckpointReader(folder)
     total = sum(checkpoint_bytes(config, include_mtp).values())
     with load_bar(total, "Loading safetensors checkpoint") as bar:
         for spec, t, scale in check_and_iter(reader, config, include_mtp):
-            dev = _placement(model, spec, device)
-            assign(model, spec, t.to(dev), scale.to(dev) if scale is not None else None, config, dtype)
+            _assign_shard(model, spec, t, scale, config, dtype, device, rank)
             bar.update(tensor_bytes(t, scale))

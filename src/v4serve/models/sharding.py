@@ -104,3 +104,14 @@ def check_layout(c: ModelConfig, layout: Layout) -> None:
         bad.append(f"{c.n_routed_experts} routed experts over {layout.expert_ranks} ranks")
     if bad:
         raise ValueError(f"{layout.describe()} does not split {c.name or 'this model'} evenly: " + ", ".join(bad))
+
+
+def rank_config(c: ModelConfig, tp: int) -> ModelConfig:
+    """The shapes one tensor-parallel rank builds: its heads, wo_a groups and slice of every expert's width (the
+    vocabulary split is the embedding's and head's own business)."""
+    if tp == 1:
+        return c
+    check_layout(c, Layout(tp))
+    if c.vocab_size % tp:
+        raise ValueError(f"TP={tp} does not split the vocabulary of {c.vocab_size} tokens evenly")
+    return c.replace(n_heads=c.n_heads // tp, o_groups=c.o_groups // tp, moe_inter_dim=c.moe_inter_dim // tp)

@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from ..config import ModelConfig, ceil_div
+from ..ops.linear import logical_shape, stored_format
 from . import sharding
 from .layout import TensorSpec, tensor_specs
 
@@ -95,6 +96,49 @@ def shard_for_rank(name: str, t: torch.Tensor, rank: ParallelRank, n_experts: in
     if kind in (sharding.ROW, sharding.SHARED_OUT):
         return _chunk(name, t, 1, rank)
     return _chunk(name, t, 0, rank)
+
+
+def _slice_stored(name: str, t: torch.Tensor, scale: torch.Tensor | None, dim: int, lo: int, hi: int
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logical [lo, hi) of dim of a stored tensor (FP8 + block scales, packed FP4 + per-32 scales, floats) with the
+    scale rows or columns that cover it. The cut must fall on a scale block (or, for rows, inside one block)."""
+    logical = logical_shape(t)
+    packed = stored_format(t) == "fp4"
+    if dim == 1 and packed and (lo % 2 or hi % 2):
+        raise CheckpointError(f"{name}: FP4 columns {lo}:{hi} split a packed byte")
+    idx = [slice(None)] * t.dim()
+    idx[dim] = slice(lo // 2, hi // 2) if dim == 1 and packed else slice(lo, hi)
+    part = t[tuple(idx)].contiguous()
+    if scale is None:
+        return part, None
+    per = -(-logical[dim] // scale.shape[dim])  # values per scale along dim (block, or 1 / 32 for per-row groups)
+    if lo % per and lo // per != (hi - 1) // per:
+        raise CheckpointError(f"{name}: the tensor-parallel cut {lo}:{hi} of dim {dim} crosses {per}-wide scale "
+                              f"blocks; this model cannot be split this many ways")
+    if lo % per and dim == 1:
+        raise CheckpointError(f"{name}: the tensor-parallel cut at column {lo} is not on a {per}-wide scale block")
+    sidx = [slice(None)] * scale.dim()
+    sidx[dim] = slice(lo // per, -(-hi // per))
+    return part, scale[tuple(sidx)].contiguous()
+
+
+def shard_stored(name: str, t: torch.Tensor, scale: torch.Tensor | None, rank: ParallelRank, n_experts: int
+                 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """`shard_for_rank` for a tensor in its stored format with its scales; None when another EP rank owns it."""
+    kind = sharding.split_kind(name)
+    if kind == sharding.EXPERT:
+        if rank.ep_size > 1:
+            m = _EXPERT_ID.search(name)
+            return (t, scale) if expert_owner(int(m.group(1)), n_experts, rank) else None
+        kind = sharding.SHARED_OUT if ".w2." in name else sharding.SHARED_IN
+    if rank.tp_size == 1 or kind == sharding.REPLICATED:
+        return t, scale
+    dim = 1 if kind in (sharding.ROW, sharding.SHARED_OUT) else 0
+    n = logical_shape(t)[dim]
+    if n % rank.tp_size:
+        raise CheckpointError(f"{name}: dim {dim} ({n}) does not split over {rank.tp_size} ranks")
+    per = n // rank.tp_size
+    return _slice_stored(name, t, scale, dim, rank.tp_rank * per, (rank.tp_rank + 1) * per)
 
 
 # --- reading ----------------------------------------------------------------------------------------------

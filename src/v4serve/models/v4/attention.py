@@ -10,6 +10,7 @@ from torch import nn
 from ...config import ModelConfig
 from ...ops import compressor as comp
 from ...ops import quant
+from ...dist import parallel
 from ...ops import backend
 from ...ops.attention import attend
 from ...ops.hadamard import hadamard_rotate
@@ -102,6 +103,7 @@ class V4Attention(nn.Module):
         else:
             self.ratio = 0  # MTP blocks attend over their window only
         self.backend = backend.current()
+        self.tp = parallel.current()
 
     # ------------------------------------------------------------------------------------------------
     def _finish_entry(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -150,7 +152,7 @@ class V4Attention(nn.Module):
                        self.backend)
             ctx.write_window(self.layer, kv)
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
-        return self.wo_b(o.flatten(1))
+        return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
     def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
         """The indexer: write this step's index keys, score every visible key, keep the top-k (the keys are read

@@ -15,9 +15,11 @@ from ...cache.pool import KVPools
 from ...config import ModelConfig
 from ...ops import backend as kernels
 from ...ops.linear import Linear, linear
+from ...dist import parallel
 from ...ops.mhc import hc_head_collapse
 from ...ops.precision import wide
 from ..numerics import Numerics
+from ..vocab import embed_lookup, gather_logits
 from ..step import StepInput
 from .block import V4Block
 from .context import StepContext
@@ -54,12 +56,14 @@ class V4Model(nn.Module):
         self.config, self.numerics = c, numerics
         self.compute_dtype = dtype  # activations; the weights keep their stored formats
         self.backend = kernels.current()
+        self.tp = parallel.current()
+        vocab = c.vocab_size // self.tp.size  # this rank's rows of the embedding and head (models/vocab.py)
         self.embed = nn.Module()
-        self.embed.weight = param(c.vocab_size, c.dim)
+        self.embed.weight = param(vocab, c.dim)
         self.layers = nn.ModuleList(V4Block(c, i, numerics) for i in range(c.n_layers))
         self.norm = Norm(c.dim, c.norm_eps)
         self.head = nn.Module()
-        self.head.weight = param(c.vocab_size, c.dim)
+        self.head.weight = param(vocab, c.dim)
         self.hc_head_fn, self.hc_head_base, self.hc_head_scale = param(c.hc_mult, c.hc_mult * c.dim), \
             param(c.hc_mult), param(1)
         n_mtp = c.n_mtp_layers if with_mtp else 0
@@ -70,14 +74,15 @@ class V4Model(nn.Module):
         return self.compute_dtype
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.embed.weight[ids].to(self.compute_dtype)
+        return embed_lookup(self.embed.weight, ids, self.tp, self.compute_dtype)
 
     def logits(self, x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
                norm: Norm) -> torch.Tensor:
         c = self.config
         y = hc_head_collapse(x, fn, base, scale, c.norm_eps, c.hc_eps)
         h = wide(norm(y))
-        return linear(h, self.head.weight, None, 0, 0, self.backend)  # bf16 head read as stored, float32 math
+        local = linear(h, self.head.weight, None, 0, 0, self.backend)  # bf16 head read as stored, float32 math
+        return gather_logits(local, self.tp)
 
     def forward(self, step: StepInput, pools: KVPools) -> ModelOutput:
         c = self.config

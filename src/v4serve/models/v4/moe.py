@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
+from ...dist import parallel
 from ...ops import backend as kernels
 from ...ops import moe as moe_ops
 from ...ops.linear import Linear, logical_shape, scale_bytes, stored_format
@@ -83,6 +84,7 @@ class MoE(nn.Module):
             setattr(self.shared_experts, w, Linear(i, o))
         self.shared_clamp = numerics.shared_clamp if shared_clamp is None else shared_clamp
         self.backend = kernels.current()
+        self.tp = parallel.current()
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         c, nm = self.config, self.numerics
@@ -101,7 +103,7 @@ class MoE(nn.Module):
             sact = c.weight_block if nm.act_quant and se.w1.quantized else 0
             y = y + moe_ops.dense_mlp(x, *(_stored(m) for m in (se.w1, se.w2, se.w3)),
                                       c.swiglu_limit if self.shared_clamp else 0.0, sact, self.backend)
-        return y.to(x.dtype)
+        return self.tp.all_reduce(y).to(x.dtype)  # under TP each rank holds a slice of every expert's width
 
 
 def _stored(m: Linear) -> tuple[torch.Tensor, torch.Tensor | None, int]:
