@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/structured_mask.py [--batch 64] [--threads 2] [--repeats 3] [--out FILE.json]
 
+(the comparison needs `pip install llguidance`, which v4serve itself does not use)
+
 Part 1 compares the grammar libraries on the same work: 64 requests teacher-forced through 64 different JSON documents
 that match a schema (and, separately, the "any JSON object" grammar of `json_object`); every step fills the next-token
 bitmask of each still-running row and then accepts its token. Serial = one call per row from Python; batched =
@@ -10,8 +12,9 @@ fill releases the GIL (how much a Python thread running beside it slows down), w
 the model step.
 
 Part 2 measures v4serve's path with the picked library (engine/guided.py): the fill as the runner runs it, the
-transfer and one-op apply inside the sampler (`sample` with and without a [64, V/32] bitmask), and the accept.
-Numbers go to benchmarks/RESULTS.md ("Structured output mask cost").
+one-op apply inside the sampler (`sample` with and without a [64, V/32] bitmask), the accept, and how much of the
+fill a concurrent step hides. Part 3 runs the engine (tiny-v4-flash, CPU) at batch 64 with and without a grammar on
+every row and reports the decode step time. Numbers go to benchmarks/RESULTS.md ("Structured output mask cost").
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from v4serve.tokenizer import default_tokenizer  # noqa: E402
+from v4serve.tokenizer import default_tokenizer
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -50,8 +53,7 @@ SCHEMA: dict[str, Any] = {
     "required": ["name", "age", "email", "role", "tags", "address", "score", "active"],
     "additionalProperties": False,
 }
-WORDS = ("alpha beta gamma delta paris tokyo lima oslo quick brown fox jumps over the lazy dog release notes "
-         "serving engine prefix cache kernel décor naïve 東京 数据").split()
+WORDS = ["alpha", "beta", "gamma", "delta", "paris", "tokyo", "lima", "oslo", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "release", "notes", "serving", "engine", "prefix", "cache", "kernel", "décor", "naïve", "東京", "数据"]
 
 
 def documents(n: int, seed: int = 0) -> list[dict[str, Any]]:
@@ -82,7 +84,7 @@ class Xgrammar:
 
         self.xgr = xgr
         t0 = time.perf_counter()
-        vocab = grammar_vocabulary(tok)
+        vocab = grammar_vocabulary(tok, "json")
         info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=tok.vocab_size, stop_token_ids=[tok.eos_id])
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
         self.setup_s = time.perf_counter() - t0
@@ -243,7 +245,11 @@ def measure_libraries(args: argparse.Namespace, traj: dict[str, list[list[int]]]
     tok = default_tokenizer()
     out: dict[str, Any] = {}
     for cls in (Xgrammar, Llguidance):
-        lib = cls(tok, args.threads)
+        try:
+            lib = cls(tok, args.threads)
+        except ImportError as err:  # llguidance is not a dependency: `pip install llguidance` to compare
+            out[cls.name] = {"skipped": str(err)}
+            continue
         res: dict[str, Any] = {"version": lib.version, "tokenizer_setup_ms": 1e3 * lib.setup_s}
         for kind in ("schema", "json_object"):
             for mode in ("serial", "batched"):
@@ -260,7 +266,7 @@ def measure_libraries(args: argparse.Namespace, traj: dict[str, list[list[int]]]
 def measure_v4serve(args: argparse.Namespace, traj: list[list[int]]) -> dict[str, Any]:
     from v4serve.engine.guided import GrammarCompilerCache, StructuredOutputsParams
     from v4serve.engine.guided_batch import MaskBuilder
-    from v4serve.engine.sampler import SamplingBatch, sample
+    from v4serve.engine.sampler import SamplingBatch, process_logits, sample
     from v4serve.engine.sampling_params import SamplingParams
 
     tok = default_tokenizer()
@@ -268,43 +274,52 @@ def measure_v4serve(args: argparse.Namespace, traj: list[list[int]]) -> dict[str
     cache = GrammarCompilerCache(tok, threads=args.threads)
     spec = StructuredOutputsParams(json=json.dumps(SCHEMA))
     t0 = time.perf_counter()
-    compiled = cache.compile(spec)
+    compiled = cache.compile(spec)  # the first compilation also builds the vocabulary
     first_compile_ms = 1e3 * (time.perf_counter() - t0)
     t0 = time.perf_counter()
-    cache.compile(spec)
-    cached_compile_ms = 1e3 * (time.perf_counter() - t0)
+    cache.compile(StructuredOutputsParams(json=json.dumps({**SCHEMA, "title": "another"})))
+    compile_ms = 1e3 * (time.perf_counter() - t0)
     builder = MaskBuilder(V, threads=args.threads)
     B = len(traj)
-    params = [SamplingParams(temperature=0.8, top_p=0.95, seed=i) for i in range(B)]
-    logits = torch.randn(B, V)
-    fills, accepts, plain, masked = [], [], [], []
+    fills, accepts = [], []
     steps = max(len(t) for t in traj)
+    bitmask = None
     for rep in range(args.repeats + 1):
-        grammars = [compiled.matcher() for _ in range(B)]
+        guides = [compiled.matcher() for _ in range(B)]
         for s in range(steps):
             rows = [i for i, t in enumerate(traj) if s < len(t)]
             t0 = time.perf_counter()
-            job = builder.submit([grammars[i] for i in rows], rows, B)
-            bitmask, mask_rows = job.result()
+            bitmask, _ = builder.submit([guides[i] for i in rows], rows, B).result()
             t1 = time.perf_counter()
-            batch = SamplingBatch.build(params, vocab_size=V, steps=[s] * B)
+            ok = all(guides[i].accept(traj[i][s]) for i in rows)
             t2 = time.perf_counter()
-            sample(logits, batch)
-            t3 = time.perf_counter()
-            batch.bitmask, batch.bitmask_rows = bitmask, mask_rows
-            sample(logits, batch)
-            t4 = time.perf_counter()
-            ok = all(grammars[i].accept(traj[i][s]) for i in rows)
-            t5 = time.perf_counter()
             assert ok
             if rep:
                 fills.append(t1 - t0)
-                plain.append(t3 - t2)
-                masked.append(t4 - t3)
-                accepts.append(t5 - t4)
-    return {"first_compile_ms": first_compile_ms, "cached_compile_ms": cached_compile_ms, "fill": summary(fills),
-            "accept": summary(accepts), "sample_plain": summary(plain), "sample_masked": summary(masked),
-            "apply_mean_ms": 1e3 * (statistics.fmean(masked) - statistics.fmean(plain))}
+                accepts.append(t2 - t1)
+            if s == steps // 4:
+                mid = bitmask.clone()  # a typical mask (inside the documents) for the apply measurement
+
+    def median_ms(fn: Callable[[], Any], n: int) -> float:
+        fn()
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(times)
+
+    logits = torch.randn(B, V)
+    greedy = SamplingBatch.build([SamplingParams(temperature=0.0)] * B, vocab_size=V)
+    masked = SamplingBatch.build([SamplingParams(temperature=0.0)] * B, vocab_size=V)
+    masked.bitmask = mid  # every row constrained: row-aligned, as the runner passes it
+    sampled = SamplingBatch.build([SamplingParams(temperature=0.8, seed=i) for i in range(B)], vocab_size=V)
+    return {"first_compile_ms": first_compile_ms, "compile_ms": compile_ms, "fill": summary(fills),
+            "accept": summary(accepts),
+            "process_logits_ms": median_ms(lambda: process_logits(logits, greedy), 20),
+            "process_logits_masked_ms": median_ms(lambda: process_logits(logits, masked), 20),
+            "sample_greedy_ms": median_ms(lambda: sample(logits, greedy), 5),
+            "sample_temperature_ms": median_ms(lambda: sample(logits, sampled), 3)}
 
 
 def overlap(args: argparse.Namespace, traj: list[list[int]]) -> dict[str, Any]:
@@ -349,12 +364,51 @@ def overlap(args: argparse.Namespace, traj: list[list[int]]) -> dict[str, Any]:
             "exposed_ms": 1e3 * (both - step)}
 
 
+def measure_engine(args: argparse.Namespace) -> dict[str, Any]:
+    """Decode step time of the engine (tiny-v4-flash on the CPU, greedy) with `batch` rows, unconstrained vs every
+    row under the json_object grammar (its strings never end, so no row finishes early): what the whole structured
+    path adds to a step (fill beside the model step, apply, accept). Rounds alternate the two; each round's mean
+    over its full decode steps is kept, and the least disturbed (smallest) round is reported."""
+    from v4serve.engine.config import EngineConfig
+    from v4serve.engine.llm_engine import LLMEngine
+    from v4serve.engine.sampling_params import SamplingParams, StructuredOutputsParams
+
+    engine = LLMEngine("tiny-v4-flash", EngineConfig.from_kwargs(device="cpu", max_num_seqs=args.batch,
+                                                                 kv_cache_memory=256 << 20, max_model_len=512))
+    prompt = engine.tokenizer.encode('Reply with JSON: {"a": "b"}')
+    rounds: dict[str, list[float]] = {"plain": [], "json_object": []}
+    for r in range(args.engine_rounds + 1):  # round 0 warms up (and compiles the grammar)
+        for label, spec in (("plain", None), ("json_object", StructuredOutputsParams(json_object=True))):
+            for i in range(args.batch):
+                engine.add_request(prompt, SamplingParams(max_tokens=args.engine_tokens, temperature=0.0,
+                                                          ignore_eos=True, structured_outputs=spec), f"{label}{r}-{i}")
+            times = []
+            while engine.has_unfinished():
+                running = sum(not q.in_prefill for q in engine.scheduler.running)
+                t0 = time.perf_counter()
+                deltas = engine.step()
+                dt = time.perf_counter() - t0
+                if running == args.batch and len(deltas) == args.batch:  # a full decode step
+                    times.append(dt)
+                for d in deltas:
+                    if d.finished:
+                        engine.release(d.request_id)
+            if r:
+                rounds[label].append(1e3 * statistics.fmean(times))
+    out: dict[str, Any] = {f"{k}_step_ms": min(v) for k, v in rounds.items()}
+    out["rounds_ms"] = rounds
+    out["added_ms"] = out["json_object_step_ms"] - out["plain_step_ms"]
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=2, help="library worker threads (batched calls, compiler)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--part", choices=("all", "libraries", "v4serve"), default="all")
+    p.add_argument("--part", choices=("all", "libraries", "v4serve", "engine"), default="all")
+    p.add_argument("--engine-tokens", type=int, default=24, help="tokens per request in the engine measurement")
+    p.add_argument("--engine-rounds", type=int, default=3)
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -376,6 +430,8 @@ def main() -> None:
     if args.part in ("all", "v4serve"):
         result["v4serve"] = measure_v4serve(args, traj["schema"])
         result["overlap"] = overlap(args, traj["schema"])
+    if args.part in ("all", "engine"):
+        result["engine"] = measure_engine(args)
     text = json.dumps(result, indent=2, ensure_ascii=False)
     print(text)
     if args.out:

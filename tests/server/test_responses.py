@@ -257,7 +257,7 @@ def test_codex_request_is_accepted(http: httpx.Client) -> None:
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"tool_choice": {"type": "web_search_preview"}}, "tool_choice"),
     ({"text": {"format": {"type": "xml"}}}, "text.format.type"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text.format"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     ({"reasoning": {"summary": 1}}, "reasoning.summary"),
     ({"metadata": {"k": 1}}, "metadata.k"),

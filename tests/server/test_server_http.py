@@ -42,13 +42,16 @@ def aborted(m: dict, route: str) -> float:
     return m.get(("v4serve_requests_total", (("finish_reason", "abort"), ("route", route))), 0.0)
 
 
+BAD_SCHEMA_FORMAT = (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", '
+                     b'"json_schema": {"schema": {"type": "nope"}}}}')
+
+
 @pytest.mark.parametrize("body, status, param", [
     (b'{"messages": [{"role": "user", "content": "x"}', 400, None),
     (b'{"messages": "hello"}', 400, "messages"),
     (b'{"messages": [{"role": "user", "content": "x"}], "n": "2"}', 400, "n"),
     (b'{"messages": [{"role": "user", "content": "x"}], "modalities": ["audio"]}', 400, "modalities"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}', 400,
-     "response_format"),
+    (BAD_SCHEMA_FORMAT, 400, "response_format"),
     (b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}', 400, "model"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 4096}', 400,
      "max_completion_tokens"),

@@ -20,6 +20,8 @@ from ..models import footprint
 from ..models.factory import LoadedModel, build_model
 from ..tokenizer import Tokenizer
 from .config import EngineConfig, EngineConfigError
+from .guided_admission import GrammarAdmission
+from .memory import activation_reserve
 from .output import OutputProcessor
 from .request import FinishReason, Request, StepDelta
 from .runner import ModelRunner
@@ -138,6 +140,7 @@ class LLMEngine:
             self.runner.extras_fn = make_extras_fn(self.loaded.model, mc, self.tokenizer)
         if graphs is not None:
             graphs.capture()
+        self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)
         self.requests: dict[str, Request] = {}
         self.outputs: dict[str, OutputProcessor] = {}
         self._ended: list[Request] = []  # aborted outside a step: reported by the next step
@@ -157,12 +160,9 @@ class LLMEngine:
         return int(self.cfg.gpu_memory_utilization * total - used - reserve)
 
     def _activation_reserve(self) -> int:
-        """An estimate of the largest step's activation memory (attention gathers, mHC streams, logits), kept out of
-        the KV budget; capped at 24 GiB, plus 2 GiB for graphs and the allocator."""
-        mc = self.loaded.config
+        """Activation memory of the largest step, kept out of the KV budget (engine/memory.py)."""
         toks = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len or DEFAULT_MAX_MODEL_LEN)
-        per_token = 4 * (mc.n_heads * (mc.window_size + mc.index_topk) * 4 + mc.hc_mult * mc.dim * 8 + mc.vocab_size)
-        return int(min(toks * per_token * 2, 24 << 30)) + (2 << 30)
+        return activation_reserve(self.loaded.config, toks)
 
     def describe_capacity(self) -> str:
         c, B = self.capacity, self.cfg.block_size
@@ -192,6 +192,8 @@ class LLMEngine:
             self.requests[rid] = req
             self.outputs[rid] = OutputProcessor(req, self.tokenizer, self.model_config.eos_token_id,
                                                 self.max_model_len)
+            if p.structured_outputs is not None:
+                self.grammars.add(req, p.structured_outputs)
             self.scheduler.add(req)
         return ids
 
@@ -229,11 +231,18 @@ class LLMEngine:
     def step(self) -> list[StepDelta]:
         ended, self._ended = self._ended, []
         deltas: list[StepDelta] = [self._finish_delta(req) for req in ended if req.request_id in self.outputs]
+        if self.grammars.pending:
+            for req, reason in self.grammars.resolve():
+                self.scheduler.finish(req, FinishReason.ERROR)
+                req.error, req.finished_time = reason, time.monotonic()
+                deltas.append(self._finish_delta(req))
         sched = self.scheduler.schedule()
         for req in sched.failed:
             req.finished_time = time.monotonic()
             deltas.append(self._finish_delta(req))
         if sched.empty:
+            if self.grammars.pending and not deltas:
+                self.grammars.wait(0.01)  # only compilations left: wait for one instead of spinning
             return deltas
         out = self.runner.execute(sched, self.scheduler.decoder_floor)
         self.scheduler.advance(sched)

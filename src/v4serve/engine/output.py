@@ -30,7 +30,13 @@ class OutputProcessor:
         n_out = len(req.output_token_ids)
         reason: FinishReason | None = None
         stop_reason: str | int | None = None
-        if n_out >= p.min_tokens:
+        if req.guide is not None:  # the grammar ends the output when it is complete (it accepted EOS)
+            if not req.guide.accept(token_id):
+                reason = FinishReason.ERROR
+                req.error = f"token {token_id} does not fit the request's structured-output grammar"
+            elif req.guide.terminated:
+                reason = FinishReason.STOP
+        if reason is None and n_out >= p.min_tokens:
             if token_id == self.eos_id and not p.ignore_eos:
                 reason = FinishReason.STOP
             elif token_id in self.stop_ids:

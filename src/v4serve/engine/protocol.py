@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from .sampling_params import StructuredOutputsParams
+
 
 class SamplingMsg(msgspec.Struct, omit_defaults=True):
     n: int = 1
@@ -26,6 +28,7 @@ class SamplingMsg(msgspec.Struct, omit_defaults=True):
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # a frozen dataclass: msgspec encodes it as a map
 
 
 class AddRequest(msgspec.Struct, tag="add"):

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import enum
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from .guided import Guide
 
 
 class RequestStatus(enum.Enum):
@@ -47,6 +52,9 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens not recomputed (reported as usage cached_tokens)
     checkpoint_hash: bytes | None = None  # this request's latest window checkpoint
     num_preemptions: int = 0
+    # --- structured output (engine/guided_admission.py) ----------------------------------------------
+    pending_grammar: Future[Any] | None = None  # compiling: the scheduler does not admit the request yet
+    guide: Guide | None = None  # the grammar matcher, once compiled
     # --- outputs -----------------------------------------------------------------------------------
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
@@ -68,6 +76,11 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def ready(self) -> bool:
+        """Whether it may be admitted: nothing it needs is still being prepared (its grammar is compiled)."""
+        return self.pending_grammar is None
 
     @property
     def in_prefill(self) -> bool:

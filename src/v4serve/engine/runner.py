@@ -6,7 +6,9 @@ through captured CUDA graphs when available (engine/graphs.py); everything else 
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -44,6 +46,7 @@ class ModelRunner:
         self.graphs = graphs
         self.extras_fn = None  # model-specific per-step extras (V4.1 Engram n-gram history)
         self.logits_tap = None  # observer of each step's logits (the fidelity evaluation reads full distributions)
+        self.masks: Any = None  # guided_batch.MaskBuilder, made with the first constrained row
 
     def apply_ops(self, ops: list[SlotOp]) -> None:
         for op in ops:
@@ -78,6 +81,7 @@ class ModelRunner:
     def execute(self, sched: SchedulerOutput, decoder_floor) -> RunnerOutput:
         self.apply_ops(sched.slot_ops)
         step = self.build(sched, decoder_floor)
+        masks = self._submit_masks(sched)  # before the model step, which the fill then overlaps
         logits = None
         if self.graphs is not None:
             logits = self.graphs.run(sched, step)
@@ -85,9 +89,22 @@ class ModelRunner:
             logits = self.model(step, self.pools).logits
         if self.logits_tap is not None:
             self.logits_tap(sched, logits, self._logits_from)
-        return self._sample(sched, logits)
+        return self._sample(sched, logits, masks)
 
-    def _sample(self, sched: SchedulerOutput, logits: torch.Tensor) -> RunnerOutput:
+    def _submit_masks(self, sched: SchedulerOutput) -> Future[tuple[torch.Tensor, list[int]]] | None:
+        """Start filling the token masks of this step's constrained rows (rows of the sampling batch)."""
+        sampling = [row.request for row in sched.rows if row.sample]
+        rows = [i for i, req in enumerate(sampling) if req.guide is not None and req.guide.active]
+        if not rows:
+            return None
+        if self.masks is None:
+            from .guided_batch import MaskBuilder  # xgrammar is loaded by now (it compiled these grammars)
+
+            self.masks = MaskBuilder(self.vocab_size)
+        return self.masks.submit([sampling[i].guide for i in rows], rows, len(sampling))
+
+    def _sample(self, sched: SchedulerOutput, logits: torch.Tensor,
+                masks: Future[tuple[torch.Tensor, list[int]]] | None = None) -> RunnerOutput:
         sample_rows: list[tuple[Request, int]] = []
         prompt_lp: dict[str, list[dict[int, float] | None]] = {}
         cursor = 0
@@ -112,7 +129,13 @@ class ModelRunner:
                 output_ids=[r.output_token_ids for r in reqs],
                 prompt_ids=[r.prompt_token_ids for r in reqs] if any(r.params.repetition_penalty != 1.0 for r in reqs)
                 else None,
-                seeds=[r.seed for r in reqs], eos_id=self.eos_id)
+                seeds=[r.seed for r in reqs], eos_id=self.eos_id,
+                guided=[r.guide is not None and r.guide.active for r in reqs])
+            if masks is not None:
+                bitmask, rows = masks.result()
+                batch.bitmask = bitmask.to(logits.device, non_blocking=True)
+                if rows != list(range(len(reqs))):  # not every row is constrained: which rows the bitmask has
+                    batch.bitmask_rows = torch.tensor(rows, dtype=torch.int64, device=logits.device)
             out = sample(logits[idx], batch)
             ids = out.token_ids.tolist()
             lps = out.logprobs.tolist()

@@ -9,7 +9,8 @@ row's result never depends on what else shares its batch.
 Pipeline, per row:  logits (float32)
   -> repetition penalty (prompt + output tokens), frequency and presence penalties (output tokens)
   -> banned tokens (EOS/stop ids before min_tokens) set to -inf
-  -> divide by temperature (greedy rows use 1)          => "processed logits"
+  -> divide by temperature (greedy rows use 1)
+  -> structured output: tokens the row's grammar forbids set to -inf  => "processed logits"
   -> top-k, then top-p, then min-p truncation to -inf    => "sampling logits"
   -> greedy rows: argmax (lowest id on ties); others: argmax(sampling logits + Gumbel noise).
 
@@ -83,7 +84,8 @@ class SamplingBatch:
     set iff some row uses presence/frequency penalties; `seen` ([B, V] bool, prompt or output
     tokens) iff some row uses a repetition penalty; `banned` ([B, V] bool) iff some row must not
     emit EOS/stop ids yet. `steps` counts tokens generated so far; it indexes the noise stream and
-    is what min_tokens compares against.
+    is what min_tokens compares against. `bitmask` / `bitmask_rows` (set by the runner) restrict
+    constrained rows to the tokens their grammar allows (bit j of word w = token 32 w + j).
     """
 
     temperature: torch.Tensor  # [B] float32
@@ -99,6 +101,8 @@ class SamplingBatch:
     output_counts: torch.Tensor | None = None
     seen: torch.Tensor | None = None
     banned: torch.Tensor | None = None
+    bitmask: torch.Tensor | None = None  # [R, ceil(V / 32)] int32, the allowed tokens of the constrained rows
+    bitmask_rows: torch.Tensor | None = None  # [R] int64: each bitmask row's batch row (None: row i is row i)
     num_logprobs: int = 0  # top alternatives to return: max over rows of SamplingParams.logprobs
     all_greedy: bool = False
     use_top_k: bool = False
@@ -121,6 +125,7 @@ class SamplingBatch:
         seeds: Sequence[int | None] | None = None,
         steps: Sequence[int] | None = None,
         eos_id: int | None = None,
+        guided: Sequence[bool] | None = None,
     ) -> SamplingBatch:
         """Describe one step for rows with these params.
 
@@ -129,6 +134,8 @@ class SamplingBatch:
         params.seed (e.g. a seed the engine drew once at admission); rows with neither get a fresh
         random seed. steps: per-row step counters (default len(output_ids[i]), else 0).
         eos_id: banned, with stop_token_ids, while a row has fewer than min_tokens outputs.
+        guided: rows whose grammar decides where the output ends: min_tokens bans nothing there
+        (a grammar that allows only EOS would otherwise leave no token).
         """
         rows = len(params)
         outputs = list(output_ids) if output_ids is not None else [()] * rows
@@ -175,7 +182,9 @@ class SamplingBatch:
                 [*pr, *o] if p.repetition_penalty != 1.0 else () for p, pr, o in zip(params, prompts, outputs)
             ]
             batch.seen = token_counts(seen, vocab_size, device) > 0
-        bans = [sorted(p.stop_ids(eos_id)) if n < p.min_tokens else [] for p, n in zip(params, counters)]
+        free = list(guided) if guided is not None else [False] * rows
+        bans = [sorted(p.stop_ids(eos_id)) if n < p.min_tokens and not g else []
+                for p, n, g in zip(params, counters, free, strict=True)]
         if any(bans):
             batch.banned = token_counts(bans, vocab_size, device) > 0
         return batch
@@ -219,7 +228,41 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         x = x - batch.presence_penalty[:, None] * (counts > 0).to(torch.float32)
     if batch.banned is not None:
         x = x.masked_fill(batch.banned, float("-inf"))
-    return x / batch.temperature[:, None]
+    x = x / batch.temperature[:, None]
+    if batch.bitmask is not None:
+        apply_bitmask_(x, batch.bitmask, batch.bitmask_rows)  # x is a fresh tensor here: in place is safe
+    return x
+
+
+_BIAS_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+_CPU_CHUNK = 4  # bitmask rows per bias on the CPU: a [4, 129K] bias (2 MB) stays in cache
+
+
+def bitmask_bias(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[R, V]: 0 where the bitmask allows the token, -inf where it does not; adding it leaves the value of allowed
+    logits unchanged. One lookup per bitmask byte in a [256, 8] table of 0 / -inf: on one CPU thread this is
+    several times faster than `masked_fill` / `where` with a boolean mask (~50 ms for [64, 129K])."""
+    table = _BIAS_TABLES.get((bitmask.device, dtype))
+    if table is None:
+        bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+        table = torch.zeros(256, 8, dtype=dtype).masked_fill_(bits == 0, float("-inf")).to(bitmask.device)
+        _BIAS_TABLES[(bitmask.device, dtype)] = table
+    # little-endian int32 words: byte k of word w holds tokens 32 w + 8 k ... + 7, lowest bit first
+    index = bitmask.contiguous().view(torch.uint8).reshape(-1).to(torch.int32)
+    return table.index_select(0, index).view(bitmask.shape[0], -1)[:, :vocab_size]
+
+
+def apply_bitmask_(x: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None) -> None:
+    """In place: -inf on x's tokens the bitmask forbids; bitmask row i is x's row rows[i] (or row i). On the CPU a
+    few rows at a time, so no [R, V] bias is ever materialised (~9 ms instead of ~21 ms for [64, 129K])."""
+    n = bitmask.shape[0]
+    step = n if x.device.type != "cpu" else _CPU_CHUNK
+    for start in range(0, n, step):
+        bias = bitmask_bias(bitmask[start:start + step], x.shape[-1], x.dtype)
+        if rows is None:
+            x[start:start + step].add_(bias)
+        else:
+            x.index_add_(0, rows[start:start + step], bias)
 
 
 def truncate_logits(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -11,7 +11,42 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+# structured outputs: most whitespace characters in a row between two JSON (or DSML) elements (a newline and
+# indentation); bounded so that an output can never run away in whitespace
+WHITESPACE_LIMIT = 16
 GREEDY_TEMPERATURE = 1e-5  # below this a temperature is treated as 0 (greedy), as vLLM does
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """Enforced structured output (vLLM's name and fields): exactly one of
+    json (a JSON schema, as JSON text), json_object (any JSON object), regex, choice (one of these strings),
+    grammar (EBNF, or Lark) or structural_tag (xgrammar's structural tag, as JSON text; the server uses it for
+    DeepSeek-V4's DSML tool calls). Hashable: compiled grammars are cached by it (engine/guided.py)."""
+
+    json: str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    structural_tag: str | None = None
+
+    def kind(self) -> str:
+        """The one constraint given; SamplingParamsError naming the field otherwise."""
+        given = [name for name in ("json", "regex", "choice", "grammar", "structural_tag")
+                 if getattr(self, name) is not None] + (["json_object"] if self.json_object else [])
+        if len(given) != 1:
+            found = ", ".join(given) or "none"
+            raise SamplingParamsError("structured_outputs", f"give exactly one of json, json_object, regex, choice, "
+                                      f"grammar and structural_tag (found: {found})")
+        name = given[0]
+        value = getattr(self, name)
+        if name == "choice":
+            if not value or not all(isinstance(c, str) for c in value):
+                raise SamplingParamsError("structured_outputs.choice", "must be a non-empty list of strings")
+        elif name != "json_object" and (not isinstance(value, str) or not value):
+            raise SamplingParamsError(f"structured_outputs.{name}", "must be a non-empty string")
+        return name
 
 
 class SamplingParamsError(ValueError):
@@ -36,6 +71,8 @@ class SamplingParams:
     unless include_stop_str_in_output).  stop_token_ids: extra ids that end it like EOS.
     ignore_eos: keep generating past EOS.  logprobs / prompt_logprobs: how many top alternatives
     to return per token (0 = just the chosen one, None = none), at most 20.
+    structured_outputs: a grammar the output must follow (engine/guided.py); it starts after the reasoning when
+    the prompt leaves a `<think>` open, and the request stops when the grammar is complete.
     """
 
     n: int = 1
@@ -56,6 +93,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # accept the OpenAI shapes: a single stop string, None for "no stop strings"
@@ -66,6 +104,9 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        so = self.structured_outputs
+        if so is not None and isinstance(so.choice, list):  # a list from JSON: the frozen spec keeps a tuple
+            self.structured_outputs = replace(so, choice=tuple(so.choice))
 
     # --- derived facts used by the engine ---------------------------------------------------------
     @property
@@ -128,6 +169,8 @@ class SamplingParams:
                 raise SamplingParamsError(
                     "stop_token_ids", f"must be token ids in [0, {vocab_size}), got {t!r}"
                 )
+        if self.structured_outputs is not None:
+            self.structured_outputs.kind()
 
 
 def _is_int(value: Any) -> bool:

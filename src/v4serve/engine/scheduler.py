@@ -126,27 +126,35 @@ class Scheduler:
             req.error = "the request needs more KV-cache blocks than the engine has; raise --kv-cache-memory " \
                         "(or --gpu-memory-utilization) or lower --max-model-len"
             failed.append(req)
-        # admission
+        # admission (FIFO among the ready: a request whose grammar is still compiling lets the next ones pass)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.kv.has_free_slot():
-            req = self.waiting[0]
+            req = next((r for r in self.waiting if r.ready), None)
+            if req is None:
+                break
             self.kv.admit(req)
             n = self._chunk(req, budget)
             if not self.kv.ensure_blocks(req, req.num_computed + n):
                 self.kv.cancel_admission(req)
                 if not self.running and not rows:
-                    self.waiting.popleft()
+                    self._take(req)
                     self.finish(req, FinishReason.ERROR)
                     req.error = "the prompt needs more KV-cache blocks than the engine has; raise " \
                                 "--kv-cache-memory (or --gpu-memory-utilization) or lower --max-model-len"
                     failed.append(req)
                     continue
                 break
-            self.waiting.popleft()
+            self._take(req)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             rows.append(self._row(req, n))
             budget -= n
         return SchedulerOutput(rows, self.kv.take_ops(), self.budget - budget, preempted, failed)
+
+    def _take(self, req: Request) -> None:
+        if self.waiting[0] is req:
+            self.waiting.popleft()
+        else:
+            del self.waiting[next(i for i, r in enumerate(self.waiting) if r is req)]
 
     def _row(self, req: Request, n: int) -> ScheduledRow:
         return ScheduledRow(req, req.num_computed, n, req.num_computed + n == req.num_tokens)

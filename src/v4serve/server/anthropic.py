@@ -245,7 +245,7 @@ async def create_message(request: Request) -> Response:
         raise APIError("n: the Messages API returns one message", param="n")
     plan = await _plan(st, req)
     sampling = sampling_for(req, st.ready.vocab_size,  # type: ignore[arg-type] - the same sampling fields
-                            max_tokens=req.max_tokens, logprobs=None)
+                            max_tokens=req.max_tokens, logprobs=None, structured=plan.structured)
     check_context(len(plan.prompt_ids), req.max_tokens, st.ready.max_model_len, prompt_param="messages")
     message_id = _message_id()
     call = EngineCall(st.client, st.admission, st.metrics, "messages", message_id, plan.prompt_ids, sampling,

@@ -379,6 +379,12 @@ def _tool_choice(tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None) ->
     return "function", name
 
 
+def tool_choice_mode(tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None) -> tuple[str, str | None]:
+    """("auto" | "none" | "required" | "function", the forced function's name or None); ChatFormatError when
+    tool_choice does not fit the tools."""
+    return _tool_choice(tool_choice, tools)
+
+
 def tools_for_prompt(
     tool_choice: Any, tools: Sequence[Mapping[str, Any]] | None
 ) -> list[dict[str, Any]] | None:

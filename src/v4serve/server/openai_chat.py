@@ -1,7 +1,9 @@
 """`POST /v1/chat/completions`: messages -> DeepSeek-V4 prompt -> engine -> reasoning, content, tool calls.
 
 The prompt is built by chat.encode_chat (tools written into the system prompt, `tool_choice` "none" hides
-them, "required" / a named function append chat.forced_prefix so the model must call). Output text goes
+them, "required" / a named function append chat.forced_prefix so the model must call). What the output must follow
+(`response_format`, vLLM's `structured_outputs`, a forced call's DSML and argument schema) is checked here and
+enforced by the engine (server/structured.py). Output text goes
 through parsers.OutputParser, one per choice: reasoning to `reasoning_content`, DSML blocks to `tool_calls`
 whose arguments stream as they are generated, never any markup in `content` or `arguments`.
 `ChatChoice` does that assembly and knows nothing of HTTP or the engine, so it is tested with scripted text.
@@ -20,8 +22,18 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..engine.guided_admission import reasoning_open
 from ..engine.protocol import Delta
-from .chat import ChatFormatError, encode_chat, forced_prefix, tools_for_prompt
+from ..engine.sampling_params import StructuredOutputsParams
+from . import structured
+from .chat import (
+    ChatFormatError,
+    encode_chat,
+    forced_prefix,
+    tool_choice_mode,
+    tools_for_prompt,
+    validate_tools,
+)
 from .errors import APIError
 from .logprobs import TokenText, chat_logprobs
 from .parsers import (
@@ -55,6 +67,7 @@ class ChatPlan:
     prefix: str  # forced tool-call opening appended to the prompt ("" when none)
     report_calls: bool  # False for tool_choice "none"
     single_call: bool  # parallel_tool_calls false: only the first call is reported
+    structured: StructuredOutputsParams | None = None  # the grammar the engine enforces on the output
 
 
 def chat_options(kwargs: dict[str, Any] | None, effort: Any, st: ServerState) -> tuple[bool, Any]:
@@ -76,22 +89,30 @@ def format_error(err: ChatFormatError) -> APIError:
 async def plan_chat(st: ServerState, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                     tool_choice: Any, thinking: bool, effort: Any, *, response_format: dict[str, Any] | None = None,
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    parallel_tool_calls: bool | None = None) -> ChatPlan:
-    """Encode and tokenize (in a worker thread: a long conversation must not stall other streams)."""
+                    parallel_tool_calls: bool | None = None, extras: dict[str, Any] | None = None) -> ChatPlan:
+    """Encode and tokenize, and check the output constraint (in a worker thread: a long conversation or a first
+    grammar must not stall other streams). `extras`: the body's other fields (vLLM's `structured_outputs`)."""
     def build() -> ChatPlan:
         try:
             text = encode_chat(messages, tools_for_prompt(tool_choice, tools), thinking, effort,
                                add_generation_prompt, response_format=response_format, family=st.ready.family,
                                continue_final_message=continue_final_message, plain=st.plain_content)
             prefix = forced_prefix(tool_choice, tools, thinking) if add_generation_prompt else ""
+            mode, name = tool_choice_mode(tool_choice, tools) if prefix else ("auto", None)
+            functions = validate_tools(tools) if prefix else []
         except ChatFormatError as err:
             raise format_error(err) from None
+        constraint = structured.for_chat(response_format, extras or {}, mode, name, functions,
+                                         parallel_tool_calls is not False)
         if st.tokenizer.exceeds(text, st.ready.max_model_len):  # refuse before tokenizing all of a huge prompt
             raise APIError(f"the prompt has more than {st.ready.max_model_len} tokens, this server's context "
                            "(--max-model-len); shorten the prompt", param="messages", code="context_length_exceeded")
         report = tool_choice != "none" and bool(tools)
-        return ChatPlan(st.tokenizer.encode_marked(text + prefix), thinking, prefix, report,
-                        parallel_tool_calls is False)
+        ids = st.tokenizer.encode_marked(text + prefix)
+        tok = st.tokenizer
+        # a continued final assistant message: the prompt already closed the reasoning, the output is the answer
+        reasoning = thinking and (bool(prefix) or reasoning_open(ids, tok.think_start_id, tok.think_end_id))
+        return ChatPlan(ids, reasoning, prefix, report, parallel_tool_calls is False, structured.check(constraint))
 
     return await asyncio.to_thread(build)
 
@@ -229,22 +250,18 @@ async def create_chat_completion(request: Request) -> Response:
     arrival = time.monotonic()
     req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await request.body())
     model = st.check_model(req.model)
-    if (req.response_format or {}).get("type") == "json_object":
-        raise APIError('response_format: {"type": "json_object"} needs constrained decoding, which this server '
-                       'does not do; send {"type": "json_schema", "json_schema": {"schema": ...}} (the schema is '
-                       "written into the prompt, as DeepSeek's encoder does) or ask for JSON in the prompt",
-                       param="response_format", code="unsupported_parameter")
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("top_logprobs needs logprobs: true", param="top_logprobs")
     thinking, effort = chat_options(req.chat_template_kwargs, req.reasoning_effort, st)
     plan = await plan_chat(st, req.messages, req.tools, req.tool_choice, thinking, effort,
                            response_format=req.response_format, add_generation_prompt=req.add_generation_prompt,
                            continue_final_message=req.continue_final_message,
-                           parallel_tool_calls=req.parallel_tool_calls)
+                           parallel_tool_calls=req.parallel_tool_calls, extras=req.structured_extras())
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     top = (req.top_logprobs or 0) if req.logprobs else None
-    sampling = sampling_for(req, st.ready.vocab_size, max_tokens=max_tokens, logprobs=top, max_tokens_param=param)
+    sampling = sampling_for(req, st.ready.vocab_size, max_tokens=max_tokens, logprobs=top, max_tokens_param=param,
+                            structured=plan.structured)
     check_context(len(plan.prompt_ids), max_tokens, st.ready.max_model_len, prompt_param="messages",
                   max_tokens_param=param)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -1,7 +1,8 @@
 """`POST /v1/completions`: raw prompts (text or token ids, one or a batch) -> raw generated text.
 
 No chat template, no output parsing: the text is what the model wrote (special tokens skipped unless
-`skip_special_tokens: false`). A text prompt is tokenized as is: no BOS is added (DeepSeek-V4's tokenizer
+`skip_special_tokens: false`). vLLM's `structured_outputs` / `guided_*` and `response_format` constrain it
+(server/structured.py; a prompt that ends inside `<think>` is constrained after the model's `</think>`). A text prompt is tokenized as is: no BOS is added (DeepSeek-V4's tokenizer
 does not add one; write `<｜begin▁of▁sentence｜>` yourself). A batch of k prompts with n samples each gives
 k*n choices, index = prompt * n + sample.
 """
@@ -25,6 +26,8 @@ from .logprobs import CompletionLogprobs
 from .openai_chat import sibling_index
 from .protocol import CompletionRequest, check_context, parse_body, sampling_for
 from .streaming import EngineCall, EventStream, merge, sse, until_disconnected
+from .structured import check as check_constraint
+from .structured import explicit
 
 if TYPE_CHECKING:
     from .app import ServerState
@@ -103,8 +106,10 @@ async def create_completion(request: Request) -> Response:
         raise APIError("best_of: only best_of equal to n is supported", param="best_of",
                        code="unsupported_parameter")
     ids, texts = await _prompts(st, req.prompt)
+    constraint = explicit((req.model_extra or {}).get("response_format"), req.structured_extras())
+    spec = await asyncio.to_thread(check_constraint, constraint) if constraint else None
     sampling = sampling_for(req, st.ready.vocab_size, max_tokens=16 if req.max_tokens is None else req.max_tokens,
-                            logprobs=req.logprobs)
+                            logprobs=req.logprobs, structured=spec)
     for p in ids:
         check_context(len(p), sampling.max_tokens, st.ready.max_model_len, prompt_param="prompt")
     request_id = f"cmpl-{uuid.uuid4().hex}"

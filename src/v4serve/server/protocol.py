@@ -4,8 +4,7 @@ Types are strict (`"1"` is not a number, `1.5` is not an integer); a wrong one i
 Top-level fields the API does not define are sorted three ways:
 * known OpenAI fields that change nothing here (`user`, `metadata`, `store`, `service_tier`, ...): ignored;
 * fields asking for something this server cannot do (`audio`, `modalities` other than text, `prediction`,
-  `logit_bias`, grammar-guided decoding, ...): 400 `unsupported_parameter`, so a client never believes it
-  got what it asked for;
+  `logit_bias`, ...): 400 `unsupported_parameter`, so a client never believes it got what it asked for;
 * anything else: ignored (as vLLM does), so clients that send vendor extras keep working.
 """
 
@@ -17,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..engine.protocol import SamplingMsg
-from ..engine.sampling_params import SamplingParams, SamplingParamsError
+from ..engine.sampling_params import SamplingParams, SamplingParamsError, StructuredOutputsParams
 from .errors import APIError, from_validation
 
 # Fields that ask for behaviour this server does not have (value that is accepted, if any, after the name).
@@ -29,11 +28,6 @@ UNSUPPORTED: dict[str, str] = {
     "functions": "the legacy `functions` field is not supported; send `tools`",
     "function_call": "the legacy `function_call` field is not supported; send `tool_choice`",
     "logit_bias": "logit_bias is not supported",
-    "guided_json": "guided decoding is not supported",
-    "guided_regex": "guided decoding is not supported",
-    "guided_choice": "guided decoding is not supported",
-    "guided_grammar": "guided decoding is not supported",
-    "structured_outputs": "guided decoding is not supported",
     "prompt_logprobs": "prompt_logprobs is not supported by the HTTP API",
     "suffix": "suffix (fill-in-the-middle) is not supported",
     "mcp_servers": "MCP servers are not supported",
@@ -98,6 +92,17 @@ class _Sampling(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     cache_salt: str | None = None
+    # vLLM's structured outputs (server/structured.py)
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+
+    def structured_extras(self) -> dict[str, Any]:
+        """The structured-output fields given, by name."""
+        names = ("structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @property
     def include_usage(self) -> bool:
@@ -198,8 +203,10 @@ def parse_body(model: type[BaseModel], body: bytes) -> Any:
 # sampling
 # ------------------------------------------------------------------------------------------------------------
 def sampling_for(req: _Sampling, vocab_size: int, *, max_tokens: int | None, logprobs: int | None,
-                 max_tokens_param: str = "max_tokens") -> SamplingMsg:
-    """The engine's sampling message for a request, validated (400 naming the field)."""
+                 max_tokens_param: str = "max_tokens", structured: StructuredOutputsParams | None = None,
+                 ) -> SamplingMsg:
+    """The engine's sampling message for a request, validated (400 naming the field). `structured`: the checked
+    output constraint (server/structured.py)."""
     def given(value: Any, default: Any) -> Any:
         return default if value is None else value
 
@@ -209,7 +216,8 @@ def sampling_for(req: _Sampling, vocab_size: int, *, max_tokens: int | None, log
         min_p=given(req.min_p, 0.0), seed=req.seed, presence_penalty=given(req.presence_penalty, 0.0),
         frequency_penalty=given(req.frequency_penalty, 0.0), repetition_penalty=given(req.repetition_penalty, 1.0),
         stop=req.stop, stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos, logprobs=logprobs,
-        skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output)
+        skip_special_tokens=req.skip_special_tokens, include_stop_str_in_output=req.include_stop_str_in_output,
+        structured_outputs=structured)
     # the engine message carries 64-bit integers: a larger one must be the client's 400, not an encoding 500
     for name in ("seed", "top_k", "n", "max_tokens", "min_tokens", "logprobs", "stop_token_ids"):
         value = max_tokens if name == "max_tokens" else logprobs if name == "logprobs" else getattr(req, name, None)

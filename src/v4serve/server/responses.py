@@ -130,7 +130,8 @@ async def create_response(request: Request) -> Response:
     items = history + input_items(req.input)
     plan = await _plan(st, req, items)
     sampling = sampling_for(req, st.ready.vocab_size,  # type: ignore[arg-type] - the same sampling fields
-                            max_tokens=req.max_output_tokens, logprobs=None, max_tokens_param="max_output_tokens")
+                            max_tokens=req.max_output_tokens, logprobs=None, max_tokens_param="max_output_tokens",
+                            structured=plan.structured)
     check_context(len(plan.prompt_ids), req.max_output_tokens, st.ready.max_model_len, prompt_param="input",
                   max_tokens_param="max_output_tokens")
     response_id = new_id("resp")

@@ -4,9 +4,11 @@
 * Consecutive `reasoning` / assistant `message` / `function_call` items form one assistant turn
   (`reasoning_content`, content, `tool_calls`), so the history renders as the model wrote it;
   `function_call_output` -> a tool message. Items of tools this server ignores are skipped.
-* Flat function tools -> chat tools (`strict` is not enforced: nothing is constrained); other tool types are
-  ignored (the model cannot run hosted tools). `tool_choice` "allowed_tools" narrows the tools.
-* `text.format` -> `response_format` (json_schema into the prompt; json_object refused, as on the chat route).
+* Flat function tools -> chat tools (a forced call's arguments follow the schema; `strict` is not carried into
+  the prompt); other tool types are ignored (the model cannot run hosted tools). `tool_choice` "allowed_tools"
+  narrows the tools.
+* `text.format` -> `response_format` (json_schema written into the prompt and enforced, json_object enforced, as on
+  the chat route).
 """
 
 from __future__ import annotations
@@ -230,11 +232,8 @@ def to_response_format(text: _Text | None) -> dict[str, Any] | None:
     fmt = text.format if text else None
     if fmt is None or fmt.type == "text":
         return None
-    if fmt.type == "json_object":  # as on the chat route: it would need constrained decoding
-        raise APIError('text.format: {"type": "json_object"} needs constrained decoding, which this server does '
-                       'not do; send {"type": "json_schema", "name": ..., "schema": {...}} (the schema is written '
-                       "into the prompt) or ask for JSON in the prompt", param="text.format",
-                       code="unsupported_parameter")
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
     if fmt.schema_ is None:
         raise APIError("text.format.schema: a json_schema format needs a schema", param="text.format.schema",
                        code="missing_required_parameter")
