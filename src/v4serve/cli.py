@@ -51,7 +51,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dtype", "index_cache_dtype",
                "gpu_memory_utilization", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
-               "num_window_checkpoints", "enforce_eager", "kernels", "max_queue_len")
+               "num_window_checkpoints", "enforce_eager", "kernels", "max_queue_len", "tensor_parallel_size")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

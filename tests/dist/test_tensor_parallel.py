@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from v4serve.models.checkpoint import write_checkpoint
 from v4serve.models.factory import build_model
 from v4serve.models.sharding import rank_config
 from v4serve.presets import get_preset
@@ -32,13 +31,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory) -> str:
-    c = get_preset("tiny-v4-flash").replace(name="tiny-v4-tp", o_lora_rank=128, moe_inter_dim=256)
-    return str(write_checkpoint(c, tmp_path_factory.mktemp("tp") / "ck", seed=3))
-
-
-def test_two_ranks_equal_one_process(folder: str, tmp_path) -> None:
+def test_two_ranks_equal_one_process(tp_folder: str, tmp_path) -> None:
+    folder = tp_folder
     toks = torch.randint(0, 129280, (70,), generator=torch.Generator().manual_seed(5)).tolist()
     one = build_model(folder, dtype=torch.float64, with_mtp=False, kernels="reference")
     want = logits_of(one, toks, toks[0])

@@ -55,7 +55,7 @@ def test_flags_map_onto_v4serve_options(caplog: pytest.LogCaptureFixture) -> Non
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["-tp", "2"], "multi-GPU"), (["--data-parallel-size", "2"], "multi-GPU"),
+    (["--data-parallel-size", "2"], "data-parallel attention"),
     (["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'], "speculative decoding"),
     (["--kv-cache-memory", "1GiB", "--kv-cache-memory-bytes", "2GiB"], "disagree"),
     (["--ssl-keyfile", "k.pem"], "--ssl-certfile"),

@@ -37,6 +37,7 @@ class EngineConfig:
     cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     max_queue_len: int = 1024
     with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
+    tensor_parallel_size: int = 1  # ranks of one model replica (dist/workers.py); V4 family
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> None:
@@ -63,6 +64,8 @@ class EngineConfig:
             bad("index_cache_dtype", f"must be auto, bf16, fp8 or fp4, got {self.index_cache_dtype!r}")
         if self.kernels not in ("auto", "triton", "reference"):
             bad("kernels", f"must be auto, triton or reference, got {self.kernels!r}")
+        if self.tensor_parallel_size < 1:
+            bad("tensor_parallel_size", f"must be at least 1, got {self.tensor_parallel_size}")
         if self.max_queue_len < 1:
             bad("max_queue_len", f"must be at least 1, got {self.max_queue_len}")
 

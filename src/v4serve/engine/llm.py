@@ -24,6 +24,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self.config = self.engine.model_config
 
+    def close(self) -> None:
+        """Release what the engine started (tensor-parallel worker processes)."""
+        self.engine.close()
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False, cache_salt: str | None = None) -> list[RequestOutput]:

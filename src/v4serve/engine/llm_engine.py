@@ -103,8 +103,17 @@ class LLMEngine:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         t0 = time.monotonic()
-        self.loaded = loaded or build_model(model, seed=cfg.seed, numerics=cfg.numerics, dtype=self.dtype,
-                                            device=self.device, with_mtp=cfg.with_mtp, kernels=cfg.kernels)
+        build_kwargs = dict(seed=cfg.seed, numerics=cfg.numerics, dtype=self.dtype, with_mtp=cfg.with_mtp,
+                            kernels=cfg.kernels)
+        self.peers = None
+        if cfg.tensor_parallel_size > 1:
+            if loaded is not None:
+                raise EngineConfigError("--tensor-parallel-size > 1 builds each rank's model itself; pass a model name")
+            from ..dist.workers import TensorParallelPeers
+
+            self.peers = TensorParallelPeers(cfg.tensor_parallel_size, model, build_kwargs, self.device)
+        tp = self.peers.tp if self.peers is not None else None
+        self.loaded = loaded or build_model(model, device=self.device, tp=tp, **build_kwargs)
         mc = self.model_config = self.loaded.config
         if cfg.swa_bounded_replay is None:
             cfg.swa_bounded_replay = mc.is_v41
@@ -117,6 +126,10 @@ class LLMEngine:
         self.capacity = plan_capacity(self.spec, cfg, self._kv_budget(), mc.max_position)
         self.max_model_len = self.capacity.max_model_len
         self.pools = KVPools(self.spec, self.capacity.num_blocks, self.capacity.num_slots, self.device)
+        if self.peers is not None:  # every rank keeps the same cache (one KV head: replicated under TP)
+            self.peers.init_cache(dict(block_size=cfg.block_size, kv_dtype=cfg.kv_cache_dtype,
+                                       index_dtype=cfg.index_cache_dtype, compute_dtype=self.dtype,
+                                       with_mtp=cfg.with_mtp), self.capacity.num_blocks, self.capacity.num_slots)
         ratios = tuple(sorted({mc.compress_ratios[i] for i in mc.compressed_layers}))
         geom = CacheGeometry(cfg.block_size, mc.window_size, mc.n_layers, ratios)
         self.kv = KVCacheManager(geom, self.capacity.num_blocks, cfg.max_num_seqs, self.capacity.num_checkpoints,
@@ -126,7 +139,7 @@ class LLMEngine:
                                    align_chunks=self.capacity.num_checkpoints > 0,
                                    decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay))
         graphs = None
-        if self.device.type == "cuda" and not cfg.enforce_eager:
+        if self.device.type == "cuda" and not cfg.enforce_eager and self.peers is None:  # (TP: eager for now)
             from .graphs import DecodeGraphs
 
             extras = {"engram_prev_ids": (mc.engram_max_ngram - 1,)} if mc.is_v41 and mc.engram_layers else None
@@ -134,6 +147,7 @@ class LLMEngine:
                                   self.capacity.num_blocks, cfg.block_size, self.device, extras)
         self.runner = ModelRunner(self.loaded.model, self.pools, mc.vocab_size, mc.eos_token_id, self.device,
                                   self.max_model_len, graphs)
+        self.runner.peers = self.peers
         if mc.is_v41:
             from ..models.v41.engine_hooks import make_extras_fn
 
@@ -163,6 +177,12 @@ class LLMEngine:
         """Activation memory of the largest step, kept out of the KV budget (engine/memory.py)."""
         toks = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len or DEFAULT_MAX_MODEL_LEN)
         return activation_reserve(self.loaded.config, toks)
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (if any); the engine cannot step afterwards."""
+        if self.peers is not None:
+            self.peers.close()
+            self.peers = self.runner.peers = None
 
     def describe_capacity(self) -> str:
         c, B = self.capacity, self.cfg.block_size

@@ -20,6 +20,17 @@ from .sampler import SamplingBatch, sample
 from .scheduler import SchedulerOutput
 
 
+def apply_slot_ops(pools: KVPools, ops: list[SlotOp], device: torch.device) -> None:
+    """The scheduler's slot operations on one rank's pools (tensor-parallel workers replay them too)."""
+    for op in ops:
+        if op.kind == "reset":
+            pools.reset_slots(torch.tensor([op.dst], device=device))
+        elif op.kind == "copy":
+            pools.copy_slot(op.dst, op.src)
+        else:
+            raise ValueError(op.kind)
+
+
 @dataclass
 class SampledToken:
     request: Request
@@ -46,16 +57,11 @@ class ModelRunner:
         self.graphs = graphs
         self.extras_fn = None  # model-specific per-step extras (V4.1 Engram n-gram history)
         self.logits_tap = None  # observer of each step's logits (the fidelity evaluation reads full distributions)
+        self.peers = None  # dist.workers.TensorParallelPeers: the other tensor-parallel ranks replay each step
         self.masks: Any = None  # guided_batch.MaskBuilder, made with the first constrained row
 
     def apply_ops(self, ops: list[SlotOp]) -> None:
-        for op in ops:
-            if op.kind == "reset":
-                self.pools.reset_slots(torch.tensor([op.dst], device=self.device))
-            elif op.kind == "copy":
-                self.pools.copy_slot(op.dst, op.src)
-            else:
-                raise ValueError(op.kind)
+        apply_slot_ops(self.pools, ops, self.device)
 
     def build(self, sched: SchedulerOutput, decoder_floor) -> StepInput:
         specs = []
@@ -86,6 +92,8 @@ class ModelRunner:
         if self.graphs is not None:
             logits = self.graphs.run(sched, step)
         if logits is None:
+            if self.peers is not None:
+                self.peers.step(sched.slot_ops, step)
             logits = self.model(step, self.pools).logits
         if self.logits_tap is not None:
             self.logits_tap(sched, logits, self._logits_from)

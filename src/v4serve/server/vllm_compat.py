@@ -80,9 +80,12 @@ def apply_vllm_args(args: argparse.Namespace) -> None:
     tp, dp = getattr(args, "tensor_parallel_size", 1), getattr(args, "data_parallel_size", 1)
     if tp < 1 or dp < 1:
         raise ValueError("--tensor-parallel-size and --data-parallel-size must be at least 1")
-    if tp > 1 or dp > 1:
-        raise ValueError(f"--tensor-parallel-size {tp} / --data-parallel-size {dp}: multi-GPU layouts (TP, DP, EP) "
-                         "are not implemented yet; v4serve serves on one GPU (sizes 1)")
+    if dp > 1:
+        raise ValueError(f"--data-parallel-size {dp}: data-parallel attention (DP / DEP) is not implemented yet; "
+                         "tensor parallelism (--tensor-parallel-size) is, for the V4 family")
+    if tp > 1 and getattr(args, "enable_expert_parallel", False):
+        log.info("--enable-expert-parallel: under tensor parallelism v4serve slices every expert across the TP "
+                 "ranks for now (same results; expert-parallel dispatch is not implemented yet)")
     if getattr(args, "speculative_config", None):
         raise ValueError("--speculative-config: speculative decoding (MTP / DSpark drafts) is not available yet; "
                          "leave the flag out")

@@ -1,0 +1,133 @@
+"""Tensor-parallel worker processes driven by rank 0's engine.
+
+Rank 0 is the engine process: it schedules, builds each step and samples. Ranks 1..N-1 are spawned here; each builds its
+share of the model (models/factory.build_model(tp=...)) and a KV pool set of the same geometry, then replays what rank 0
+sends: the step's slot operations and its StepInput (moved to host memory for the broadcast), and runs the forward with
+it, taking part in the collectives inside. Logits stay with rank 0 (the head gathers them on every rank; the workers'
+copies are dropped). torch.distributed carries both the control messages (broadcast_object_list) and the model's
+collectives: gloo on the CPU, NCCL on GPUs (one device per rank: cuda:rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .parallel import TensorParallel
+
+log = logging.getLogger("v4serve.dist")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _device_for(rank: int, device: torch.device) -> torch.device:
+    return torch.device("cuda", rank) if device.type == "cuda" else device
+
+
+def _to(step: Any, device: torch.device) -> Any:
+    """A StepInput with every tensor (extras included) on `device`."""
+    moved = {f.name: getattr(step, f.name) for f in dataclasses.fields(step)}
+    for k, v in moved.items():
+        if isinstance(v, torch.Tensor):
+            moved[k] = v.to(device)
+    moved["extras"] = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in step.extras.items()}
+    return type(step)(**moved)
+
+
+def _send(msg: Any) -> Any:
+    box = [msg]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class TensorParallelPeers:
+    """Rank 0's handle on the other ranks: start them, hand them the cache geometry, replay each step, stop them."""
+
+    def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device):
+        self.size = size
+        self.device = device
+        addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT") or str(_free_port())
+        # plain subprocesses rather than multiprocessing: the engine itself runs in a daemon process (engine/core.py),
+        # which multiprocessing forbids to have children
+        self.procs = []
+        for r in range(1, size):
+            with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
+                pickle.dump((r, size, addr, port, model, build_kwargs, str(device)), f)
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "v4serve.dist.workers", f.name]))
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
+        self.tp = TensorParallel(0, size)
+        log.info("tensor parallel: %d ranks (%s), worker processes %s", size, dist.get_backend(),
+                 ", ".join(str(p.pid) for p in self.procs))
+
+    def init_cache(self, spec_args: dict, num_blocks: int, num_slots: int) -> None:
+        _send(("cache", spec_args, num_blocks, num_slots))
+
+    def step(self, slot_ops: list, step: Any) -> None:
+        """Before rank 0's own forward: the workers start the same one (they block in its first collective)."""
+        _send(("step", slot_ops, _to(step, torch.device("cpu"))))
+
+    def close(self) -> None:
+        if not dist.is_initialized():
+            return
+        try:
+            _send(("stop",))
+        finally:
+            dist.destroy_process_group()
+            for p in self.procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+
+
+def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str) -> None:
+    from ..cache.pool import KVPools
+    from ..cache.spec import make_cache_spec
+    from ..engine.runner import apply_slot_ops
+    from ..models.factory import build_model
+
+    torch.set_num_threads(max(1, torch.get_num_threads() // size))
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
+    dev = _device_for(rank, torch.device(device))
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=size)
+    try:
+        lm = build_model(model, device=dev, tp=TensorParallel(rank, size), **build_kwargs)
+        pools = None
+        with torch.inference_mode():
+            while True:
+                msg = _send(None)
+                if msg[0] == "stop":
+                    break
+                if msg[0] == "cache":
+                    _, spec_args, num_blocks, num_slots = msg
+                    pools = KVPools(make_cache_spec(lm.config, **spec_args), num_blocks, num_slots, dev)
+                elif msg[0] == "step":
+                    _, ops, step = msg
+                    apply_slot_ops(pools, ops, dev)
+                    lm.model(_to(step, dev), pools)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # a worker: python -m v4serve.dist.workers ARGS.pkl (written by TensorParallelPeers)
+    with open(sys.argv[1], "rb") as f:
+        worker_args = pickle.load(f)
+    os.unlink(sys.argv[1])
+    _worker_main(*worker_args)
