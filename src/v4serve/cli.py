@@ -34,6 +34,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--long-prefill-token-threshold", type=int, default=0,
                    help="max prefill tokens per request per step (0 = max-num-batched-tokens / 4)")
+    g.add_argument("--prefill-budget-with-decodes", type=int, default=0,
+                   help="max prefill tokens in a step that also decodes (0 = no cap): keeps running requests' "
+                        "inter-token latency while new prompts arrive, at the cost of their time to first token")
+    g.add_argument("--target-itl-ms", type=float, default=0.0,
+                   help="derive that cap from an inter-token-latency target, from measured step times (0 = off)")
     g.add_argument("--max-model-len", type=parse_tokens, default=None,
                    help="context length in tokens: 131072, 128k (128,000) or 128K (131,072)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -51,7 +56,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dtype", "index_cache_dtype",
                "gpu_memory_utilization", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
-               "num_window_checkpoints", "enforce_eager", "kernels", "max_queue_len", "tensor_parallel_size")
+               "num_window_checkpoints", "enforce_eager", "kernels", "max_queue_len", "tensor_parallel_size",
+               "prefill_budget_with_decodes", "target_itl_ms")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

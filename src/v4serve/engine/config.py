@@ -28,6 +28,8 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 8192
     long_prefill_token_threshold: int = 0  # per-request prefill tokens per step; 0 = max_num_batched_tokens // 4
+    prefill_budget_with_decodes: int = 0  # prefill tokens allowed in a step that has decode rows (0 = no cap)
+    target_itl_ms: float = 0.0  # derive that cap from an inter-token-latency target (engine/itl_budget.py; 0 = off)
     max_model_len: int | None = None  # None = min(model max positions, what the cache holds)
     enable_prefix_caching: bool = True
     swa_bounded_replay: bool | None = None  # None = on for V4.1, off (exact) for V4
@@ -64,6 +66,10 @@ class EngineConfig:
             bad("index_cache_dtype", f"must be auto, bf16, fp8 or fp4, got {self.index_cache_dtype!r}")
         if self.kernels not in ("auto", "triton", "reference"):
             bad("kernels", f"must be auto, triton or reference, got {self.kernels!r}")
+        if self.prefill_budget_with_decodes < 0:
+            bad("prefill_budget_with_decodes", f"must be >= 0, got {self.prefill_budget_with_decodes}")
+        if self.target_itl_ms < 0:
+            bad("target_itl_ms", f"must be >= 0, got {self.target_itl_ms}")
         if self.tensor_parallel_size < 1:
             bad("tensor_parallel_size", f"must be at least 1, got {self.tensor_parallel_size}")
         if self.max_queue_len < 1:

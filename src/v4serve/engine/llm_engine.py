@@ -21,6 +21,7 @@ from ..models.factory import LoadedModel, build_model
 from ..tokenizer import Tokenizer
 from .config import EngineConfig, EngineConfigError
 from .guided_admission import GrammarAdmission
+from .itl_budget import PrefillBudget
 from .memory import activation_reserve
 from .output import OutputProcessor
 from .request import FinishReason, Request, StepDelta
@@ -137,7 +138,9 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.prefill_chunk,
                                    cfg.block_size, mc.window_size,
                                    align_chunks=self.capacity.num_checkpoints > 0,
-                                   decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay))
+                                   decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay),
+                                   prefill_budget=PrefillBudget(cfg.prefill_budget_with_decodes, cfg.target_itl_ms,
+                                                                minimum=cfg.block_size))
         graphs = None
         if self.device.type == "cuda" and not cfg.enforce_eager and self.peers is None:  # (TP: eager for now)
             from .graphs import DecodeGraphs
@@ -264,9 +267,12 @@ class LLMEngine:
             if self.grammars.pending and not deltas:
                 self.grammars.wait(0.01)  # only compilations left: wait for one instead of spinning
             return deltas
+        t_step = time.monotonic()
         out = self.runner.execute(sched, self.scheduler.decoder_floor)
         self.scheduler.advance(sched)
         now = time.monotonic()
+        decodes = sum(1 for r in sched.rows if r.num_tokens == 1)
+        self.scheduler.prefill_budget.observe(decodes, sched.num_tokens - decodes, now - t_step)
         starts = {r.request.request_id: r.start for r in sched.rows}
         for rid, entries in out.prompt_logprobs.items():
             req = self.requests[rid]

@@ -5,6 +5,8 @@ Policy:
 * then running prefills, then waiting requests (FIFO), each capped at `prefill_chunk` tokens per step so a cold
   100K-token prompt cannot stall warm short turns; with window checkpoints, chunk ends land on block boundaries
   (checkpoints and prefix hits live there);
+* in a step with decode rows, prefill tokens are capped by `PrefillBudget` (engine/itl_budget.py: a fixed cap or one
+  derived from an inter-token-latency target), so running requests keep their pace while new prompts arrive;
 * admission stops at `max_num_seqs` running requests or when blocks run short;
 * when a running request needs a block and none is free, the most recently admitted other request is preempted
   (its blocks and slot are freed; its full blocks stay in the prefix cache, so its recompute is usually a hit).
@@ -16,6 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..cache.manager import KVCacheManager, SlotOp
+from .itl_budget import PrefillBudget
 from .request import FinishReason, Request, RequestStatus
 
 
@@ -42,8 +45,10 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, prefill_chunk: int,
-                 block_size: int, window: int, align_chunks: bool, decoder_trim: bool):
+                 block_size: int, window: int, align_chunks: bool, decoder_trim: bool,
+                 prefill_budget: PrefillBudget | None = None):
         self.kv = kv
+        self.prefill_budget = prefill_budget or PrefillBudget()
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.prefill_chunk = prefill_chunk
@@ -100,12 +105,20 @@ class Scheduler:
         # running requests: decodes first (stable: arrival order within each group)
         order = sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_time))
         scheduled: set[str] = set()
+        cap = self.prefill_budget.tokens()
+        prefill_left = budget  # prefill tokens this step may still take (capped once a decode row is in)
         for req in order:
             if budget <= 0:
                 break
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            n = self._chunk(req, budget)
+            prefill = req.num_tokens - req.num_computed > 1
+            if prefill:
+                if cap is not None and any(not r.request.in_prefill for r in rows):
+                    prefill_left = min(prefill_left, cap - sum(r.num_tokens for r in rows if r.num_tokens > 1))
+                if prefill_left <= 0:
+                    continue
+            n = self._chunk(req, min(budget, prefill_left) if prefill else budget)
             while not self.kv.ensure_blocks(req, req.num_computed + n):
                 victim = self._victim(exclude=req)
                 if victim is None:
@@ -120,6 +133,8 @@ class Scheduler:
                 rows.append(self._row(req, n))
                 scheduled.add(req.request_id)
                 budget -= n
+                if prefill:
+                    prefill_left -= n
                 continue
             # nothing left to preempt: the request alone exceeds the cache
             self.finish(req, FinishReason.ERROR)
@@ -127,12 +142,15 @@ class Scheduler:
                         "(or --gpu-memory-utilization) or lower --max-model-len"
             failed.append(req)
         # admission (FIFO among the ready: a request whose grammar is still compiling lets the next ones pass)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and self.kv.has_free_slot():
+        if cap is not None and any(r.num_tokens == 1 and r.sample for r in rows):
+            prefill_left = min(prefill_left, cap - sum(r.num_tokens for r in rows if r.num_tokens > 1))
+        while self.waiting and min(budget, prefill_left) > 0 and len(self.running) < self.max_num_seqs \
+                and self.kv.has_free_slot():
             req = next((r for r in self.waiting if r.ready), None)
             if req is None:
                 break
             self.kv.admit(req)
-            n = self._chunk(req, budget)
+            n = self._chunk(req, min(budget, prefill_left))
             if not self.kv.ensure_blocks(req, req.num_computed + n):
                 self.kv.cancel_admission(req)
                 if not self.running and not rows:
@@ -148,6 +166,7 @@ class Scheduler:
             self.running.append(req)
             rows.append(self._row(req, n))
             budget -= n
+            prefill_left -= n
         return SchedulerOutput(rows, self.kv.take_ops(), self.budget - budget, preempted, failed)
 
     def _take(self, req: Request) -> None:
