@@ -34,8 +34,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _device_for(rank: int, device: torch.device) -> torch.device:
-    return torch.device("cuda", rank) if device.type == "cuda" else device
+def _device_for(local_rank: int, device: torch.device) -> torch.device:
+    return torch.device("cuda", local_rank) if device.type == "cuda" else device
 
 
 def _to(step: Any, device: torch.device) -> Any:
@@ -57,22 +57,37 @@ def _send(msg: Any) -> Any:
 class TensorParallelPeers:
     """Rank 0's handle on the other ranks: start them, hand them the cache geometry, replay each step, stop them."""
 
-    def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device):
+    def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device, nnodes: int = 1,
+                 master_addr: str | None = None, master_port: int | None = None):
         self.size = size
         self.device = device
-        addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT") or str(_free_port())
-        # plain subprocesses rather than multiprocessing: the engine itself runs in a daemon process (engine/core.py),
-        # which multiprocessing forbids to have children
-        self.procs = []
-        for r in range(1, size):
-            with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
-                pickle.dump((r, size, addr, port, model, build_kwargs, str(device)), f)
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "v4serve.dist.workers", f.name]))
+        addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = str(master_port or os.environ.get("MASTER_PORT") or _free_port())
+        # this node's other ranks (1 .. size/nnodes - 1); the other nodes start theirs (`serve --node-rank k`)
+        per_node = size // nnodes
+        self.procs = spawn_ranks(range(1, per_node), size, addr, port, model, build_kwargs, device, per_node)
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
         self.tp = TensorParallel(0, size)
         log.info("tensor parallel: %d ranks (%s), worker processes %s", size, dist.get_backend(),
                  ", ".join(str(p.pid) for p in self.procs))
+
+    @staticmethod
+    def serve_node(node_rank: int, nnodes: int, size: int, model: str, build_kwargs: dict, device: torch.device,
+                   master_addr: str, master_port: int) -> int:
+        """A node other than the first (`serve --node-rank k`): run its ranks until rank 0 stops them."""
+        if size % nnodes or not 0 < node_rank < nnodes:
+            raise ValueError(f"--node-rank {node_rank} of --nnodes {nnodes} with --tensor-parallel-size {size}: the "
+                             "ranks must split evenly over the nodes and node ranks run 1 .. nnodes-1 here (node 0 "
+                             "serves)")
+        per_node = size // nnodes
+        procs = spawn_ranks(range(node_rank * per_node, (node_rank + 1) * per_node), size, master_addr,
+                            str(master_port), model, build_kwargs, device, per_node)
+        log.info("node %d of %d: tensor-parallel ranks %d..%d (processes %s), waiting for rank 0 at %s:%d", node_rank,
+                 nnodes, node_rank * per_node, (node_rank + 1) * per_node - 1, ", ".join(str(p.pid) for p in procs),
+                 master_addr, master_port)
+        codes = [p.wait() for p in procs]
+        return max(codes, default=0)
 
     def init_cache(self, spec_args: dict, num_blocks: int, num_slots: int) -> None:
         _send(("cache", spec_args, num_blocks, num_slots))
@@ -95,7 +110,20 @@ class TensorParallelPeers:
                     p.kill()
 
 
-def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str) -> None:
+def spawn_ranks(ranks: range, size: int, addr: str, port: str, model: str, build_kwargs: dict,
+                device: torch.device, per_node: int) -> list[subprocess.Popen]:
+    """Worker processes for `ranks`, on cuda:(rank % per_node) (plain subprocesses rather than multiprocessing: the engine itself runs in a
+    daemon process, engine/core.py, which multiprocessing forbids to have children)."""
+    procs = []
+    for r in ranks:
+        with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
+            pickle.dump((r, size, addr, port, model, build_kwargs, str(device), per_node), f)
+        procs.append(subprocess.Popen([sys.executable, "-m", "v4serve.dist.workers", f.name]))
+    return procs
+
+
+def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str,
+                 per_node: int = 0) -> None:
     from ..cache.pool import KVPools
     from ..cache.spec import make_cache_spec
     from ..engine.runner import apply_slot_ops
@@ -103,7 +131,7 @@ def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_k
 
     torch.set_num_threads(max(1, torch.get_num_threads() // size))
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
-    dev = _device_for(rank, torch.device(device))
+    dev = _device_for(rank % per_node if per_node else rank, torch.device(device))
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=size)

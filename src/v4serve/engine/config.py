@@ -40,6 +40,9 @@ class EngineConfig:
     max_queue_len: int = 1024
     with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
     tensor_parallel_size: int = 1  # ranks of one model replica (dist/workers.py); V4 family
+    nnodes: int = 1  # machines the ranks span (node 0 runs the engine; `serve --node-rank k` on the others)
+    master_addr: str | None = None  # rank 0's address for torch.distributed (default: MASTER_ADDR or 127.0.0.1)
+    master_port: int | None = None  # its port (default: MASTER_PORT or a free port, single node only)
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> None:
@@ -72,6 +75,10 @@ class EngineConfig:
             bad("target_itl_ms", f"must be >= 0, got {self.target_itl_ms}")
         if self.tensor_parallel_size < 1:
             bad("tensor_parallel_size", f"must be at least 1, got {self.tensor_parallel_size}")
+        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
+            bad("nnodes", f"must divide --tensor-parallel-size ({self.tensor_parallel_size}), got {self.nnodes}")
+        if self.nnodes > 1 and (self.master_addr is None or self.master_port is None):
+            bad("master_addr", "several nodes need --master-addr and --master-port (rank 0's, reachable from all)")
         if self.max_queue_len < 1:
             bad("max_queue_len", f"must be at least 1, got {self.max_queue_len}")
 

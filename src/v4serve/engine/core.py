@@ -87,6 +87,7 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
         log.error("engine crashed:\n%s", traceback.format_exc())
         os._exit(1)
     finally:
+        engine.close()  # tensor-parallel workers stop with the engine
         push.close(linger=100)
         pull.close(linger=0)
 

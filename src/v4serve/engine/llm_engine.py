@@ -112,7 +112,8 @@ class LLMEngine:
                 raise EngineConfigError("--tensor-parallel-size > 1 builds each rank's model itself; pass a model name")
             from ..dist.workers import TensorParallelPeers
 
-            self.peers = TensorParallelPeers(cfg.tensor_parallel_size, model, build_kwargs, self.device)
+            self.peers = TensorParallelPeers(cfg.tensor_parallel_size, model, build_kwargs, self.device, cfg.nnodes,
+                                             cfg.master_addr, cfg.master_port)
         tp = self.peers.tp if self.peers is not None else None
         self.loaded = loaded or build_model(model, device=self.device, tp=tp, **build_kwargs)
         mc = self.model_config = self.loaded.config

@@ -100,8 +100,21 @@ def serve(args: Namespace) -> int:
     if not args.served_model_name:
         args.served_model_name = [args.model or DEMO_PRESET]
     kwargs = engine_kwargs(args)
-    EngineConfig.from_kwargs(**kwargs)  # bad engine flags too
+    cfg = EngineConfig.from_kwargs(**kwargs)  # bad engine flags too
+    if getattr(args, "node_rank", 0):  # another machine of a multi-node layout: its ranks only, no HTTP server
+        return _serve_node(model, args, cfg)
     return asyncio.run(_serve(model, args, kwargs))
+
+
+def _serve_node(model: str, args: Namespace, cfg) -> int:
+    from ..dist.workers import TensorParallelPeers
+    from ..engine.llm_engine import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg.device)
+    build_kwargs = dict(seed=cfg.seed, numerics=cfg.numerics, dtype=resolve_dtype(cfg.dtype, device),
+                        with_mtp=cfg.with_mtp, kernels=cfg.kernels)
+    return TensorParallelPeers.serve_node(args.node_rank, cfg.nnodes, cfg.tensor_parallel_size, model, build_kwargs,
+                                          device, cfg.master_addr, cfg.master_port)
 
 
 async def _start_engine(client: AsyncEngineClient, timeout: float) -> bool:
