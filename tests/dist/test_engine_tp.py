@@ -13,8 +13,8 @@ OPTS = dict(device="cpu", dtype="float64", kv_cache_memory=64 << 20, max_model_l
             max_num_batched_tokens=96, kernels="reference")
 
 
-def _generate(folder: str, tp: int) -> list[list[int]]:
-    llm = LLM(folder, tensor_parallel_size=tp, **OPTS)
+def _generate(folder: str, tp: int, ep: bool = False) -> list[list[int]]:
+    llm = LLM(folder, tensor_parallel_size=tp, enable_expert_parallel=ep, **OPTS)
     assert (llm.engine.peers is not None and llm.engine.peers.size == 2) == (tp == 2)
     try:
         g = torch.Generator().manual_seed(2)
@@ -30,4 +30,6 @@ def _generate(folder: str, tp: int) -> list[list[int]]:
 
 
 def test_tensor_parallel_engine_generates_what_one_process_does(tp_folder: str) -> None:
-    assert _generate(tp_folder, 2) == _generate(tp_folder, 1)
+    one = _generate(tp_folder, 1)
+    assert _generate(tp_folder, 2) == one
+    assert _generate(tp_folder, 2, ep=True) == one  # --enable-expert-parallel: each rank owns half of the experts

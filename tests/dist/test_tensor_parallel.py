@@ -31,13 +31,15 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-def test_two_ranks_equal_one_process(tp_folder: str, tmp_path) -> None:
+@pytest.mark.parametrize("ep", [False, True], ids=["experts-sliced", "expert-parallel"])
+def test_two_ranks_equal_one_process(tp_folder: str, tmp_path, ep: bool) -> None:
+    """Experts sliced across the ranks, or (EP) each rank holding half of them whole."""
     folder = tp_folder
     toks = torch.randint(0, 129280, (70,), generator=torch.Generator().manual_seed(5)).tolist()
     one = build_model(folder, dtype=torch.float64, with_mtp=False, kernels="reference")
     want = logits_of(one, toks, toks[0])
     out = str(tmp_path / "rank")
-    mp.spawn(run_rank, args=(2, _port(), folder, toks, out), nprocs=2, join=True)
+    mp.spawn(run_rank, args=(2, _port(), folder, toks, out, ep), nprocs=2, join=True)
     ranks = [torch.load(f"{out}.{r}") for r in range(2)]
     for got in ranks:  # every rank ends with the whole vocabulary's logits
         assert _rel(got["logits"][0], want[0]) < 1e-9
@@ -50,5 +52,6 @@ def test_rank_config_and_uneven_splits() -> None:
     c = get_preset("v4-flash")
     r = rank_config(c, 4)
     assert (r.n_heads, r.o_groups, r.moe_inter_dim) == (16, 2, 512)
+    assert rank_config(c, 4, expert_parallel=True).moe_inter_dim == c.moe_inter_dim  # EP: experts whole
     with pytest.raises(ValueError, match="attention heads"):
         rank_config(c, 3)

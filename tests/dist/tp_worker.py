@@ -27,13 +27,13 @@ def logits_of(lm, toks: list[int], next_token: int) -> tuple[torch.Tensor, torch
     return prefill, decode
 
 
-def run_rank(rank: int, world: int, port: int, folder: str, toks: list[int], out: str) -> None:
+def run_rank(rank: int, world: int, port: int, folder: str, toks: list[int], out: str, ep: bool = False) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         lm = build_model(folder, dtype=torch.float64, with_mtp=False, kernels="reference",
-                         tp=TensorParallel(rank, world))
+                         tp=TensorParallel(rank, world, expert_parallel=ep))
         result = logits_of(lm, toks, toks[0])
         held = sum(t.numel() * t.element_size() for t in lm.model.state_dict().values())
         torch.save({"logits": result, "held": held}, f"{out}.{rank}")

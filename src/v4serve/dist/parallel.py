@@ -23,6 +23,7 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: Any = None  # a torch.distributed process group (None: the default group)
+    expert_parallel: bool = False  # routed experts whole on their owner rank instead of sliced (models/sharding.py)
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -41,6 +42,14 @@ class TensorParallel:
         parts = [torch.empty_like(x) for _ in range(self.size)]
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
+
+    @property
+    def rank_layout(self) -> Any:
+        """The loader's view (models.weights.ParallelRank): TP slices, and with EP the experts' owner ranks."""
+        from ..models.weights import ParallelRank
+
+        ep = self.size if self.expert_parallel else 1
+        return ParallelRank(tp_rank=self.rank, tp_size=self.size, ep_rank=self.rank if ep > 1 else 0, ep_size=ep)
 
     def shard(self, n: int) -> tuple[int, int]:
         """[lo, hi) of this rank's even share of n (the caller checks divisibility)."""

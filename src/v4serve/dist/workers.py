@@ -58,23 +58,24 @@ class TensorParallelPeers:
     """Rank 0's handle on the other ranks: start them, hand them the cache geometry, replay each step, stop them."""
 
     def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device, nnodes: int = 1,
-                 master_addr: str | None = None, master_port: int | None = None):
+                 master_addr: str | None = None, master_port: int | None = None, expert_parallel: bool = False):
         self.size = size
         self.device = device
         addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = str(master_port or os.environ.get("MASTER_PORT") or _free_port())
         # this node's other ranks (1 .. size/nnodes - 1); the other nodes start theirs (`serve --node-rank k`)
         per_node = size // nnodes
-        self.procs = spawn_ranks(range(1, per_node), size, addr, port, model, build_kwargs, device, per_node)
+        self.procs = spawn_ranks(range(1, per_node), size, addr, port, model, build_kwargs, device, per_node,
+                                 expert_parallel)
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
-        self.tp = TensorParallel(0, size)
+        self.tp = TensorParallel(0, size, expert_parallel=expert_parallel)
         log.info("tensor parallel: %d ranks (%s), worker processes %s", size, dist.get_backend(),
                  ", ".join(str(p.pid) for p in self.procs))
 
     @staticmethod
     def serve_node(node_rank: int, nnodes: int, size: int, model: str, build_kwargs: dict, device: torch.device,
-                   master_addr: str, master_port: int) -> int:
+                   master_addr: str, master_port: int, expert_parallel: bool = False) -> int:
         """A node other than the first (`serve --node-rank k`): run its ranks until rank 0 stops them."""
         if size % nnodes or not 0 < node_rank < nnodes:
             raise ValueError(f"--node-rank {node_rank} of --nnodes {nnodes} with --tensor-parallel-size {size}: the "
@@ -82,7 +83,7 @@ class TensorParallelPeers:
                              "serves)")
         per_node = size // nnodes
         procs = spawn_ranks(range(node_rank * per_node, (node_rank + 1) * per_node), size, master_addr,
-                            str(master_port), model, build_kwargs, device, per_node)
+                            str(master_port), model, build_kwargs, device, per_node, expert_parallel)
         log.info("node %d of %d: tensor-parallel ranks %d..%d (processes %s), waiting for rank 0 at %s:%d", node_rank,
                  nnodes, node_rank * per_node, (node_rank + 1) * per_node - 1, ", ".join(str(p.pid) for p in procs),
                  master_addr, master_port)
@@ -111,19 +112,19 @@ class TensorParallelPeers:
 
 
 def spawn_ranks(ranks: range, size: int, addr: str, port: str, model: str, build_kwargs: dict,
-                device: torch.device, per_node: int) -> list[subprocess.Popen]:
+                device: torch.device, per_node: int, expert_parallel: bool = False) -> list[subprocess.Popen]:
     """Worker processes for `ranks`, on cuda:(rank % per_node) (plain subprocesses rather than multiprocessing: the engine itself runs in a
     daemon process, engine/core.py, which multiprocessing forbids to have children)."""
     procs = []
     for r in ranks:
         with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
-            pickle.dump((r, size, addr, port, model, build_kwargs, str(device), per_node), f)
+            pickle.dump((r, size, addr, port, model, build_kwargs, str(device), per_node, expert_parallel), f)
         procs.append(subprocess.Popen([sys.executable, "-m", "v4serve.dist.workers", f.name]))
     return procs
 
 
 def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str,
-                 per_node: int = 0) -> None:
+                 per_node: int = 0, expert_parallel: bool = False) -> None:
     from ..cache.pool import KVPools
     from ..cache.spec import make_cache_spec
     from ..engine.runner import apply_slot_ops
@@ -136,7 +137,8 @@ def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_k
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=size)
     try:
-        lm = build_model(model, device=dev, tp=TensorParallel(rank, size), **build_kwargs)
+        lm = build_model(model, device=dev, tp=TensorParallel(rank, size, expert_parallel=expert_parallel),
+                         **build_kwargs)
         pools = None
         with torch.inference_mode():
             while True:

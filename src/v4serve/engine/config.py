@@ -40,6 +40,7 @@ class EngineConfig:
     max_queue_len: int = 1024
     with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
     tensor_parallel_size: int = 1  # ranks of one model replica (dist/workers.py); V4 family
+    enable_expert_parallel: bool = False  # under TP: routed experts whole on their owner rank (else sliced)
     nnodes: int = 1  # machines the ranks span (node 0 runs the engine; `serve --node-rank k` on the others)
     master_addr: str | None = None  # rank 0's address for torch.distributed (default: MASTER_ADDR or 127.0.0.1)
     master_port: int | None = None  # its port (default: MASTER_PORT or a free port, single node only)

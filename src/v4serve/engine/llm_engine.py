@@ -113,7 +113,7 @@ class LLMEngine:
             from ..dist.workers import TensorParallelPeers
 
             self.peers = TensorParallelPeers(cfg.tensor_parallel_size, model, build_kwargs, self.device, cfg.nnodes,
-                                             cfg.master_addr, cfg.master_port)
+                                             cfg.master_addr, cfg.master_port, cfg.enable_expert_parallel)
         tp = self.peers.tp if self.peers is not None else None
         self.loaded = loaded or build_model(model, device=self.device, tp=tp, **build_kwargs)
         mc = self.model_config = self.loaded.config

@@ -16,7 +16,6 @@ from ..presets import get_preset, is_preset
 from .loading import apply_numerics, load_checkpoint, load_random
 from .numerics import numerics_for
 from .sharding import rank_config
-from .weights import ParallelRank
 
 
 @dataclass
@@ -67,8 +66,9 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
                                   "runs at world size 1")
     nm = numerics_for(config, numerics)
     with torch.device(device), backend.use(backend.resolve(kernels, device)), parallel.use(tp):
-        net = model_class(config)(rank_config(config, tp.size), nm, with_mtp=with_mtp, dtype=dtype)
-    rank = ParallelRank(tp_rank=tp.rank, tp_size=tp.size)
+        net = model_class(config)(rank_config(config, tp.size, tp.expert_parallel), nm, with_mtp=with_mtp,
+                                  dtype=dtype)
+    rank = tp.rank_layout
     if folder is None:
         load_random(net, config, seed, storage, dtype, device, with_mtp, rank)
     else:

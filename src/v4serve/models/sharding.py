@@ -106,12 +106,14 @@ def check_layout(c: ModelConfig, layout: Layout) -> None:
         raise ValueError(f"{layout.describe()} does not split {c.name or 'this model'} evenly: " + ", ".join(bad))
 
 
-def rank_config(c: ModelConfig, tp: int) -> ModelConfig:
-    """The shapes one tensor-parallel rank builds: its heads, wo_a groups and slice of every expert's width (the
-    vocabulary split is the embedding's and head's own business)."""
+def rank_config(c: ModelConfig, tp: int, expert_parallel: bool = False) -> ModelConfig:
+    """The shapes one tensor-parallel rank builds: its heads, wo_a groups and (without EP) slice of every expert's
+    width. With EP the routed experts keep their width (the MoE holds its own experts whole and slices only the shared
+    expert); the vocabulary split is the embedding's and head's own business."""
     if tp == 1:
         return c
-    check_layout(c, Layout(tp))
+    check_layout(c, Layout(tp, 1, expert_parallel))
     if c.vocab_size % tp:
         raise ValueError(f"TP={tp} does not split the vocabulary of {c.vocab_size} tokens evenly")
-    return c.replace(n_heads=c.n_heads // tp, o_groups=c.o_groups // tp, moe_inter_dim=c.moe_inter_dim // tp)
+    inter = c.moe_inter_dim if expert_parallel else c.moe_inter_dim // tp
+    return c.replace(n_heads=c.n_heads // tp, o_groups=c.o_groups // tp, moe_inter_dim=inter)

@@ -114,7 +114,7 @@ def _serve_node(model: str, args: Namespace, cfg) -> int:
     build_kwargs = dict(seed=cfg.seed, numerics=cfg.numerics, dtype=resolve_dtype(cfg.dtype, device),
                         with_mtp=cfg.with_mtp, kernels=cfg.kernels)
     return TensorParallelPeers.serve_node(args.node_rank, cfg.nnodes, cfg.tensor_parallel_size, model, build_kwargs,
-                                          device, cfg.master_addr, cfg.master_port)
+                                          device, cfg.master_addr, cfg.master_port, cfg.enable_expert_parallel)
 
 
 async def _start_engine(client: AsyncEngineClient, timeout: float) -> bool:

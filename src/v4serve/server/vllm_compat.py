@@ -88,9 +88,8 @@ def apply_vllm_args(args: argparse.Namespace) -> None:
     if dp > 1:
         raise ValueError(f"--data-parallel-size {dp}: data-parallel attention (DP / DEP) is not implemented yet; "
                          "tensor parallelism (--tensor-parallel-size) is, for the V4 family")
-    if tp > 1 and getattr(args, "enable_expert_parallel", False):
-        log.info("--enable-expert-parallel: under tensor parallelism v4serve slices every expert across the TP "
-                 "ranks for now (same results; expert-parallel dispatch is not implemented yet)")
+    if tp == 1 and getattr(args, "enable_expert_parallel", False):
+        log.info("--enable-expert-parallel: one rank holds every expert (a no-op at --tensor-parallel-size 1)")
     if getattr(args, "speculative_config", None):
         raise ValueError("--speculative-config: speculative decoding (MTP / DSpark drafts) is not available yet; "
                          "leave the flag out")

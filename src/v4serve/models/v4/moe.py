@@ -27,10 +27,11 @@ class Experts(nn.Module):
     """Routed experts stacked per projection in their stored format ([E, out, in/2] FP4 + [E, out, in/32] e8m0, or
     FP8 + block scales, or floats); loaded one expert tensor at a time, never dequantized outside a call."""
 
-    def __init__(self, config: ModelConfig, n_experts: int):
+    def __init__(self, config: ModelConfig, n_experts: int, first: int = 0):
         super().__init__()
         c = config
         self.n = n_experts
+        self.first = first  # the global id of local expert 0 (expert parallelism holds a contiguous range)
         self.shapes = {"w1": (c.moe_inter_dim, c.dim), "w2": (c.dim, c.moe_inter_dim), "w3": (c.moe_inter_dim, c.dim)}
         for w in ("w1", "w2", "w3"):
             self.register_buffer(w, None)
@@ -39,6 +40,9 @@ class Experts(nn.Module):
         self.quantized = False
 
     def set_expert(self, e: int, which: str, weight: torch.Tensor, scale: torch.Tensor | None, block: int) -> None:
+        e -= self.first
+        if not 0 <= e < self.n:
+            raise ValueError(f"expert {e + self.first} is not among this rank's {self.first}..{self.first + self.n - 1}")
         fmt = stored_format(weight)
         if logical_shape(weight) != self.shapes[which]:
             raise ValueError(f"expert {e} {which}: shape {list(logical_shape(weight))} does not fit "
@@ -77,14 +81,18 @@ class MoE(nn.Module):
         self.topk = topk or c.n_activated_experts
         self.hash_routed = layer < c.n_layers and c.is_hash_layer(layer)
         self.gate = Gate(c, self.n_experts, self.hash_routed)
-        self.experts = Experts(c, self.n_experts)
+        self.tp = tp = parallel.current()
+        # expert parallelism: this rank's contiguous range of whole experts; the shared expert is sliced over TP
+        # either way (without EP, rank_config already sliced every expert's width)
+        ep = tp.expert_parallel and tp.size > 1
+        local = self.n_experts // tp.size if ep else self.n_experts
+        self.experts = Experts(c, local, tp.rank * local if ep else 0)
+        inter = c.moe_inter_dim // tp.size if ep else c.moe_inter_dim
         self.shared_experts = nn.Module()
-        for w, (o, i) in {"w1": (c.moe_inter_dim, c.dim), "w2": (c.dim, c.moe_inter_dim),
-                          "w3": (c.moe_inter_dim, c.dim)}.items():
+        for w, (o, i) in {"w1": (inter, c.dim), "w2": (c.dim, inter), "w3": (inter, c.dim)}.items():
             setattr(self.shared_experts, w, Linear(i, o))
         self.shared_clamp = numerics.shared_clamp if shared_clamp is None else shared_clamp
         self.backend = kernels.current()
-        self.tp = parallel.current()
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
         c, nm = self.config, self.numerics
@@ -95,6 +103,11 @@ class MoE(nn.Module):
     def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert."""
         c, nm = self.config, self.numerics
+        ex = self.experts
+        if ex.n != self.n_experts:  # EP: picks of other ranks' experts weigh zero here (their owners add them)
+            local = ids - ex.first
+            mine = (local >= 0) & (local < ex.n)
+            ids, weights = torch.where(mine, local, torch.zeros_like(local)), weights * mine
         act = c.weight_block if nm.act_quant and self.experts.quantized else 0
         y = moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, act, nm.weight_before_w2,
                                     self.backend)
