@@ -51,6 +51,10 @@ if [[ $what == kernels ]]; then  # kernel tests at real shapes, then the microbe
     timeout 150 python3 benchmarks/kernels/$k.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/$k.log" | tail -40
   done
 fi
+if [[ $what == tp ]]; then  # tensor parallelism over NCCL (needs the nvidia-h200-x2 kind or larger)
+  timeout 300 python3 -m pytest tests/dist -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/tp.log" | tail -15
+  rc=${PIPESTATUS[0]}
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

@@ -4,6 +4,9 @@ prefill chunks, decode steps and a prefix-cache hit (slot operations replayed on
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
 from v4serve.engine.llm import LLM
@@ -33,3 +36,24 @@ def test_tensor_parallel_engine_generates_what_one_process_does(tp_folder: str) 
     one = _generate(tp_folder, 1)
     assert _generate(tp_folder, 2) == one
     assert _generate(tp_folder, 2, ep=True) == one  # --enable-expert-parallel: each rank owns half of the experts
+
+
+ON_GPUS = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.skipif(not ON_GPUS, reason="needs V4SERVE_TEST_DEVICE=cuda and two GPUs (NCCL)")
+@pytest.mark.parametrize("ep", [False, True])
+def test_tensor_parallel_engine_on_two_gpus(tp_folder: str, ep: bool) -> None:
+    """The same over NCCL on cuda:0 and cuda:1 (float64 reference bodies: exact comparison)."""
+    opts = {**OPTS, "device": "cuda"}
+    runs = []
+    for tp in (1, 2):
+        llm = LLM(tp_folder, tensor_parallel_size=tp, enable_expert_parallel=ep and tp > 1, **opts)
+        try:
+            sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+            g = torch.Generator().manual_seed(4)
+            runs.append([o.outputs[0].token_ids for o in llm.generate(
+                [torch.randint(0, 129280, (n,), generator=g).tolist() for n in (150, 40)], sp)])
+        finally:
+            llm.close()
+    assert runs[0] == runs[1]
