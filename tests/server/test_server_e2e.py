@@ -156,3 +156,20 @@ def test_errors_raise_bad_request(client: openai.OpenAI) -> None:
         client.chat.completions.create(model="tiny-v4-flash", messages=[{"role": "user", "content": "x"}],
                                        max_tokens=5000)
     assert e.value.body["param"] == "max_tokens" and "4096" in e.value.body["message"]
+
+
+def test_engine_timed_vllm_metrics(client: openai.OpenAI, tiny_server_url: str) -> None:
+    """vLLM's engine-timed series: queue, prefill and inference time per request, and tokens per engine step."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.chat.completions.create(model="tiny-v4-flash", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    with urllib.request.urlopen(tiny_server_url + "/metrics") as r:
+        text = r.read().decode()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    for hist in ("request_queue_time_seconds", "request_prefill_time_seconds", "request_inference_time_seconds",
+                 "iteration_tokens_total"):
+        assert samples[f"v4serve:{hist}_count"] >= 1, hist
+    assert samples["v4serve:request_inference_time_seconds_sum"] > 0
+    assert samples["v4serve:iteration_tokens_total_sum"] >= 3  # at least the prompt chunk and the decodes

@@ -78,7 +78,7 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
                 dt = time.perf_counter() - t0
                 if deltas:
                     items = [P.Delta(**{k: getattr(d, k) for k in P.Delta.__struct_fields__}) for d in deltas]
-                    push.send(P.encode(P.Deltas(items, dt)))
+                    push.send(P.encode(P.Deltas(items, dt, engine.last_step_tokens)))
                     for d in deltas:
                         if d.finished:
                             engine.release(d.request_id)
@@ -141,6 +141,7 @@ class AsyncEngineClient:
         self._tokens = 0
         self._reader: asyncio.Task | None = None
         self.step_times: list[float] = []
+        self.on_step = None  # called with each step's scheduled token count (vLLM's iteration_tokens_total)
 
     @property
     def alive(self) -> bool:
@@ -185,6 +186,8 @@ class AsyncEngineClient:
                 msg = P.decode_from_engine(await self.pull.recv())
                 if isinstance(msg, P.Deltas):
                     self.step_times.append(msg.step_time)
+                    if self.on_step is not None:
+                        self.on_step(msg.scheduled_tokens)
                     if len(self.step_times) > 4096:
                         del self.step_times[:2048]
                     for d in msg.items:

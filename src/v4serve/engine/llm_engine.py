@@ -159,6 +159,7 @@ class LLMEngine:
         if graphs is not None:
             graphs.capture()
         self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)
+        self.last_step_tokens = 0  # tokens the last step computed (reported to the server's metrics)
         self.requests: dict[str, Request] = {}
         self.outputs: dict[str, OutputProcessor] = {}
         self._ended: list[Request] = []  # aborted outside a step: reported by the next step
@@ -272,6 +273,7 @@ class LLMEngine:
         out = self.runner.execute(sched, self.scheduler.decoder_floor)
         self.scheduler.advance(sched)
         now = time.monotonic()
+        self.last_step_tokens = sched.num_tokens
         decodes = sum(1 for r in sched.rows if r.num_tokens == 1)
         self.scheduler.prefill_budget.observe(decodes, sched.num_tokens - decodes, now - t_step)
         starts = {r.request.request_id: r.start for r in sched.rows}

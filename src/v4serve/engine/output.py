@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from ..tokenizer import Tokenizer
 from .detokenizer import IncrementalDetokenizer
 from .request import FinishReason, Request, StepDelta
@@ -57,8 +59,15 @@ class OutputProcessor:
 
     def delta(self, new_ids: list[int], text: str, finished: bool, new_logprobs=None) -> StepDelta:
         r = self.req
-        return StepDelta(
+        d = StepDelta(
             request_id=r.request_id, new_token_ids=new_ids, text=text, finished=finished,
             finish_reason=r.finish_reason.value if finished and r.finish_reason else None,
             stop_reason=r.stop_reason, new_logprobs=new_logprobs, num_prompt_tokens=r.num_prompt_tokens,
             num_output_tokens=len(r.output_token_ids), num_cached_tokens=r.num_cached_tokens, error=r.error)
+        if finished and r.first_scheduled_time is not None:
+            end = r.finished_time or time.monotonic()
+            d.queue_s = r.first_scheduled_time - r.arrival_time
+            d.inference_s = end - r.first_scheduled_time
+            if r.first_token_time is not None:
+                d.prefill_s = r.first_token_time - r.first_scheduled_time
+        return d

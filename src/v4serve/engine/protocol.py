@@ -62,6 +62,9 @@ class Delta(msgspec.Struct, omit_defaults=True):
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    inference_s: float | None = None
 
 
 class Deltas(msgspec.Struct, tag="deltas"):

@@ -58,6 +58,7 @@ class Request:
     # --- outputs -----------------------------------------------------------------------------------
     logprobs: list[dict[int, float]] = field(default_factory=list)
     prompt_logprobs: list[dict[int, float] | None] = field(default_factory=list)
+    first_scheduled_time: float | None = None  # first admitted into a step (the end of its queueing)
     first_token_time: float | None = None
     finished_time: float | None = None
 
@@ -134,3 +135,7 @@ class StepDelta:
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
     error: str | None = None
+    # engine-timed phases, on the finishing delta (vLLM's request_{queue,prefill,inference}_time_seconds)
+    queue_s: float | None = None
+    prefill_s: float | None = None
+    inference_s: float | None = None

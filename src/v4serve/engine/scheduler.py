@@ -14,6 +14,7 @@ Policy:
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -163,6 +164,8 @@ class Scheduler:
                 break
             self._take(req)
             req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = time.monotonic()
             self.running.append(req)
             rows.append(self._row(req, n))
             budget -= n

@@ -45,6 +45,7 @@ class ServerState:
         self.served_names: list[str] = list(names)
         self.args.default_thinking = getattr(args, "default_thinking", "auto")
         self.metrics = ServerMetrics(self.served_names[0])
+        client.on_step = self.metrics.vllm.iteration_tokens.observe
         limit = getattr(args, "max_num_seqs", 64) + getattr(args, "max_queue_len", 1024)
         self.admission = Admission(limit, getattr(args, "retry_after", 1), self.metrics)
         self.token_text = TokenText(tokenizer)

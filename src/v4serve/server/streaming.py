@@ -128,6 +128,7 @@ class EngineCall:
             self.metrics.vllm.finished(d.finish_reason or ("error" if d.error else "stop"), d.num_prompt_tokens,
                                        d.num_output_tokens, self._first.get(d.request_id),
                                        self._last.get(d.request_id))
+            self.metrics.vllm.phases(d.queue_s, d.prefill_s, d.inference_s)
             self.metrics.observe_finished(self.route, d.finish_reason or ("error" if d.error else "stop"),
                                           d.num_prompt_tokens, d.num_output_tokens, d.num_cached_tokens)
 

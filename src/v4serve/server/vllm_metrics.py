@@ -4,8 +4,8 @@ Same names, types and label sets as vLLM's V1 metrics (a `model_name` label on e
 and hits counted in tokens). Server-side observations: TTFT, inter-token latency, end-to-end latency, decode time
 (first to last token), prompt / generation tokens per request, finished requests by reason. From the engine's
 stats at scrape time: running / waiting requests, KV-cache usage, preemptions, prefix-cache queries and hits.
-Not exported (the engine does not time them yet): request_queue_time_seconds, request_prefill_time_seconds,
-request_inference_time_seconds, iteration_tokens_total.
+Engine-timed (reported on each request's last delta, and per step): request queue / prefill / inference time and
+the tokens of each engine step (iteration_tokens_total).
 """
 
 from __future__ import annotations
@@ -73,10 +73,24 @@ class VllmMetrics:
                                      registry=r).labels(model_name)
         self.generation_tokens = Counter(P + "generation_tokens", "Number of generation tokens processed.", lab,
                                          registry=r).labels(model_name)
+        self.queue = Histogram(P + "request_queue_time_seconds", "Histogram of time spent in WAITING phase for "
+                               "request.", lab, buckets=_LATENCY, registry=r).labels(model_name)
+        self.prefill = Histogram(P + "request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for "
+                                 "request.", lab, buckets=_LATENCY, registry=r).labels(model_name)
+        self.inference = Histogram(P + "request_inference_time_seconds", "Histogram of time spent in RUNNING phase "
+                                   "for request.", lab, buckets=_LATENCY, registry=r).labels(model_name)
+        self.iteration_tokens = Histogram(P + "iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+                                          lab, buckets=_TOKENS, registry=r).labels(model_name)
         self.success = Counter(P + "request_success", "Count of successfully processed requests.",
                                ["model_name", "finished_reason"], registry=r)
         self.engine = VllmEngineCollector(model_name)
         r.register(self.engine)
+
+    def phases(self, queue_s: float | None, prefill_s: float | None, inference_s: float | None) -> None:
+        """The engine's timing of one finished request."""
+        for hist, value in ((self.queue, queue_s), (self.prefill, prefill_s), (self.inference, inference_s)):
+            if value is not None:
+                hist.observe(max(value, 0.0))
 
     def finished(self, finish_reason: str, prompt_tokens: int, output_tokens: int, first: float | None,
                  last: float | None) -> None:
