@@ -91,6 +91,7 @@ class KVCacheManager:
         req.cached_len = 0
         req.num_computed = 0
         req.blocks = []
+        req.num_registered = 0
         start, kind = self._match(req)
         if kind == "checkpoint":
             self.pending.append(SlotOp("copy", req.slot, self._ckpt_slot))
@@ -112,7 +113,7 @@ class KVCacheManager:
         B, W = self.g.block_size, self.g.window
         if not self.caching:
             return self._miss(req, "disabled")
-        req.block_hashes = block_hashes(req.all_token_ids, B, req.cache_salt, req.block_hashes)
+        req.block_hashes = block_hashes(req.tokens, B, req.cache_salt, req.block_hashes)
         max_blocks = (req.num_tokens - 1) // B
         if max_blocks == 0:
             return self._miss(req, "shorter_than_block")
@@ -173,6 +174,7 @@ class KVCacheManager:
         for b in req.blocks:
             self.pool.release(b)
         req.blocks = []
+        req.num_registered = 0
         if req.slot >= 0:
             self.free_slots.append(req.slot)
             self._used_slots -= 1
@@ -187,9 +189,11 @@ class KVCacheManager:
         full = req.num_computed // B
         if full == 0:
             return
-        req.block_hashes = block_hashes(req.all_token_ids[: full * B], B, req.cache_salt, req.block_hashes)
-        for i in range(full):
+        if len(req.block_hashes) < full:
+            req.block_hashes = block_hashes(req.tokens, B, req.cache_salt, req.block_hashes, limit=full)
+        for i in range(req.num_registered, full):  # registering is idempotent; only new blocks need it
             self.pool.register(req.blocks[i], req.block_hashes[i])
+        req.num_registered = max(req.num_registered, full)
         if self.bounded or req.num_computed % B or req.num_computed < self.g.window:
             return
         h = req.block_hashes[full - 1]

@@ -25,14 +25,15 @@ ROOT = b"v4serve-prefix-v1"
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, salt: str | None = None,
-                 start: list[bytes] | None = None) -> list[bytes]:
-    """Chain hashes of the full blocks of `tokens`, extending an already computed prefix `start`."""
+                 start: list[bytes] | None = None, limit: int | None = None) -> list[bytes]:
+    """Chain hashes of the full blocks of `tokens` (the first `limit` blocks at most), extending an already computed
+    prefix `start`. Only the new blocks' tokens are read, so a step costs O(new blocks), not O(context)."""
     out = list(start or [])
     prev = out[-1] if out else hashlib.blake2b(ROOT + (salt or "").encode(), digest_size=16).digest()
-    arr = np.asarray(tokens, dtype=np.int64)
-    for i in range(len(out), len(tokens) // block_size):
+    n = len(tokens) // block_size if limit is None else min(limit, len(tokens) // block_size)
+    for i in range(len(out), n):
         h = hashlib.blake2b(prev, digest_size=16)
-        h.update(arr[i * block_size:(i + 1) * block_size].tobytes())
+        h.update(np.asarray(tokens[i * block_size:(i + 1) * block_size], dtype=np.int64).tobytes())
         prev = h.digest()
         out.append(prev)
     return out

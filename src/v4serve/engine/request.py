@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from concurrent.futures import Future
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ class Request:
     slot: int = -1
     blocks: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks of all tokens
+    num_registered: int = 0  # leading blocks already published to the prefix cache (cache/manager.after_step)
     num_computed: int = 0  # positions whose KV is in the cache
     window_floor: int = 0  # replay start: window KV below it is not visible
     cached_len: int = 0  # compressed entries below this are shared from the prefix cache (not rewritten)
@@ -65,6 +67,11 @@ class Request:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def tokens(self) -> TokenView:
+        """Prompt + output without copying them: per-step code reads small slices of 100K-token requests."""
+        return TokenView(self.prompt_token_ids, self.output_token_ids)
 
     @property
     def num_tokens(self) -> int:
@@ -118,6 +125,33 @@ class RequestOutput:
     @property
     def text(self) -> str:
         return self.outputs[0].text
+
+
+class TokenView(Sequence[int]):
+    """Two token lists read as one (slices copy only what they cover)."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]):
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        n = len(self.head)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return (self.head + self.tail)[i]
+            if stop <= n:
+                return self.head[start:stop]
+            if start >= n:
+                return self.tail[start - n:stop - n]
+            return self.head[start:] + self.tail[:stop - n]
+        if i < 0:
+            i += len(self)
+        return self.head[i] if i < n else self.tail[i - n]
 
 
 @dataclass

@@ -72,7 +72,7 @@ class ModelRunner:
             floor = decoder_floor(req)
             self._logits_from.append(max(row.start, floor) if want_all else -1)
             specs.append(RowSpec(
-                token_ids=req.all_token_ids[row.start:row.start + row.num_tokens], start=row.start, slot=req.slot,
+                token_ids=req.tokens[row.start:row.start + row.num_tokens], start=row.start, slot=req.slot,
                 blocks=req.blocks, window_floor=req.window_floor, cached_len=req.cached_len, decoder_floor=floor,
                 logits="all" if want_all else ("last" if row.sample else "none"), logits_from=max(row.start, floor)))
         # on the GPU every step sizes its compressed gathers by max_model_len, as the captured graphs do, so eager

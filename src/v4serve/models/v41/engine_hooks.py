@@ -37,7 +37,7 @@ def make_extras_fn(model: torch.nn.Module, config: ModelConfig, tokenizer=None) 
 
     def extras_fn(sched, step: StepInput) -> dict[str, torch.Tensor]:
         rows = sched.rows
-        return engram_step_extras(config, [r.request.all_token_ids for r in rows], [r.start for r in rows],
+        return engram_step_extras(config, [r.request.tokens for r in rows], [r.start for r in rows],
                                   [r.num_tokens for r in rows], step.device)
 
     return extras_fn
