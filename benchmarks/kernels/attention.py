@@ -20,6 +20,7 @@ from common import bench_graph_many, bench_ms, describe, measure_ceilings, write
 from v4serve.cache.formats import Codec
 from v4serve.cache.pool import RowPool
 from v4serve.ops import attention as attn
+from v4serve.ops.indexer import Entries
 from v4serve.ops.kernels import attention as kernel
 
 H, D, RD, W = 64, 512, 64, 128
@@ -65,8 +66,8 @@ def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, dense: bool, co
         picks = None
         if not dense:
             picks = torch.rand(T, entries_per_row, device="cuda").argsort(dim=1)[:, :512].contiguous()
-        variants.append(attn.EntryRefs(comp, bt, r, ratio, BLOCK, rows * blocks_per_row, picks,
-                                       None if picks is not None else visible, width=entries_per_row))
+        where = Entries(bt, r, visible, ratio, BLOCK, rows * blocks_per_row, entries_per_row)
+        variants.append(attn.EntryRefs(comp, where, picks))
     entries = variants[0]
     q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
     fresh = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)

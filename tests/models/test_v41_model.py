@@ -98,12 +98,11 @@ def test_decode_after_prefill_equals_full_recompute(tiny):
 
 def test_tiled_gathers_equal_untiled(tiny, monkeypatch):
     """Token chunks of the gathers and token chunks / entry tiles of the index scores do not change the result."""
-    from v4serve.models.v41 import attention
-    from v4serve.ops import indexer
+    from v4serve.ops import attention, indexer
 
     toks = _tokens(70, 11)
     whole = _prefill(tiny, _pools(tiny), toks, 0, [0, 1, 2], [70], logits="all")
-    monkeypatch.setattr(attention, "TOKEN_CHUNK", 9)
+    monkeypatch.setattr(attention, "TOKEN_CHUNK", 9)  # the reference attention's gathers
     monkeypatch.setattr(indexer, "TOKEN_CHUNK", 9)
     monkeypatch.setattr(indexer, "ENTRY_CHUNK", 5)
     tiled = _prefill(tiny, _pools(tiny), toks, 0, [0, 1, 2], [70], logits="all")
@@ -130,7 +129,7 @@ def _record_selection():
 
     def wrapped(self, ctx, sel):
         refs = orig(self, ctx, sel)
-        rows, valid = refs.rows(refs.token_row, refs.picks.clamp(min=0)), refs.picks >= 0
+        rows, valid = refs.where.token_rows(refs.where.token_row, refs.picks.clamp(min=0)), refs.picks >= 0
         vis, c = ctx.visible(self.ratio), self.config
         seen[self.layer] = {"topk": sel.topk.clone(), "valid": valid, "source": self.source,
                             "kv": ctx.pools.compressed[self.source].read(rows, torch.float32),

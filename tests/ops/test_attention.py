@@ -9,6 +9,7 @@ within its rounding. With V4SERVE_TEST_DEVICE=cuda the same cases run at V4's re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from v4serve.cache.formats import Codec
 from v4serve.cache.pool import RowPool
 from v4serve.ops import attention as attn
+from v4serve.ops.indexer import Entries
 from v4serve.ops.kernels import attention as kernel
 from v4serve.ops.rope import rope_cos_sin
 
@@ -72,9 +74,10 @@ def _case(wkind: str, ckind: str | None, mode: str, dtype: torch.dtype, seed: in
             picks = None
             visible = torch.randint(0, 33, (T,), generator=g)
             visible[0] = 0
-        entries = attn.EntryRefs(cpool, bt.to(DEVICE), token_row.to(DEVICE), ratio, block_size, nblocks,
-                                 picks.to(DEVICE) if picks is not None else None,
-                                 visible.to(DEVICE) if visible is not None else None, width=40)
+        if visible is None:  # CSA: the picks say what is read
+            visible = torch.full((T,), 32)
+        where = Entries(bt.to(DEVICE), token_row.to(DEVICE), visible.to(DEVICE), ratio, block_size, nblocks, 40)
+        entries = attn.EntryRefs(cpool, where, picks.to(DEVICE) if picks is not None else None)
     window = attn.WindowRefs(wpool, src.to(DEVICE), valid.to(DEVICE), ring_rows.to(DEVICE))
     d = dict(device=DEVICE)
     return (q.to(dtype=dtype, **d), cos.to(DEVICE), sin.to(DEVICE), fresh.to(dtype=dtype, **d),
@@ -135,7 +138,7 @@ def test_work_does_not_depend_on_the_dense_width() -> None:
     """HCA: the kernel loops to each token's visible count; the reference's static width only pads."""
     args = _case("plain", "plain", "dense", EXACT, seed=10)
     got = kernel.attend(*args[:6], None, *args[6:])
-    args[7].width = 400
+    args[7].where = dataclasses.replace(args[7].where, max_entries=400)
     again = kernel.attend(*args[:6], None, *args[6:])
     assert torch.equal(got, again)
     ref = attn.attend_reference(*args[:6], None, *args[6:])

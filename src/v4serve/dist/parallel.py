@@ -8,7 +8,6 @@ world size 1 every collective is the identity, so single-GPU code paths are unto
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -43,19 +42,6 @@ class TensorParallel:
         dist.all_gather(parts, x.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
 
-    @property
-    def rank_layout(self) -> Any:
-        """The loader's view (models.weights.ParallelRank): TP slices, and with EP the experts' owner ranks."""
-        from ..models.weights import ParallelRank
-
-        ep = self.size if self.expert_parallel else 1
-        return ParallelRank(tp_rank=self.rank, tp_size=self.size, ep_rank=self.rank if ep > 1 else 0, ep_size=ep)
-
-    def shard(self, n: int) -> tuple[int, int]:
-        """[lo, hi) of this rank's even share of n (the caller checks divisibility)."""
-        per = n // self.size
-        return self.rank * per, (self.rank + 1) * per
-
 
 SINGLE = TensorParallel()
 _current: ContextVar[TensorParallel] = ContextVar("v4serve_tensor_parallel", default=SINGLE)
@@ -72,16 +58,3 @@ def use(tp: TensorParallel) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
-
-
-def init_from_env(backend: str | None = None) -> TensorParallel:
-    """Join the process group described by torch.distributed's standard launch environment (torchrun, or RANK,
-    WORLD_SIZE, MASTER_ADDR, MASTER_PORT): the whole world is one tensor-parallel group."""
-    if not dist.is_initialized():
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        dist.init_process_group(backend)
-    return TensorParallel(dist.get_rank(), dist.get_world_size(), None)
-
-
-def local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))

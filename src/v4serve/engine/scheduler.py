@@ -107,19 +107,21 @@ class Scheduler:
         order = sorted(self.running, key=lambda r: (r.in_prefill, r.arrival_time))
         scheduled: set[str] = set()
         cap = self.prefill_budget.tokens()
-        prefill_left = budget  # prefill tokens this step may still take (capped once a decode row is in)
+        decodes = prefill_used = 0
+
+        def room() -> int:  # tokens the next prefill may take: the budget, capped in a step with decode rows
+            return budget if cap is None or not decodes else min(budget, cap - prefill_used)
+
         for req in order:
             if budget <= 0:
                 break
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            prefill = req.num_tokens - req.num_computed > 1
-            if prefill:
-                if cap is not None and any(not r.request.in_prefill for r in rows):
-                    prefill_left = min(prefill_left, cap - sum(r.num_tokens for r in rows if r.num_tokens > 1))
-                if prefill_left <= 0:
-                    continue
-            n = self._chunk(req, min(budget, prefill_left) if prefill else budget)
+            prefill = req.num_tokens - req.num_computed > 1  # decode rows come first in `order`
+            limit = room() if prefill else budget
+            if limit <= 0:
+                continue
+            n = self._chunk(req, limit)
             while not self.kv.ensure_blocks(req, req.num_computed + n):
                 victim = self._victim(exclude=req)
                 if victim is None:
@@ -135,7 +137,9 @@ class Scheduler:
                 scheduled.add(req.request_id)
                 budget -= n
                 if prefill:
-                    prefill_left -= n
+                    prefill_used += n
+                else:
+                    decodes += 1
                 continue
             # nothing left to preempt: the request alone exceeds the cache
             self.finish(req, FinishReason.ERROR)
@@ -143,15 +147,12 @@ class Scheduler:
                         "(or --gpu-memory-utilization) or lower --max-model-len"
             failed.append(req)
         # admission (FIFO among the ready: a request whose grammar is still compiling lets the next ones pass)
-        if cap is not None and any(r.num_tokens == 1 and r.sample for r in rows):
-            prefill_left = min(prefill_left, cap - sum(r.num_tokens for r in rows if r.num_tokens > 1))
-        while self.waiting and min(budget, prefill_left) > 0 and len(self.running) < self.max_num_seqs \
-                and self.kv.has_free_slot():
+        while self.waiting and room() > 0 and len(self.running) < self.max_num_seqs and self.kv.has_free_slot():
             req = next((r for r in self.waiting if r.ready), None)
             if req is None:
                 break
             self.kv.admit(req)
-            n = self._chunk(req, min(budget, prefill_left))
+            n = self._chunk(req, room())
             if not self.kv.ensure_blocks(req, req.num_computed + n):
                 self.kv.cancel_admission(req)
                 if not self.running and not rows:
@@ -169,7 +170,7 @@ class Scheduler:
             self.running.append(req)
             rows.append(self._row(req, n))
             budget -= n
-            prefill_left -= n
+            prefill_used += n
         return SchedulerOutput(rows, self.kv.take_ops(), self.budget - budget, preempted, failed)
 
     def _take(self, req: Request) -> None:

@@ -16,6 +16,7 @@ from ..presets import get_preset, is_preset
 from .loading import apply_numerics, load_checkpoint, load_random
 from .numerics import numerics_for
 from .sharding import rank_config
+from .weights import ParallelRank
 
 
 @dataclass
@@ -68,7 +69,8 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
     with torch.device(device), backend.use(backend.resolve(kernels, device)), parallel.use(tp):
         net = model_class(config)(rank_config(config, tp.size, tp.expert_parallel), nm, with_mtp=with_mtp,
                                   dtype=dtype)
-    rank = tp.rank_layout
+    ep = tp.size if tp.expert_parallel else 1  # EP: every rank owns a contiguous share of the experts
+    rank = ParallelRank(tp_rank=tp.rank, tp_size=tp.size, ep_rank=tp.rank if ep > 1 else 0, ep_size=ep)
     if folder is None:
         load_random(net, config, seed, storage, dtype, device, with_mtp, rank)
     else:

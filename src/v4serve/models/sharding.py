@@ -68,8 +68,10 @@ def split_kind(name: str) -> str:
         return SHARED_IN
     if _SHARED_OUT.search(name):
         return SHARED_OUT
-    if _COLUMN.search(name) or _VOCAB.search(name):
-        return COLUMN if _COLUMN.search(name) else VOCAB
+    if _COLUMN.search(name):
+        return COLUMN
+    if _VOCAB.search(name):
+        return VOCAB
     if _ROW.search(name):
         return ROW
     return REPLICATED

@@ -72,30 +72,11 @@ def expert_owner(expert: int, n_experts: int, ep: ParallelRank) -> bool:
     return ep.ep_rank * per <= expert < (ep.ep_rank + 1) * per
 
 
-def _chunk(name: str, t: torch.Tensor, dim: int, rank: ParallelRank) -> torch.Tensor:
-    if t.shape[dim] % rank.tp_size:
-        raise CheckpointError(f"{name}: dim {dim} ({t.shape[dim]}) does not split over {rank.tp_size} ranks")
-    return t.chunk(rank.tp_size, dim)[rank.tp_rank].contiguous()
-
-
 def shard_for_rank(name: str, t: torch.Tensor, rank: ParallelRank, n_experts: int) -> torch.Tensor | None:
-    """This rank's part of a (dequantized) tensor; None when another expert-parallel rank owns it.
-
-    Column (dim 0): attn.wq_b, attn.wo_a, attn_sink, and w1/w3 of the shared and (without EP) routed experts; row
-    (dim 1): attn.wo_b and w2; vocab (dim 0): embed, head, Engram tables; with EP, routed experts go whole to the rank
-    that owns their id; everything else (the indexer included) is replicated. See models/sharding.py for why.
-    """
-    kind = sharding.split_kind(name)
-    if kind == sharding.EXPERT:
-        if rank.ep_size > 1:
-            m = _EXPERT_ID.search(name)
-            return t if expert_owner(int(m.group(1)), n_experts, rank) else None
-        kind = sharding.SHARED_OUT if ".w2." in name else sharding.SHARED_IN
-    if rank.tp_size == 1 or kind == sharding.REPLICATED:
-        return t
-    if kind in (sharding.ROW, sharding.SHARED_OUT):
-        return _chunk(name, t, 1, rank)
-    return _chunk(name, t, 0, rank)
+    """This rank's part of a plain (dequantized) tensor; None when another expert-parallel rank owns it (the rules and
+    why: models/sharding.py)."""
+    part = shard_stored(name, t, None, rank, n_experts)
+    return None if part is None else part[0]
 
 
 def _slice_stored(name: str, t: torch.Tensor, scale: torch.Tensor | None, dim: int, lo: int, hi: int

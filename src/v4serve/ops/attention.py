@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from .backend import REFERENCE, TRITON
+from .indexer import Entries
 from .norm import rms_norm
 from .precision import acc_dtype
-from .profiling import family, profiled
 from .rope import apply_rope
 
 
@@ -63,33 +63,17 @@ class WindowRefs:
 @dataclass
 class EntryRefs:
     """Each token's compressed entries in a paged pool: the CSA `picks` [T, K] (entry indices, -1 = none), or, with
-    picks None, every entry below `visible` [T] (HCA). Entry j of row r sits in block
-    block_table[r, j * ratio // block_size] (-1 = not allocated: the trash block), at j % (block_size // ratio)."""
+    picks None, every entry below `where.visible` (HCA). `where` addresses them as the indexer does (block table, token
+    rows, visible counts, the static bound E_max that sizes the reference's dense gather)."""
 
     pool: Any
-    block_table: torch.Tensor  # [R, blocks] int64
-    token_row: torch.Tensor  # [T] int64
-    ratio: int
-    block_size: int
-    trash_block: int
+    where: Entries
     picks: torch.Tensor | None = None
-    visible: torch.Tensor | None = None
-    width: int = 0  # the reference's dense gather width (static: a step's longest possible context / ratio)
-
-    def rows(self, token_row: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        """Pool rows of entries j [t, n] of the tokens' rows."""
-        bt = self.block_table
-        col = (j * self.ratio // self.block_size).clamp(0, bt.shape[1] - 1)
-        blocks = bt[token_row.unsqueeze(1), col]
-        blocks = torch.where(blocks < 0, torch.full_like(blocks, self.trash_block), blocks)
-        epb = self.block_size // self.ratio
-        return blocks * epb + j % epb
 
 
 TOKEN_CHUNK = 1024  # tokens whose KV rows the reference gathers at once (bounds long-prefill memory)
 
 
-@profiled("attention")
 def attend_reference(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fresh: torch.Tensor, sink: torch.Tensor,
                      scale: float, q_norm_eps: float | None, window: WindowRefs,
                      entries: EntryRefs | None) -> torch.Tensor:
@@ -108,9 +92,9 @@ def attend_reference(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fres
                 j = entries.picks[lo:hi]
                 ok = j >= 0
             else:
-                j = torch.arange(entries.width, device=q.device).expand(hi - lo, -1)
-                ok = j < entries.visible[lo:hi].unsqueeze(1)
-            rows = entries.rows(entries.token_row[lo:hi], j.clamp(min=0))
+                j = torch.arange(entries.where.max_entries, device=q.device).expand(hi - lo, -1)
+                ok = j < entries.where.visible[lo:hi].unsqueeze(1)
+            rows = entries.where.token_rows(entries.where.token_row[lo:hi], j.clamp(min=0))
             kv = torch.cat([kv, entries.pool.read(rows, fresh.dtype)], 1)
             valid = torch.cat([valid, ok], 1)
         outs.append(sparse_attention(q[lo:hi], kv, valid, sink, scale))
@@ -127,6 +111,5 @@ def attend(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fresh: torch.T
 
         kinds = (window.pool.codec.kind,) + ((entries.pool.codec.kind,) if entries is not None else ())
         if kernel.supports(q, kinds):
-            with family("attention"):
-                return kernel.attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)
+            return kernel.attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)
     return attend_reference(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)

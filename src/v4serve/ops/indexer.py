@@ -44,7 +44,8 @@ class KeyPool(Protocol):
 class Entries:
     """Where each token's compressed entries live. Entry j of row r sits in block block_table[r, j*ratio // block_size]
     (-1 = unallocated: the trash block `num_blocks`), at row block * (block_size // ratio) + j % (block_size // ratio)
-    of the pool, as StepContext.entry_rows and KVPools.entry_rows address them."""
+    of the pool, as KVPools.entry_rows addresses them. The attention reads its entries through the same object
+    (ops.attention.EntryRefs)."""
 
     block_table: torch.Tensor  # [R, nb] int
     token_row: torch.Tensor  # [T] int64
@@ -58,14 +59,19 @@ class Entries:
     def per_block(self) -> int:
         return self.block_size // self.ratio
 
+    def token_rows(self, token_row: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        """Pool rows of entries j [t, n] (>= 0) of the rows token_row [t]."""
+        bt = self.block_table
+        col = (j * self.ratio // self.block_size).clamp(0, bt.shape[1] - 1)
+        blocks = bt[token_row.unsqueeze(1), col].long()
+        blocks = torch.where(blocks < 0, torch.full_like(blocks, self.num_blocks), blocks)
+        return blocks * self.per_block + j % self.per_block
+
     def rows(self) -> torch.Tensor:
         """Pool rows [R, E_max] of every row's entries 0..E_max-1 (the reference's dense addressing)."""
+        R = self.block_table.shape[0]
         j = torch.arange(self.max_entries, device=self.block_table.device)
-        bt = self.block_table
-        col = (j * self.ratio // self.block_size).clamp(max=bt.shape[1] - 1)
-        blocks = bt[:, col].long()
-        blocks = torch.where(blocks < 0, torch.full_like(blocks, self.num_blocks), blocks)
-        return blocks * self.per_block + (j % self.per_block).unsqueeze(0)
+        return self.token_rows(torch.arange(R, device=j.device), j.unsqueeze(0).expand(R, -1))
 
 
 # --- the reference pieces ------------------------------------------------------------------------------------------

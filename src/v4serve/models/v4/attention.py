@@ -14,7 +14,7 @@ from ...dist import parallel
 from ...ops import backend
 from ...ops.attention import attend
 from ...ops.hadamard import hadamard_rotate
-from ...ops.indexer import Entries, index_topk
+from ...ops.indexer import index_topk
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.precision import acc_dtype, wide
@@ -142,7 +142,7 @@ class V4Attention(nn.Module):
                 run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], self._finish_entry)
             visible = ctx.visible(self.ratio)
             if self.indexer is None:  # HCA: every visible entry
-                entries = ctx.entry_refs(L, visible=visible)
+                entries = ctx.entry_refs(L)
             else:
                 with family("indexer"):
                     idx = self._select(x, qr, ctx, visible)
@@ -167,6 +167,5 @@ class V4Attention(nn.Module):
         qi = ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim)
         qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
         w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
-        entries = Entries(step.block_table, step.token_row, visible, pools.ratio[L], pools.block_size,
-                          pools.num_blocks, ctx.max_entries(self.ratio))
+        entries = ctx.index_entries(L, visible)
         return index_topk(qi, w, pools.index_keys[L], entries, c.index_topk, backend=self.backend)[0]

@@ -11,6 +11,7 @@ import torch
 from ...cache.pool import KVPools
 from ...config import ModelConfig
 from ...ops.attention import EntryRefs, WindowRefs
+from ...ops.indexer import Entries
 from ...ops.rope import inv_freq, rope_cos_sin
 from ..step import StepInput
 
@@ -39,7 +40,6 @@ class StepContext:
         keep = (pos >= row_end - W) & (pos >= step.window_floor[row])
         slot = torch.where(keep, step.row_slot[row], torch.full_like(row, pools.trash_slot))
         self.win_write = pools.window_rows(slot, pos)
-        self._entries: dict[int, torch.Tensor] = {}
 
     # --- RoPE ---------------------------------------------------------------------------------------
     def rope(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,16 +47,7 @@ class StepContext:
             self._rope[compressed] = rope_cos_sin(self.step.positions, inv_freq(self.config, compressed, self.step.device))
         return self._rope[compressed]
 
-    # --- window gather ----------------------------------------------------------------------------
-    def window_source(self, layer: int, fresh_kv: torch.Tensor) -> torch.Tensor:
-        """[rows' rings before this step | this step's KV]: what `win_src` indexes."""
-        ring = self.pools.window[layer].read(self.ring_rows, fresh_kv.dtype)
-        return torch.cat([ring, fresh_kv])
-
-    def gather_window(self, layer: int, fresh_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """KV rows [T, W, D] of every token's window and their validity [T, W]."""
-        return self.window_source(layer, fresh_kv)[self.win_src], self.win_valid
-
+    # --- window ---------------------------------------------------------------------------------------
     def window_refs(self, layer: int) -> WindowRefs:
         """The window addressing the attention entry point reads (ops.attention.attend)."""
         return WindowRefs(self.pools.window[layer], self.win_src, self.win_valid, self.ring_rows)
@@ -72,26 +63,16 @@ class StepContext:
         """Entries each token may see: groups complete at or before its position."""
         return torch.div(self.step.positions + 1, ratio, rounding_mode="floor")
 
-    def entry_rows(self, source: int) -> torch.Tensor:
-        """Pool rows [R, E] of each row's entries 0..E-1 in `source`'s compressed cache (trash if unallocated)."""
-        if source not in self._entries:
-            ratio = self.pools.ratio[source]
-            E = self.max_entries(ratio)
-            j = torch.arange(E, device=self.step.device)
-            bt = self.step.block_table
-            col = (j * ratio // self.pools.block_size).clamp(max=bt.shape[1] - 1)
-            blocks = bt[:, col]
-            blocks = torch.where(blocks < 0, torch.full_like(blocks, self.pools.num_blocks), blocks)
-            self._entries[source] = self.pools.entry_rows(source, blocks, j.unsqueeze(0))
-        return self._entries[source]
+    def index_entries(self, source: int, visible: torch.Tensor) -> Entries:
+        """Where the index keys of `source`'s cache live, for ops.indexer.index_topk."""
+        ratio, pools = self.pools.ratio[source], self.pools
+        return Entries(self.step.block_table, self.step.token_row, visible, ratio, pools.block_size, pools.num_blocks,
+                       self.max_entries(ratio))
 
-    def entry_refs(self, source: int, picks: torch.Tensor | None = None,
-                   visible: torch.Tensor | None = None) -> EntryRefs:
+    def entry_refs(self, source: int, picks: torch.Tensor | None = None) -> EntryRefs:
         """The compressed entries of `source`'s cache each token attends to: its picks (CSA) or all visible (HCA)."""
-        ratio = self.pools.ratio[source]
-        st = self.step
-        return EntryRefs(self.pools.compressed[source], st.block_table, st.token_row, ratio, self.pools.block_size,
-                         self.pools.num_blocks, picks, visible, width=self.max_entries(ratio))
+        where = self.index_entries(source, self.visible(self.pools.ratio[source]))
+        return EntryRefs(self.pools.compressed[source], where, picks)
 
     def entry_write_rows(self, source: int, groups_row: torch.Tensor, entry: torch.Tensor,
                          valid: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from ...ops import compressor as comp
 from ...ops import quant
 from ...ops import backend
 from ...ops.attention import EntryRefs, attend
-from ...ops.indexer import Entries, index_topk
+from ...ops.indexer import index_topk
 from ...ops.linear import Linear
 from ...ops.norm import rms_norm
 from ...ops.precision import wide
@@ -31,7 +31,6 @@ from ..v4.context import StepContext
 from ..v4.modules import CompressorParams, Norm
 from .indexer import Selection
 
-TOKEN_CHUNK = 1024  # tokens whose KV rows / index scores are gathered at once (bounds long-prefill memory)
 
 
 class V41Attention(nn.Module):
@@ -147,10 +146,8 @@ class V41Attention(nn.Module):
         if self.uses_candidates and sel.blocks is None:
             raise RuntimeError(f"layer {self.layer} masks to candidate blocks, but layer "
                                f"{c.candidate_source_layer} published none in this step")
-        pools, ratio = ctx.pools, ctx.pools.ratio[self.source]
-        entries = Entries(step.block_table, step.token_row, ctx.visible(self.ratio), ratio, pools.block_size,
-                          pools.num_blocks, ctx.max_entries(ratio))
-        sel.topk, blocks = index_topk(qi, w, pools.index_keys[self.source], entries, c.index_topk,
+        entries = ctx.index_entries(self.source, ctx.visible(self.ratio))
+        sel.topk, blocks = index_topk(qi, w, ctx.pools.index_keys[self.source], entries, c.index_topk,
                                       candidates=sel.blocks if self.uses_candidates else None,
                                       publish=c.candidate_topk_blocks if self.publishes_candidates else 0,
                                       block=c.candidate_block_size, backend=self.backend)

@@ -313,14 +313,14 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
         cmode, ckind, cdata, bt, tok_row, picks, vis = NO_ENTRIES, "plain", wdata, ring, ring, ring, ring
         ratio = block_size = epb = trash = n_picks = 1
     else:
-        cdata, ckind = entries.pool.data, entries.pool.codec.kind
-        bt, tok_row = entries.block_table, entries.token_row
-        ratio, block_size = entries.ratio, entries.block_size
-        epb, trash = block_size // ratio, entries.trash_block
+        cdata, ckind, where = entries.pool.data, entries.pool.codec.kind, entries.where
+        bt, tok_row = where.block_table, where.token_row
+        ratio, block_size = where.ratio, where.block_size
+        epb, trash = block_size // ratio, where.num_blocks
         if entries.picks is not None:
             cmode, picks, vis, n_picks = PICKED, entries.picks, entries.picks, entries.picks.shape[1]
         else:
-            cmode, picks, vis, n_picks = DENSE, entries.visible, entries.visible, 0
+            cmode, picks, vis, n_picks = DENSE, where.visible, where.visible, 0
     cu8, ch16, cval = _views(cdata, ckind)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dt = acc if q.dtype in (torch.float32, torch.float64) else q.dtype
