@@ -58,7 +58,7 @@ ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dt
                "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
                "num_window_checkpoints", "enforce_eager", "kernels", "max_queue_len", "tensor_parallel_size",
                "prefill_budget_with_decodes", "target_itl_ms", "nnodes", "master_addr", "master_port",
-               "enable_expert_parallel")
+               "enable_expert_parallel", "data_parallel_size")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:

@@ -1,5 +1,10 @@
 """Tensor parallelism on torch.distributed: the rank's place in the TP group and the collectives the model needs.
 
+Data-parallel attention with expert parallelism (DEP, `dp_size` > 1, TP = 1 per DP rank): every rank runs attention
+and everything outside the MoE on its own requests' tokens (the TP collectives are the identity at `size` 1); the
+MoE exchanges tokens across the DP ranks (`gather_tokens` / `scatter_sum`, models/v4/moe.py), each rank holding its
+contiguous share of the routed experts.
+
 The model is built under `use(tp)` (as the op backend is, ops/backend.py): the modules that reduce (attention's
 `wo_b`, the MoE, the vocab-parallel embedding and head) record `current()` when constructed and call it in forward. At
 world size 1 every collective is the identity, so single-GPU code paths are untouched. NCCL on GPUs, gloo on the CPU.
@@ -23,10 +28,55 @@ class TensorParallel:
     size: int = 1
     group: Any = None  # a torch.distributed process group (None: the default group)
     expert_parallel: bool = False  # routed experts whole on their owner rank instead of sliced (models/sharding.py)
+    dp_rank: int = 0  # DEP: this rank's data-parallel index (its own requests; attention replicated)
+    dp_size: int = 1  # DEP: data-parallel ranks exchanging tokens in the MoE (the default group; TP = 1 each)
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
             raise ValueError(f"tensor-parallel rank {self.rank} is outside world size {self.size}")
+        if self.dp_size < 1 or not 0 <= self.dp_rank < self.dp_size:
+            raise ValueError(f"data-parallel rank {self.dp_rank} is outside data-parallel size {self.dp_size}")
+        if self.dp_size > 1 and (self.size != 1 or not self.expert_parallel):
+            raise ValueError("data-parallel attention runs with expert parallelism and tensor-parallel size 1 per "
+                             "data-parallel rank")
+
+    @property
+    def ep_size(self) -> int:
+        """Ranks the routed experts are spread over (1: every rank holds every expert, sliced under TP)."""
+        return self.size * self.dp_size if self.expert_parallel else 1
+
+    @property
+    def ep_rank(self) -> int:
+        return self.dp_rank * self.size + self.rank if self.expert_parallel else 0
+
+    @property
+    def data_parallel(self) -> bool:
+        return self.dp_size > 1
+
+    def gather_tokens(self, x: torch.Tensor) -> torch.Tensor:
+        """DEP: every data-parallel rank's x ([n, ...], n equal on all ranks: padded) stacked in rank order."""
+        out = torch.empty(self.dp_size * x.shape[0], *x.shape[1:], dtype=x.dtype, device=x.device)
+        _all_gather_single(out, x.contiguous(), group=self.group)
+        return out
+
+    def scatter_sum(self, y: torch.Tensor) -> torch.Tensor:
+        """DEP: the inverse of `gather_tokens` with a sum: y is [dp_size * n, ...] (every rank's partial results for
+        every rank's tokens); returns this rank's n rows summed over the ranks, in rank order. On gloo an all-to-all
+        plus a local sum (faster than gloo's reduce-scatter, docs/parallel.md); NCCL reduce-scatters."""
+        n = y.shape[0] // self.dp_size
+        if dist.get_backend(self.group) == "nccl":
+            out = torch.empty(n, *y.shape[1:], dtype=y.dtype, device=y.device)
+            _reduce_scatter_single(out, y.contiguous(), group=self.group)
+            return out
+        parts = torch.empty_like(y)
+        dist.all_to_all_single(parts, y.contiguous(), group=self.group)
+        return parts.view(self.dp_size, n, *y.shape[1:]).sum(0)
+
+    def max_tokens(self, n: int, device: torch.device) -> int:
+        """DEP: the largest token count over the data-parallel ranks (when the step did not say, `step_tokens`)."""
+        t = torch.tensor([n], dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return int(t.item())
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of every rank's x (in place), e.g. the partial outputs of a row-parallel projection."""
@@ -43,12 +93,34 @@ class TensorParallel:
         return torch.cat(parts, dim=-1)
 
 
+# torch >= 2.13 names (the older ones warn there); older torch has only the older ones
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 SINGLE = TensorParallel()
 _current: ContextVar[TensorParallel] = ContextVar("v4serve_tensor_parallel", default=SINGLE)
 
 
+_step_tokens: ContextVar[int | None] = ContextVar("v4serve_dep_step_tokens", default=None)
+
+
 def current() -> TensorParallel:
     return _current.get()
+
+
+def step_tokens() -> int | None:
+    """DEP: the step's largest per-rank token count, as rank 0 broadcast it (None: the MoE asks the ranks)."""
+    return _step_tokens.get()
+
+
+@contextlib.contextmanager
+def dep_step(tokens: int) -> Iterator[None]:
+    """Run a DEP forward whose largest per-rank token count is `tokens` (every MoE pads its exchange to it)."""
+    token = _step_tokens.set(tokens)
+    try:
+        yield
+    finally:
+        _step_tokens.reset(token)
 
 
 @contextlib.contextmanager

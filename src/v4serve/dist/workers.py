@@ -6,6 +6,12 @@ sends: the step's slot operations and its StepInput (moved to host memory for th
 it, taking part in the collectives inside. Logits stay with rank 0 (the head gathers them on every rank; the workers'
 copies are dropped). torch.distributed carries both the control messages (broadcast_object_list) and the model's
 collectives: gloo on the CPU, NCCL on GPUs (one device per rank: cuda:rank).
+
+Data-parallel attention (DEP, `data_parallel=True`): each rank is a data-parallel rank with its own requests, KV pools
+and share of the routed experts (TP = 1 each). Rank 0's engine schedules every rank's batch and scatters each worker
+its own slot operations and StepInput (None: no requests this step; the rank then only joins the MoE exchanges,
+models/v4/moe.dep_idle) with the step's largest per-rank token count; after the forward every rank's logits rows are
+gathered to rank 0, which samples them all.
 """
 
 from __future__ import annotations
@@ -54,24 +60,46 @@ def _send(msg: Any) -> Any:
     return box[0]
 
 
+def _scatter(msgs: list | None) -> Any:
+    """DEP: rank 0 hands rank r msgs[r] (the others pass None)."""
+    box = [None]
+    dist.scatter_object_list(box, msgs, src=0)
+    return box[0]
+
+
+def gather_logits(logits: torch.Tensor | None, rows: int, vocab: int, dtype: torch.dtype, device: torch.device,
+                  size: int) -> list[torch.Tensor] | None:
+    """DEP: every rank's logits, padded to `rows` (the step's largest per-rank count), gathered on rank 0 (a list in
+    rank order there, None elsewhere)."""
+    buf = torch.zeros(rows, vocab, dtype=dtype, device=device)
+    if logits is not None:
+        buf[:logits.shape[0]] = logits
+    parts = [torch.empty_like(buf) for _ in range(size)] if dist.get_rank() == 0 else None
+    dist.gather(buf, parts, dst=0)
+    return parts
+
+
 class TensorParallelPeers:
     """Rank 0's handle on the other ranks: start them, hand them the cache geometry, replay each step, stop them."""
 
     def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device, nnodes: int = 1,
-                 master_addr: str | None = None, master_port: int | None = None, expert_parallel: bool = False):
+                 master_addr: str | None = None, master_port: int | None = None, expert_parallel: bool = False,
+                 data_parallel: bool = False):
         self.size = size
         self.device = device
+        self.data_parallel = data_parallel
         addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = str(master_port or os.environ.get("MASTER_PORT") or _free_port())
         # this node's other ranks (1 .. size/nnodes - 1); the other nodes start theirs (`serve --node-rank k`)
         per_node = size // nnodes
         self.procs = spawn_ranks(range(1, per_node), size, addr, port, model, build_kwargs, device, per_node,
-                                 expert_parallel)
+                                 expert_parallel, data_parallel)
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
-        self.tp = TensorParallel(0, size, expert_parallel=expert_parallel)
-        log.info("tensor parallel: %d ranks (%s), worker processes %s", size, dist.get_backend(),
-                 ", ".join(str(p.pid) for p in self.procs))
+        self.tp = _layout(0, size, expert_parallel, data_parallel)
+        log.info("%s: %d ranks (%s), worker processes %s",
+                 "data parallel + expert parallel (DEP)" if data_parallel else "tensor parallel", size,
+                 dist.get_backend(), ", ".join(str(p.pid) for p in self.procs))
 
     @staticmethod
     def serve_node(node_rank: int, nnodes: int, size: int, model: str, build_kwargs: dict, device: torch.device,
@@ -90,18 +118,36 @@ class TensorParallelPeers:
         codes = [p.wait() for p in procs]
         return max(codes, default=0)
 
+    def _post(self, msg: Any) -> None:
+        if self.data_parallel:
+            _scatter([msg] * self.size)
+        else:
+            _send(msg)
+
     def init_cache(self, spec_args: dict, num_blocks: int, num_slots: int) -> None:
-        _send(("cache", spec_args, num_blocks, num_slots))
+        self._post(("cache", spec_args, num_blocks, num_slots))
 
     def step(self, slot_ops: list, step: Any) -> None:
         """Before rank 0's own forward: the workers start the same one (they block in its first collective)."""
         _send(("step", slot_ops, _to(step, torch.device("cpu"))))
 
+    def step_dp(self, work: list[tuple[list, Any]], tokens: int, logit_rows: int, logits_dtype: torch.dtype) -> None:
+        """DEP, before rank 0's own forward: worker r gets work[r - 1] = (its slot ops, its StepInput or None), the
+        step's largest per-rank token count and logits row count (every rank pads to them)."""
+        cpu = torch.device("cpu")
+        msgs = [None] + [("dstep", ops, None if st is None else _to(st, cpu), tokens, logit_rows, logits_dtype)
+                         for ops, st in work]
+        _scatter(msgs)
+
+    def gather_logits(self, logits: torch.Tensor | None, rows: int, vocab: int, dtype: torch.dtype
+                      ) -> list[torch.Tensor]:
+        return gather_logits(logits, rows, vocab, dtype, self.device, self.size)
+
     def close(self) -> None:
         if not dist.is_initialized():
             return
         try:
-            _send(("stop",))
+            self._post(("stop",))
         finally:
             dist.destroy_process_group()
             for p in self.procs:
@@ -112,23 +158,35 @@ class TensorParallelPeers:
 
 
 def spawn_ranks(ranks: range, size: int, addr: str, port: str, model: str, build_kwargs: dict,
-                device: torch.device, per_node: int, expert_parallel: bool = False) -> list[subprocess.Popen]:
+                device: torch.device, per_node: int, expert_parallel: bool = False,
+                data_parallel: bool = False) -> list[subprocess.Popen]:
     """Worker processes for `ranks`, on cuda:(rank % per_node) (plain subprocesses rather than multiprocessing: the engine itself runs in a
     daemon process, engine/core.py, which multiprocessing forbids to have children)."""
     procs = []
     for r in ranks:
         with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
-            pickle.dump((r, size, addr, port, model, build_kwargs, str(device), per_node, expert_parallel), f)
+            pickle.dump((r, size, addr, port, model, build_kwargs, str(device), per_node, expert_parallel,
+                         data_parallel), f)
         procs.append(subprocess.Popen([sys.executable, "-m", "v4serve.dist.workers", f.name]))
     return procs
 
 
+def _layout(rank: int, size: int, expert_parallel: bool, data_parallel: bool) -> TensorParallel:
+    """This rank's place: a tensor-parallel rank, or (DEP) a data-parallel rank of TP size 1 whose MoE spreads the
+    experts over all `size` ranks."""
+    if data_parallel:
+        return TensorParallel(0, 1, expert_parallel=True, dp_rank=rank, dp_size=size)
+    return TensorParallel(rank, size, expert_parallel=expert_parallel)
+
+
 def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str,
-                 per_node: int = 0, expert_parallel: bool = False) -> None:
+                 per_node: int = 0, expert_parallel: bool = False, data_parallel: bool = False) -> None:
     from ..cache.pool import KVPools
     from ..cache.spec import make_cache_spec
     from ..engine.runner import apply_slot_ops
     from ..models.factory import build_model
+    from ..models.v4.moe import dep_idle
+    from .parallel import dep_step
 
     torch.set_num_threads(max(1, torch.get_num_threads() // size))
     os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
@@ -137,12 +195,11 @@ def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_k
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=size)
     try:
-        lm = build_model(model, device=dev, tp=TensorParallel(rank, size, expert_parallel=expert_parallel),
-                         **build_kwargs)
+        lm = build_model(model, device=dev, tp=_layout(rank, size, expert_parallel, data_parallel), **build_kwargs)
         pools = None
         with torch.inference_mode():
             while True:
-                msg = _send(None)
+                msg = _scatter(None) if data_parallel else _send(None)
                 if msg[0] == "stop":
                     break
                 if msg[0] == "cache":
@@ -152,6 +209,17 @@ def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_k
                     _, ops, step = msg
                     apply_slot_ops(pools, ops, dev)
                     lm.model(_to(step, dev), pools)
+                elif msg[0] == "dstep":
+                    _, ops, step, tokens, rows, dtype = msg
+                    apply_slot_ops(pools, ops, dev)
+                    logits = None
+                    with dep_step(tokens):
+                        if step is None:
+                            dep_idle(lm.model, tokens)
+                        else:
+                            logits = lm.model(_to(step, dev), pools).logits
+                    if rows:
+                        gather_logits(logits, rows, lm.config.vocab_size, dtype, dev, size)
     finally:
         dist.destroy_process_group()
 

@@ -41,6 +41,7 @@ class EngineConfig:
     with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
     tensor_parallel_size: int = 1  # ranks of one model replica (dist/workers.py); V4 family
     enable_expert_parallel: bool = False  # under TP: routed experts whole on their owner rank (else sliced)
+    data_parallel_size: int = 1  # DEP: data-parallel attention ranks, each with its own requests (with EP; TP 1)
     nnodes: int = 1  # machines the ranks span (node 0 runs the engine; `serve --node-rank k` on the others)
     master_addr: str | None = None  # rank 0's address for torch.distributed (default: MASTER_ADDR or 127.0.0.1)
     master_port: int | None = None  # its port (default: MASTER_PORT or a free port, single node only)
@@ -76,6 +77,22 @@ class EngineConfig:
             bad("target_itl_ms", f"must be >= 0, got {self.target_itl_ms}")
         if self.tensor_parallel_size < 1:
             bad("tensor_parallel_size", f"must be at least 1, got {self.tensor_parallel_size}")
+        if self.data_parallel_size < 1:
+            bad("data_parallel_size", f"must be at least 1, got {self.data_parallel_size}")
+        if self.data_parallel_size > 1:
+            dp = self.data_parallel_size
+            if not self.enable_expert_parallel:
+                bad("data_parallel_size", f"{dp} needs --enable-expert-parallel: data-parallel attention runs as DEP "
+                    "(each rank its own requests and attention, the routed experts spread over the ranks); pure "
+                    "data parallelism with every expert replicated is not supported")
+            if self.tensor_parallel_size > 1:
+                bad("data_parallel_size", f"{dp} with --tensor-parallel-size {self.tensor_parallel_size}: DEP runs "
+                    "one rank per data-parallel group for now (--tensor-parallel-size 1, world size = "
+                    "--data-parallel-size); use -dp N --enable-expert-parallel, or -tp N alone")
+            if self.nnodes > 1:
+                bad("data_parallel_size", "DEP runs on one machine for now (--nnodes 1)")
+            if self.with_mtp:
+                bad("data_parallel_size", "DEP does not load the MTP / DSpark draft blocks yet (with_mtp=False)")
         if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
             bad("nnodes", f"must divide --tensor-parallel-size ({self.tensor_parallel_size}), got {self.nnodes}")
         if self.nnodes > 1 and (self.master_addr is None or self.master_port is None):

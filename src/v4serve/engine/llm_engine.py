@@ -107,13 +107,24 @@ class LLMEngine:
         build_kwargs = dict(seed=cfg.seed, numerics=cfg.numerics, dtype=self.dtype, with_mtp=cfg.with_mtp,
                             kernels=cfg.kernels)
         self.peers = None
-        if cfg.tensor_parallel_size > 1:
+        self.dp = cfg.data_parallel_size  # DEP: data-parallel ranks, each with its own scheduler and KV cache
+        if cfg.tensor_parallel_size > 1 or self.dp > 1:
             if loaded is not None:
-                raise EngineConfigError("--tensor-parallel-size > 1 builds each rank's model itself; pass a model name")
+                raise EngineConfigError("--tensor-parallel-size / --data-parallel-size > 1 build each rank's model "
+                                        "itself; pass a model name")
             from ..dist.workers import TensorParallelPeers
 
-            self.peers = TensorParallelPeers(cfg.tensor_parallel_size, model, build_kwargs, self.device, cfg.nnodes,
-                                             cfg.master_addr, cfg.master_port, cfg.enable_expert_parallel)
+            if self.dp > 1:  # a layout that cannot split fails here, before any worker starts
+                from ..models.factory import resolve_config
+                from ..models.sharding import Layout, check_layout
+
+                try:
+                    check_layout(resolve_config(model)[0], Layout(1, self.dp, True))
+                except ValueError as e:
+                    raise EngineConfigError(f"--data-parallel-size {self.dp} --enable-expert-parallel: {e}") from None
+            self.peers = TensorParallelPeers(cfg.tensor_parallel_size * self.dp, model, build_kwargs, self.device,
+                                             cfg.nnodes, cfg.master_addr, cfg.master_port,
+                                             cfg.enable_expert_parallel, data_parallel=self.dp > 1)
         tp = self.peers.tp if self.peers is not None else None
         self.loaded = loaded or build_model(model, device=self.device, tp=tp, **build_kwargs)
         mc = self.model_config = self.loaded.config
@@ -128,20 +139,28 @@ class LLMEngine:
         self.capacity = plan_capacity(self.spec, cfg, self._kv_budget(), mc.max_position)
         self.max_model_len = self.capacity.max_model_len
         self.pools = KVPools(self.spec, self.capacity.num_blocks, self.capacity.num_slots, self.device)
-        if self.peers is not None:  # every rank keeps the same cache (one KV head: replicated under TP)
+        if self.peers is not None:  # TP: every rank keeps the same cache (one KV head: replicated); DEP: each its own
             self.peers.init_cache(dict(block_size=cfg.block_size, kv_dtype=cfg.kv_cache_dtype,
                                        index_dtype=cfg.index_cache_dtype, compute_dtype=self.dtype,
                                        with_mtp=cfg.with_mtp), self.capacity.num_blocks, self.capacity.num_slots)
         ratios = tuple(sorted({mc.compress_ratios[i] for i in mc.compressed_layers}))
         geom = CacheGeometry(cfg.block_size, mc.window_size, mc.n_layers, ratios)
-        self.kv = KVCacheManager(geom, self.capacity.num_blocks, cfg.max_num_seqs, self.capacity.num_checkpoints,
-                                 cfg.enable_prefix_caching, bool(cfg.swa_bounded_replay))
-        self.scheduler = Scheduler(self.kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.prefill_chunk,
-                                   cfg.block_size, mc.window_size,
-                                   align_chunks=self.capacity.num_checkpoints > 0,
-                                   decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay),
-                                   prefill_budget=PrefillBudget(cfg.prefill_budget_with_decodes, cfg.target_itl_ms,
-                                                                minimum=cfg.block_size))
+        # one KV cache manager and scheduler per data-parallel rank (one without DEP); rank r's pools live on rank r
+        self.kvs = [KVCacheManager(geom, self.capacity.num_blocks, cfg.max_num_seqs, self.capacity.num_checkpoints,
+                                   cfg.enable_prefix_caching, bool(cfg.swa_bounded_replay)) for _ in range(self.dp)]
+        self.schedulers = [Scheduler(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.prefill_chunk,
+                                     cfg.block_size, mc.window_size,
+                                     align_chunks=self.capacity.num_checkpoints > 0,
+                                     decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay),
+                                     prefill_budget=PrefillBudget(cfg.prefill_budget_with_decodes, cfg.target_itl_ms,
+                                                                  minimum=cfg.block_size))
+                           for kv in self.kvs]
+        self.kv, self.scheduler = self.kvs[0], self.schedulers[0]
+        self.router = None
+        if self.dp > 1:
+            from .dp_router import DataParallelRouter
+
+            self.router = DataParallelRouter(self.dp, cfg.block_size)
         graphs = None
         if self.device.type == "cuda" and not cfg.enforce_eager and self.peers is None:  # (TP: eager for now)
             from .graphs import DecodeGraphs
@@ -211,16 +230,23 @@ class LLMEngine:
         base_seed = params.seed
         seeds = fresh_seeds(len(ids)) if base_seed is None else [base_seed + i for i in range(len(ids))]
         max_new = self.max_model_len - len(prompt_token_ids)
+        rank = 0 if self.router is None else self.router.pick(
+            prompt_token_ids, cache_salt, self.loads(), lambda r, h: self.kvs[r].pool.lookup(h) is not None)
         for rid, seed in zip(ids, seeds):
             p = params if params.max_tokens is not None else params.clone(max_tokens=max_new)
             req = Request(rid, list(prompt_token_ids), p, cache_salt=cache_salt, seed=seed, trim_target=trim_target)
+            req.dp_rank = rank
             self.requests[rid] = req
             self.outputs[rid] = OutputProcessor(req, self.tokenizer, self.model_config.eos_token_id,
                                                 self.max_model_len)
             if p.structured_outputs is not None:
                 self.grammars.add(req, p.structured_outputs)
-            self.scheduler.add(req)
+            self.schedulers[rank].add(req)
         return ids
+
+    def loads(self) -> list[int]:
+        """Per data-parallel rank: tokens (prompt + output so far) of its running and waiting requests."""
+        return [sum(r.num_tokens for r in s.running) + sum(r.num_tokens for r in s.waiting) for s in self.schedulers]
 
     def validate(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:
@@ -245,12 +271,12 @@ class LLMEngine:
         for rid in [request_id] + [k for k in self.requests if k.startswith(request_id + "#")]:
             req = self.requests.get(rid)
             if req is not None and not req.is_finished:
-                self.scheduler.abort(req)
+                self.schedulers[req.dp_rank].abort(req)
                 req.finished_time = time.monotonic()
                 self._ended.append(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.num_unfinished > 0
+        return any(s.num_unfinished > 0 for s in self.schedulers)
 
     # --- stepping -------------------------------------------------------------------------------------
     def step(self) -> list[StepDelta]:
@@ -258,31 +284,40 @@ class LLMEngine:
         deltas: list[StepDelta] = [self._finish_delta(req) for req in ended if req.request_id in self.outputs]
         if self.grammars.pending:
             for req, reason in self.grammars.resolve():
-                self.scheduler.finish(req, FinishReason.ERROR)
+                self.schedulers[req.dp_rank].finish(req, FinishReason.ERROR)
                 req.error, req.finished_time = reason, time.monotonic()
                 deltas.append(self._finish_delta(req))
-        sched = self.scheduler.schedule()
-        for req in sched.failed:
-            req.finished_time = time.monotonic()
-            deltas.append(self._finish_delta(req))
-        if sched.empty:
+        scheds = [s.schedule() for s in self.schedulers]  # DEP: every data-parallel rank's own batch
+        for sched in scheds:
+            for req in sched.failed:
+                req.finished_time = time.monotonic()
+                deltas.append(self._finish_delta(req))
+        if all(sched.empty for sched in scheds):
+            for s, sched in zip(self.schedulers, scheds):  # no forward: slot ops wait for the next one, in order
+                s.kv.pending[:0] = sched.slot_ops
             if self.grammars.pending and not deltas:
                 self.grammars.wait(0.01)  # only compilations left: wait for one instead of spinning
             return deltas
         t_step = time.monotonic()
-        out = self.runner.execute(sched, self.scheduler.decoder_floor)
-        self.scheduler.advance(sched)
+        if self.dp == 1:
+            out = self.runner.execute(scheds[0], self.scheduler.decoder_floor)
+        else:
+            out = self.runner.execute_dp(scheds, [s.decoder_floor for s in self.schedulers])
+        for s, sched in zip(self.schedulers, scheds):
+            s.advance(sched)
         now = time.monotonic()
-        self.last_step_tokens = sched.num_tokens
-        decodes = sum(1 for r in sched.rows if r.num_tokens == 1)
-        self.scheduler.prefill_budget.observe(decodes, sched.num_tokens - decodes, now - t_step)
-        starts = {r.request.request_id: r.start for r in sched.rows}
+        self.last_step_tokens = sum(sched.num_tokens for sched in scheds)
+        for s, sched in zip(self.schedulers, scheds):
+            decodes = sum(1 for r in sched.rows if r.num_tokens == 1)
+            s.prefill_budget.observe(decodes, sched.num_tokens - decodes, now - t_step)
+        starts = {r.request.request_id: r.start for sched in scheds for r in sched.rows}
         for rid, entries in out.prompt_logprobs.items():
             req = self.requests[rid]
             # entry i scores prompt token i; positions served from the prefix cache have none
             need = starts[rid] + 1
             if len(req.prompt_logprobs) < need:
                 req.prompt_logprobs.extend([None] * (need - len(req.prompt_logprobs)))
+            del req.prompt_logprobs[need:]  # a preempted request recomputes: its entries replace the first ones
             req.prompt_logprobs.extend(entries)
         for s in out.sampled:
             req = s.request
@@ -294,7 +329,7 @@ class LLMEngine:
             text, reason, stop_reason = proc.append(s.token_id, s.top)
             finished = reason is not None
             if finished:
-                self.scheduler.finish(req, reason, stop_reason)
+                self.schedulers[req.dp_rank].finish(req, reason, stop_reason)
                 req.finished_time = now
                 self.outputs.pop(req.request_id)
             deltas.append(proc.delta([s.token_id], text, finished, [s.top] if s.top is not None else None))
@@ -310,17 +345,39 @@ class LLMEngine:
 
     # --- introspection ----------------------------------------------------------------------------------
     def stats(self) -> dict[str, object]:
-        kv = self.kv
+        """Engine counters; under DEP the sums over the data-parallel ranks, and each rank's own in `dp_ranks`."""
+        per = [self._rank_stats(s) for s in self.schedulers]
+        if self.dp == 1:
+            return per[0]
+        total: dict[str, object] = {}
+        for k, v in per[0].items():
+            if isinstance(v, dict):
+                merged: dict = {}
+                for p in per:
+                    for kk, vv in p[k].items():  # type: ignore[union-attr]
+                        merged[kk] = merged.get(kk, 0) + vv
+                total[k] = merged
+            else:
+                total[k] = sum(p[k] for p in per)  # type: ignore[misc]
+        total["kv_usage"] = total["blocks_used"] / total["blocks_total"]  # type: ignore[operator]
+        total["dp_ranks"] = [{k: p[k] for k in ("running", "waiting", "blocks_used", "kv_usage", "prefix_hits",
+                                                "preemptions")} for p in per]
+        total["dp_routed_by_prefix"] = self.router.by_prefix
+        total["dp_routed_by_load"] = self.router.by_load
+        return total
+
+    def _rank_stats(self, sched: Scheduler) -> dict[str, object]:
+        kv = sched.kv
         used = kv.pool.num_blocks - kv.pool.num_free
         return {
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "preemptions": self.scheduler.num_preemptions,
+            "running": len(sched.running),
+            "waiting": len(sched.waiting),
+            "preemptions": sched.num_preemptions,
             "blocks_total": kv.pool.num_blocks,
             "blocks_used": used,
             "blocks_cached": kv.pool.num_cached,
             "kv_usage": used / kv.pool.num_blocks,
-            "kv_bytes_by_kind": self.kv_bytes_by_kind(used),
+            "kv_bytes_by_kind": self.kv_bytes_by_kind(used, len(sched.running)),
             "prefix_hits": kv.stats.hits,
             "prefix_misses": kv.stats.misses,
             "prefix_miss_reasons": dict(kv.stats.miss_reasons),
@@ -332,11 +389,11 @@ class LLMEngine:
             "evictions": kv.pool.evictions,
         }
 
-    def kv_bytes_by_kind(self, used_blocks: int) -> dict[str, int]:
+    def kv_bytes_by_kind(self, used_blocks: int, running: int | None = None) -> dict[str, int]:
         B = self.cfg.block_size
         comp = sum((B // lc.ratio) * lc.compressed.record_bytes for lc in self.spec.layers if lc.compressed)
         idx = sum((B // lc.ratio) * lc.index_keys.record_bytes for lc in self.spec.layers if lc.index_keys)
-        running = len(self.scheduler.running)
+        running = len(self.scheduler.running) if running is None else running
         return {"compressed": used_blocks * comp, "index_keys": used_blocks * idx,
                 "window": running * self.spec.window_bytes_per_seq(),
                 "compressor_state": running * self.spec.state_bytes_per_seq()}
@@ -344,5 +401,5 @@ class LLMEngine:
     def abort_all(self, reason: FinishReason = FinishReason.ABORT) -> None:
         for req in list(self.requests.values()):
             if not req.is_finished:
-                self.scheduler.finish(req, reason)
+                self.schedulers[req.dp_rank].finish(req, reason)
                 self._ended.append(req)

@@ -54,6 +54,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens not recomputed (reported as usage cached_tokens)
     checkpoint_hash: bytes | None = None  # this request's latest window checkpoint
     num_preemptions: int = 0
+    dp_rank: int = 0  # DEP: the data-parallel rank whose scheduler, KV cache and attention serve this request
     # --- structured output (engine/guided_admission.py) ----------------------------------------------
     pending_grammar: Future[Any] | None = None  # compiling: the scheduler does not admit the request yet
     guide: Guide | None = None  # the grammar matcher, once compiled

@@ -99,6 +99,47 @@ class ModelRunner:
             self.logits_tap(sched, logits, self._logits_from)
         return self._sample(sched, logits, masks)
 
+    @torch.inference_mode()
+    def execute_dp(self, scheds: list[SchedulerOutput], decoder_floors: list) -> RunnerOutput:
+        """DEP: one step of every data-parallel rank (scheds[r]: rank r's batch, possibly empty). Rank 0 builds every
+        rank's StepInput and hands the workers theirs; each rank runs its own rows (a rank without rows only joins
+        the MoE exchanges); the logits come back to rank 0, which samples all rows in rank order as one batch."""
+        from ..dist.parallel import dep_step
+        from ..models.v4.moe import dep_idle
+
+        steps: list[StepInput | None] = []
+        logits_from: list[int] = []
+        for sched, floor in zip(scheds, decoder_floors):
+            if sched.empty:
+                steps.append(None)
+                continue
+            steps.append(self.build(sched, floor))
+            logits_from += self._logits_from
+        merged = SchedulerOutput([row for sched in scheds for row in sched.rows], [],
+                                 sum(sched.num_tokens for sched in scheds))
+        self._logits_from = logits_from
+        masks = self._submit_masks(merged)
+        tokens = max(st.num_tokens for st in steps if st is not None)
+        rows = [0 if st is None else int(st.logits_index.numel()) for st in steps]
+        dtype = self.model.logits_dtype
+        self.apply_ops(scheds[0].slot_ops)
+        self.peers.step_dp([(sched.slot_ops, st) for sched, st in zip(scheds[1:], steps[1:])], tokens, max(rows),
+                           dtype)
+        own = None
+        with dep_step(tokens):
+            if steps[0] is None:
+                dep_idle(self.model, tokens)
+            else:
+                own = self.model(steps[0], self.pools).logits
+        if max(rows):
+            parts = self.peers.gather_logits(own, max(rows), self.vocab_size, dtype)
+            logits = torch.cat([part[:n] for part, n in zip(parts, rows)])
+        else:
+            logits = torch.empty(0, self.vocab_size, dtype=dtype, device=self.device)
+        if self.logits_tap is not None:
+            self.logits_tap(merged, logits, self._logits_from)
+        return self._sample(merged, logits, masks)
+
     def _submit_masks(self, sched: SchedulerOutput) -> Future[tuple[torch.Tensor, list[int]]] | None:
         """Start filling the token masks of this step's constrained rows (rows of the sampling batch)."""
         sampling = [row.request for row in sched.rows if row.sample]

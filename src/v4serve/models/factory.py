@@ -15,7 +15,7 @@ from ..ops import backend
 from ..presets import get_preset, is_preset
 from .loading import apply_numerics, load_checkpoint, load_random
 from .numerics import numerics_for
-from .sharding import rank_config
+from .sharding import Layout, check_layout, rank_config
 from .weights import ParallelRank
 
 
@@ -65,12 +65,14 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
     if tp.size > 1 and config.is_v41:
         raise NotImplementedError("tensor parallelism runs the V4 family for now; V4.1 (shared KV sources, Engram) "
                                   "runs at world size 1")
+    if tp.data_parallel:
+        check_layout(config, Layout(tp.size, tp.dp_size, tp.expert_parallel))
     nm = numerics_for(config, numerics)
     with torch.device(device), backend.use(backend.resolve(kernels, device)), parallel.use(tp):
         net = model_class(config)(rank_config(config, tp.size, tp.expert_parallel), nm, with_mtp=with_mtp,
                                   dtype=dtype)
-    ep = tp.size if tp.expert_parallel else 1  # EP: every rank owns a contiguous share of the experts
-    rank = ParallelRank(tp_rank=tp.rank, tp_size=tp.size, ep_rank=tp.rank if ep > 1 else 0, ep_size=ep)
+    # EP: every rank (of the TP group, or of the data-parallel ranks under DEP) owns a contiguous share of the experts
+    rank = ParallelRank(tp_rank=tp.rank, tp_size=tp.size, ep_rank=tp.ep_rank, ep_size=tp.ep_size)
     if folder is None:
         load_random(net, config, seed, storage, dtype, device, with_mtp, rank)
     else:

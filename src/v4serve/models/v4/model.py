@@ -73,6 +73,10 @@ class V4Model(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.compute_dtype
 
+    @property
+    def logits_dtype(self) -> torch.dtype:
+        return torch.float64 if self.compute_dtype == torch.float64 else torch.float32  # the head's accumulation
+
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return embed_lookup(self.embed.weight, ids, self.tp, self.compute_dtype)
 

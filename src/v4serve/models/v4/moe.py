@@ -10,6 +10,7 @@ from ...dist import parallel
 from ...ops import backend as kernels
 from ...ops import moe as moe_ops
 from ...ops.linear import Linear, logical_shape, scale_bytes, stored_format
+from ...ops.precision import acc_dtype
 from ...ops.router import route
 from ..numerics import Numerics
 from .modules import param
@@ -82,11 +83,12 @@ class MoE(nn.Module):
         self.hash_routed = layer < c.n_layers and c.is_hash_layer(layer)
         self.gate = Gate(c, self.n_experts, self.hash_routed)
         self.tp = tp = parallel.current()
-        # expert parallelism: this rank's contiguous range of whole experts; the shared expert is sliced over TP
-        # either way (without EP, rank_config already sliced every expert's width)
-        ep = tp.expert_parallel and tp.size > 1
-        local = self.n_experts // tp.size if ep else self.n_experts
-        self.experts = Experts(c, local, tp.rank * local if ep else 0)
+        # expert parallelism: this rank's contiguous range of whole experts, over the TP ranks or (DEP) the
+        # data-parallel ranks; the shared expert is sliced over TP either way (without EP, rank_config already
+        # sliced every expert's width)
+        ep = tp.ep_size > 1
+        local = self.n_experts // tp.ep_size if ep else self.n_experts
+        self.experts = Experts(c, local, tp.ep_rank * local if ep else 0)
         inter = c.moe_inter_dim // tp.size if ep else c.moe_inter_dim
         self.shared_experts = nn.Module()
         for w, (o, i) in {"w1": (inter, c.dim), "w2": (c.dim, inter), "w3": (inter, c.dim)}.items():
@@ -102,6 +104,15 @@ class MoE(nn.Module):
 
     def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert."""
+        if self.tp.data_parallel:
+            return self._combine_dep(x, weights, ids)
+        y = self._routed(x, weights, ids)
+        if self.config.n_shared_experts:
+            y = y + self._shared(x)
+        return self.tp.all_reduce(y).to(x.dtype)  # under TP each rank holds a slice of every expert's width
+
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """This rank's routed experts' share of the output ([T, D] at accumulation precision)."""
         c, nm = self.config, self.numerics
         ex = self.experts
         if ex.n != self.n_experts:  # EP: picks of other ranks' experts weigh zero here (their owners add them)
@@ -109,14 +120,63 @@ class MoE(nn.Module):
             mine = (local >= 0) & (local < ex.n)
             ids, weights = torch.where(mine, local, torch.zeros_like(local)), weights * mine
         act = c.weight_block if nm.act_quant and self.experts.quantized else 0
-        y = moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, act, nm.weight_before_w2,
-                                    self.backend)
-        if c.n_shared_experts:
-            se = self.shared_experts
-            sact = c.weight_block if nm.act_quant and se.w1.quantized else 0
-            y = y + moe_ops.dense_mlp(x, *(_stored(m) for m in (se.w1, se.w2, se.w3)),
-                                      c.swiglu_limit if self.shared_clamp else 0.0, sact, self.backend)
-        return self.tp.all_reduce(y).to(x.dtype)  # under TP each rank holds a slice of every expert's width
+        return moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, act,
+                                       nm.weight_before_w2, self.backend)
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+        c, nm = self.config, self.numerics
+        se = self.shared_experts
+        sact = c.weight_block if nm.act_quant and se.w1.quantized else 0
+        return moe_ops.dense_mlp(x, *(_stored(m) for m in (se.w1, se.w2, se.w3)),
+                                 c.swiglu_limit if self.shared_clamp else 0.0, sact, self.backend)
+
+    def _combine_dep(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """DEP: x holds this data-parallel rank's own tokens. Every rank's tokens and routings are all-gathered
+        (padded to the step's largest per-rank count), each rank runs its experts on all of them, and the partial
+        outputs go back to their tokens' rank summed (tp.scatter_sum); the shared expert runs on the own tokens."""
+        tp = self.tp
+        T = x.shape[0]
+        n = parallel.step_tokens()
+        if n is None:
+            n = tp.max_tokens(T, x.device)
+        if T > n:
+            raise RuntimeError(f"a DEP MoE got {T} tokens, more than the step's announced maximum {n}")
+        a = acc_dtype(x)
+        # routing packed in float64 (ids exact, float32/float64 weights exact); padding rows pick expert -1:
+        # no rank's, so they weigh zero everywhere
+        route = torch.full((n, 2 * self.topk), -1.0, dtype=torch.float64, device=x.device)
+        route[:T, :self.topk] = weights.to(torch.float64)
+        route[:T, self.topk:] = ids.to(torch.float64)
+        route[T:, :self.topk] = 0.0
+        xs = torch.zeros(n, x.shape[1], dtype=x.dtype, device=x.device)
+        xs[:T] = x
+        xs, route = tp.gather_tokens(xs), tp.gather_tokens(route)
+        y = tp.scatter_sum(self._routed(xs, route[:, :self.topk].to(a), route[:, self.topk:].to(torch.int64)))[:T]
+        if self.config.n_shared_experts and T:
+            y = y + self._shared(x)
+        return y.to(x.dtype)
+
+    def idle(self, dtype: torch.dtype) -> None:
+        """DEP: a rank without tokens this step still joins this layer's exchange (its experts serve the others)."""
+        dev = self.gate.weight.device
+        x = torch.empty(0, self.config.dim, dtype=dtype, device=dev)
+        self._combine_dep(x, torch.empty(0, self.topk, dtype=acc_dtype(x), device=dev),
+                          torch.empty(0, self.topk, dtype=torch.int64, device=dev))
+
+
+def dep_idle(model: nn.Module, tokens: int) -> None:
+    """A DEP rank with no requests in a step: every MoE layer's exchange, in forward order, with no tokens of its
+    own (`tokens`: the step's largest per-rank count, as the other ranks pad to it)."""
+    with parallel.dep_step(tokens):
+        idle_layers(model.layers, model.compute_dtype)
+
+
+def idle_layers(layers, dtype: torch.dtype) -> None:
+    """DEP: the MoE exchanges of `layers` that a forward skips on this rank (e.g. V4.1's decoder layers when the trim
+    leaves no token), so that the other ranks' exchanges still meet this rank's."""
+    for layer in layers:
+        if layer.ffn.tp.data_parallel:
+            layer.ffn.idle(dtype)
 
 
 def _stored(m: Linear) -> tuple[torch.Tensor, torch.Tensor | None, int]:

@@ -31,6 +31,7 @@ from ..numerics import Numerics
 from ..step import StepInput
 from ..v4.context import StepContext
 from ..v4.modules import Norm, param
+from ..v4.moe import idle_layers
 from .block import V41Block, identity_pre
 from .dspark import DraftOutput, DSpark, DSparkBlock
 from .engram import EngramTable
@@ -75,6 +76,10 @@ class V41Model(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.compute_dtype
+
+    @property
+    def logits_dtype(self) -> torch.dtype:
+        return torch.float32  # the head runs on float32 activations
 
     # --- Engram -------------------------------------------------------------------------------------
     def bind_tokenizer(self, source) -> None:
@@ -138,6 +143,7 @@ class V41Model(nn.Module):
                 if rows is not None:
                     rows, live = rows[kept], live[kept]
                 if sub.num_tokens == 0:
+                    idle_layers(self.layers[i:], self.compute_dtype)  # DEP: the other ranks' MoE exchanges
                     break
             if layer.engram is not None:
                 x = layer.engram(x, rows[:, layer.engram.index], live)
