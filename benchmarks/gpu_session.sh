@@ -51,6 +51,22 @@ if [[ $what == kernels ]]; then  # kernel tests at real shapes, then the microbe
     timeout 150 python3 benchmarks/kernels/$k.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/$k.log" | tail -40
   done
 fi
+if [[ $what == step ]]; then  # the step's fused seams: their tests at real shapes, the CUDA tests, microbenchmarks,
+  # then the step profile at batch 1 and 32
+  timeout 150 python3 -m pytest tests/ops/test_compressor.py tests/ops/test_finish.py tests/ops/test_norm.py -q -p no:cacheprovider \
+    -o addopts="" 2>&1 | tee "$OUT/seam_tests.log" | grep -E "passed|failed|Error|assert" | tail -15
+  rc=${PIPESTATUS[0]}
+  timeout 240 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -s 2>&1 | tee "$OUT/gpu_tests.log" \
+    | grep -E "agreement|passed|failed|Error" | tail -20
+  for k in compressor finish; do
+    timeout 60 python3 benchmarks/kernels/$k.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/$k.log" | tail -16
+  done
+  for b in 1 32; do
+    timeout 75 python3 benchmarks/profile_step.py "${1:-v4-flash-l8-e16}" --batch $b --context 2048 --steps 2 \
+      --prefill 0 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT \
+      | tee "$OUT/profile-b$b.log" | tail -18
+  done
+fi
 if [[ $what == tp ]]; then  # tensor parallelism over NCCL (needs the nvidia-h200-x2 kind or larger)
   timeout 300 python3 -m pytest tests/dist -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/tp.log" | tail -15
   rc=${PIPESTATUS[0]}

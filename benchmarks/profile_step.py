@@ -122,6 +122,7 @@ def main() -> int:
     ap.add_argument("--prefill", type=int, default=8192, help="tokens of the profiled prefill chunk (0: none)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--kernels", default="auto")
+    ap.add_argument("--kv-cache-dtype", default="auto", help="auto | bf16 | fp8 | fp4 (the engine flag)")
     ap.add_argument("--kv-cache-memory", type=int, default=16 << 30)
     ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="also time graphed decode steps (a second engine)")
@@ -143,7 +144,8 @@ def main() -> int:
         return LLMEngine(args.model, EngineConfig(
             device=str(dev), max_num_seqs=max(args.batch, 1), max_model_len=mml, kv_cache_memory=args.kv_cache_memory,
             max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk, enforce_eager=eager,
-            cuda_graph_sizes=(args.batch,), enable_prefix_caching=False, kernels=args.kernels))
+            cuda_graph_sizes=(args.batch,), enable_prefix_caching=False, kernels=args.kernels,
+            kv_cache_dtype=args.kv_cache_dtype))
 
     g = torch.Generator().manual_seed(0)
     results: dict = {"model": args.model, "batch": args.batch, "context": args.context, "ceilings": ceil,

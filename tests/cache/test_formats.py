@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from v4serve.cache.formats import Codec, compressed_codec, index_codec, window_codec
-from v4serve.models.v4.attention import simulate
+from v4serve.ops.finish import simulate
 from v4serve.ops import quant
 from v4serve.ops.hadamard import hadamard_rotate
 

@@ -84,16 +84,26 @@ def test_chunked_prefill_on_cuda() -> None:
 
 def test_fast_path_model_matches_reference_model() -> None:
     """The whole tiny model on the Triton kernels (the default on CUDA) against the same model on the reference
-    bodies, bf16 on the GPU: logits close (the FP8 / FP4 formats are the same values; only accumulation order and
-    bf16 rounding of intermediate results differ, which the discontinuous simulations and top-k can amplify)."""
+    bodies, both measured against the exact answer (the reference bodies in float64). The FP8 / FP4 formats are the
+    same values; only accumulation order and the rounding of intermediate results differ, which the discontinuous
+    simulations and the top-k amplify in these tiny random models: the reference bodies themselves agree with float64
+    on only 67% (V4) / 33% (V4.1) of the argmaxes in bf16 (test_bf16_cuda_within_documented_tolerance). So the fast
+    path must be as close to the exact answer as the reference bodies are at the same precision (within 0.1 of
+    their argmax agreement), in float32 and in bf16; a wrong kernel falls to near-zero agreement."""
     toks = _tokens(120, 4)
     for name in PRESETS:
-        fast = _logits(name, "cuda", torch.bfloat16, toks, kernels="triton")
-        ref = _logits(name, "cuda", torch.bfloat16, toks, kernels="reference")
-        agree = float((fast.argmax(-1) == ref.argmax(-1)).float().mean())
-        print(f"\n[{name}] Triton vs reference bodies, bf16: argmax agreement {agree:.3f}, "
-              f"max rel err {rel_err(fast, ref):.3g}")
-        assert agree >= 0.6, (name, agree)
+        exact = _logits(name, "cuda", torch.float64, toks, kernels="reference")
+        for dtype in (torch.float32, torch.bfloat16):
+            fast = _logits(name, "cuda", dtype, toks, kernels="triton")
+            ref = _logits(name, "cuda", dtype, toks, kernels="reference")
+
+            def agree(a: torch.Tensor, b: torch.Tensor) -> float:
+                return float((a.argmax(-1) == b.argmax(-1)).float().mean())
+
+            a_fast, a_ref = agree(fast, exact), agree(ref, exact)
+            print(f"\n[{name}] {dtype}: argmax agreement with float64 - Triton {a_fast:.3f}, reference bodies "
+                  f"{a_ref:.3f}; with each other {agree(fast, ref):.3f}, max rel err {rel_err(fast, ref):.3g}")
+            assert a_fast >= a_ref - 0.1, (name, dtype, a_fast, a_ref)
 
 
 @pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])

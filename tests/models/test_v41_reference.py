@@ -16,7 +16,7 @@ from v4serve.cache.pool import KVPools
 from v4serve.cache.spec import make_cache_spec
 from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
-from v4serve.models.v4.attention import simulate
+from v4serve.ops.finish import simulate
 from v4serve.ops import quant
 from v4serve.ops.attention import sparse_attention
 from v4serve.ops.indexer import ordered_keys

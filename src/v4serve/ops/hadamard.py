@@ -6,17 +6,22 @@ from functools import lru_cache
 
 import torch
 
+from .precision import acc_dtype
+
 
 @lru_cache(maxsize=16)
-def hadamard_matrix(n: int, device: torch.device = torch.device("cpu")) -> torch.Tensor:
+def hadamard_matrix(n: int, device: torch.device = torch.device("cpu"),
+                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if n & (n - 1):
         raise ValueError(f"Hadamard size must be a power of two, got {n}")
-    h = torch.ones(1, 1)
+    h = torch.ones(1, 1, dtype=dtype)
     while h.shape[0] < n:
         h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
     return (h * n**-0.5).to(device)
 
 
 def hadamard_rotate(x: torch.Tensor) -> torch.Tensor:
-    h = hadamard_matrix(x.shape[-1], x.device)
-    return (x.float() @ h).to(x.dtype)  # symmetric, so x @ H == H x per row
+    """x @ H over the last dim in the accumulation dtype (float32; float64 for float64 x), returned in x's dtype."""
+    acc = acc_dtype(x)
+    h = hadamard_matrix(x.shape[-1], x.device, acc)
+    return (x.to(acc) @ h).to(x.dtype)  # symmetric, so x @ H == H x per row

@@ -9,64 +9,31 @@ from torch import nn
 
 from ...config import ModelConfig
 from ...ops import compressor as comp
-from ...ops import quant
 from ...dist import parallel
 from ...ops import backend
 from ...ops.attention import attend
-from ...ops.hadamard import hadamard_rotate
+from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear
-from ...ops.norm import rms_norm
-from ...ops.precision import acc_dtype, wide
+from ...ops.precision import wide
 from ...ops.profiling import family
-from ...ops.rope import apply_rope
 from ..numerics import Numerics
 from .context import StepContext
 from .modules import CompressorParams, Norm, param
 
 
-def simulate(x: torch.Tensor, fmt: str | None, rope_dim: int) -> torch.Tensor:
-    """The reference's quant-dequant of cached rows (V4: FP8 on the nope dims, per 64)."""
-    if fmt is None:
-        return x
-    if fmt == "v4_fp8":
-        # the rope dims stay BF16 (the reference's KV dtype, and what the 584-B record stores)
-        nope = x.shape[-1] - rope_dim
-        rope = x[..., nope:].to(torch.bfloat16).to(x.dtype)
-        return torch.cat([quant.fp8_simulate(x[..., :nope], 64), rope], dim=-1)
-    if fmt == "fp8_b32":
-        return quant.fp8_simulate(x, 32)
-    if fmt == "nvfp4":
-        return quant.fp4_simulate(x, 16, "e4m3")
-    raise ValueError(fmt)
-
-
 def run_compressor(p: CompressorParams, x: torch.Tensor, ctx: StepContext, layer: int, state, write_pool,
-                   finish) -> None:
-    """Project, pool completed groups, finish them (norm / RoPE / simulation) and store; update the state."""
+                   rotate: bool, fmt: str | None, rope_dim: int, backend: str) -> None:
+    """Project, pool the completed groups (carrying the partial group in `state`), finish them (norm, RoPE at the
+    group's first position, [Hadamard,] the format's simulation) and store them in their paged rows."""
     step = ctx.step
-    xf = x.to(acc_dtype(x))
+    xf = wide(x)
     kv = p.wkv(xf)
-    if p.wgate is not None:
-        score = p.wgate(xf)
-        if p.ape is not None:
-            score = score + p.ape[step.positions % p.ratio]
-    else:
-        score = torch.zeros_like(kv)
-    if p.ratio == 1 and p.wgate is None:  # V4.1 ratio-1 source: the entry is each position itself
-        groups = comp.Groups(step.token_row, step.positions, torch.ones_like(step.positions, dtype=torch.bool))
-        pooled = kv
-    else:
-        src = comp.PositionSource(step, p.ratio, p.overlap)
-        kv_src, score_src = src.table(state.kv, state.score, kv, score)
-        groups = comp.completed_groups(step, p.ratio)
-        pooled = comp.pool_entries(kv_src, score_src, src, groups, p.head_dim)
-        new_kv, new_score = comp.next_state(kv_src, score_src, src)
-        state.kv[step.row_slot] = new_kv
-        state.score[step.row_slot] = new_score
-    entries = finish(rms_norm(pooled.to(x.dtype), p.norm.weight, p.norm.eps), groups.entry * p.ratio)
-    write_pool.write(ctx.entry_write_rows(layer, groups.row, groups.entry, groups.valid), entries)
-
+    score = p.wgate(xf) if p.wgate is not None else torch.zeros_like(kv)
+    pooled, groups, rows = comp.pool_groups(kv, score, p.ape, step, state.kv, state.score, p.ratio, p.overlap,
+                                            p.head_dim, ctx.entry_dest(), x.dtype, backend)
+    cos, sin = ctx.entry_rope(groups.entry * p.ratio)
+    finish_rows(pooled, p.norm.weight, p.norm.eps, cos, sin, rotate, fmt, rope_dim, write_pool, rows, backend)
 
 
 def add_projections(m: nn.Module, c: ModelConfig) -> None:
@@ -106,25 +73,8 @@ class V4Attention(nn.Module):
         self.tp = parallel.current()
 
     # ------------------------------------------------------------------------------------------------
-    def _finish_entry(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        cos, sin = self._entry_rope(pos)
-        return simulate(apply_rope(rows, cos, sin), self.numerics.compressed_kv, self.config.rope_dim)
-
-    def _finish_index_key(self, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        cos, sin = self._entry_rope(pos)
-        return self._index_format(apply_rope(rows, cos, sin))
-
-    def _entry_rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from ...ops.rope import inv_freq, rope_cos_sin
-
-        return rope_cos_sin(pos, inv_freq(self.config, True, pos.device))
-
-    def _index_format(self, x: torch.Tensor) -> torch.Tensor:
-        if self.numerics.index_rotate:
-            x = hadamard_rotate(x)
-        if self.numerics.index_fp4:
-            x = quant.fp4_simulate(x, 32)
-        return x
+    def _index_fmt(self) -> str | None:
+        return "mxfp4" if self.numerics.index_fp4 else None
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         c, step, pools = self.config, ctx.step, ctx.pools
@@ -132,14 +82,15 @@ class V4Attention(nn.Module):
         cos, sin = ctx.rope(self.ratio > 0)
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).view(T, H, hd)  # normalised per head and rotated inside the attention
-        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
-        kv = simulate(kv, self.numerics.window_kv, c.rope_dim)
+        kv = finish_rows(self.wkv(x), self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
+                         c.rope_dim, backend=self.backend)
 
         entries = None
         if self.ratio:
             L = self.layer
             with family("compressor"):
-                run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], self._finish_entry)
+                run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], False,
+                               self.numerics.compressed_kv, c.rope_dim, self.backend)
             visible = ctx.visible(self.ratio)
             if self.indexer is None:  # HCA: every visible entry
                 entries = ctx.entry_refs(L)
@@ -150,7 +101,7 @@ class V4Attention(nn.Module):
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
                        self.backend)
-            ctx.write_window(self.layer, kv)
+            ctx.write_window(self.layer, kv, self.backend)
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
@@ -161,11 +112,11 @@ class V4Attention(nn.Module):
         ix = self.indexer
         with family("compressor"):
             run_compressor(ix.compressor, x, ctx, L, pools.index_state[L], pools.index_keys[L],
-                           self._finish_index_key)
+                           self.numerics.index_rotate, self._index_fmt(), 0, self.backend)
         T = step.num_tokens
         cos, sin = ctx.rope(True)
-        qi = ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim)
-        qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
+        qi = finish_rows(ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
+                         self.numerics.index_rotate, self._index_fmt(), 0, backend=self.backend)
         w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
         entries = ctx.index_entries(L, visible)
         return index_topk(qi, w, pools.index_keys[L], entries, c.index_topk, backend=self.backend)[0]

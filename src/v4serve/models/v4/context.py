@@ -11,6 +11,8 @@ import torch
 from ...cache.pool import KVPools
 from ...config import ModelConfig
 from ...ops.attention import EntryRefs, WindowRefs
+from ...ops.compressor import Dest
+from ...ops.finish import finish_rows
 from ...ops.indexer import Entries
 from ...ops.rope import inv_freq, rope_cos_sin
 from ..step import StepInput
@@ -52,8 +54,8 @@ class StepContext:
         """The window addressing the attention entry point reads (ops.attention.attend)."""
         return WindowRefs(self.pools.window[layer], self.win_src, self.win_valid, self.ring_rows)
 
-    def write_window(self, layer: int, kv: torch.Tensor) -> None:
-        self.pools.window[layer].write(self.win_write, kv)
+    def write_window(self, layer: int, kv: torch.Tensor, backend: str) -> None:
+        finish_rows(kv, None, 0.0, None, None, False, None, 0, self.pools.window[layer], self.win_write, backend)
 
     # --- compressed entries -----------------------------------------------------------------------
     def max_entries(self, ratio: int) -> int:
@@ -74,15 +76,10 @@ class StepContext:
         where = self.index_entries(source, self.visible(self.pools.ratio[source]))
         return EntryRefs(self.pools.compressed[source], where, picks)
 
-    def entry_write_rows(self, source: int, groups_row: torch.Tensor, entry: torch.Tensor,
-                         valid: torch.Tensor) -> torch.Tensor:
-        """Where newly pooled entries go: their paged row, or the trash block when padded or already cached."""
-        ratio = self.pools.ratio[source]
-        st = self.step
-        cached = (entry + 1) * ratio <= st.cached_len[groups_row]
-        bt = st.block_table
-        col = (entry * ratio // self.pools.block_size).clamp(0, bt.shape[1] - 1)
-        block = bt[groups_row, col]
-        ok = valid & ~cached & (block >= 0)
-        block = torch.where(ok, block, torch.full_like(block, self.pools.num_blocks))
-        return self.pools.entry_rows(source, block, entry.clamp(min=0))
+    def entry_dest(self) -> Dest:
+        """Where the compressors store completed entries (ops.compressor.pool_groups)."""
+        return Dest(self.pools.block_size, self.pools.num_blocks)
+
+    def entry_rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin at compressed entries' positions (their group's first position)."""
+        return rope_cos_sin(positions, inv_freq(self.config, True, self.step.device))

@@ -16,17 +16,16 @@ from torch import nn
 
 from ...config import ModelConfig
 from ...ops import compressor as comp
-from ...ops import quant
 from ...ops import backend
 from ...ops.attention import EntryRefs, attend
+from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear
-from ...ops.norm import rms_norm
 from ...ops.precision import wide
 from ...ops.profiling import family
-from ...ops.rope import apply_rope, inv_freq, rope_cos_sin
+from ...ops.rope import apply_rope
 from ..numerics import Numerics
-from ..v4.attention import add_projections, simulate
+from ..v4.attention import add_projections
 from ..v4.context import StepContext
 from ..v4.modules import CompressorParams, Norm
 from .indexer import Selection
@@ -72,8 +71,9 @@ class V41Attention(nn.Module):
         return apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1)), qr
 
     def window_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        kv = apply_rope(self.kv_norm(self.wkv(x)), cos, sin)
-        return simulate(kv, self.numerics.window_kv, self.config.rope_dim)
+        c = self.config
+        return finish_rows(self.wkv(x), self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
+                           c.rope_dim, backend=self.backend)
 
     def project_output(self, o: torch.Tensor) -> torch.Tensor:
         """The grouped output projection of attention outputs already rotated back."""
@@ -101,7 +101,7 @@ class V41Attention(nn.Module):
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
                        ctx.window_refs(self.layer), entries, self.backend)
-            ctx.write_window(self.layer, kv)
+            ctx.write_window(self.layer, kv, self.backend)
         return self.project_output(o)
 
     def entries(self, ctx: StepContext, sel: Selection) -> EntryRefs:
@@ -110,38 +110,35 @@ class V41Attention(nn.Module):
 
     def compress(self, x: torch.Tensor, ctx: StepContext) -> None:
         """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""
-        p, step, pools, L = self.compressor, ctx.step, ctx.pools, self.layer
+        p, step, pools, L, c = self.compressor, ctx.step, ctx.pools, self.layer, self.config
         xf = wide(x)
         kv = p.wkv(xf)
         if p.wgate is None:  # ratio 1: every position is its own entry
             groups = comp.Groups(step.token_row, step.positions, torch.ones_like(step.positions, dtype=torch.bool))
-            pooled = kv
+            pooled = kv.to(x.dtype)
+            rows = comp.dest_rows(step, groups, 1, ctx.entry_dest())
         else:
             state = pools.state[L]
-            src = comp.PositionSource(step, p.ratio, overlap=False)
-            kv_src, score_src = src.table(state.kv, state.score, kv, p.wgate(xf))
-            groups = comp.completed_groups(step, p.ratio)
-            pooled = comp.pool_entries(kv_src, score_src, src, groups, p.head_dim)
-            state.kv[step.row_slot], state.score[step.row_slot] = comp.next_state(kv_src, score_src, src)
-        latent = rms_norm(pooled.to(x.dtype), p.norm.weight, p.norm.eps)
-        cos, sin = rope_cos_sin(groups.entry * p.ratio, inv_freq(self.config, True, x.device))
-        rows = ctx.entry_write_rows(L, groups.row, groups.entry, groups.valid)
-        entries = simulate(apply_rope(latent, cos, sin), self.numerics.compressed_kv, self.config.rope_dim)
-        pools.compressed[L].write(rows, entries)
+            pooled, groups, rows = comp.pool_groups(kv, p.wgate(xf), None, step, state.kv, state.score, p.ratio,
+                                                    False, p.head_dim, ctx.entry_dest(), x.dtype, self.backend)
+        latent = finish_rows(pooled, p.norm.weight, p.norm.eps, None, None, False, None, 0, backend=self.backend)
+        cos, sin = ctx.entry_rope(groups.entry * p.ratio)
+        finish_rows(latent, None, 0.0, cos, sin, False, self.numerics.compressed_kv, c.rope_dim, pools.compressed[L],
+                    rows, self.backend)
         ix = self.indexer
-        keys = apply_rope(ix.k_norm(ix.wk(wide(latent)).to(x.dtype)), cos, sin)
-        pools.index_keys[L].write(rows, self._index_format(keys))
+        finish_rows(ix.wk(wide(latent)).to(x.dtype), ix.k_norm.weight, ix.k_norm.eps, cos, sin, False,
+                    self._index_fmt(), 0, pools.index_keys[L], rows, self.backend)
 
-    def _index_format(self, x: torch.Tensor) -> torch.Tensor:
-        return quant.fp4_simulate(x, 32) if self.numerics.index_fp4 else x
+    def _index_fmt(self) -> str | None:
+        return "mxfp4" if self.numerics.index_fp4 else None
 
     def select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, sel: Selection) -> None:
         """Score the KV source's index keys, (publish candidate blocks,) keep the top-k (ops.indexer.index_topk)."""
         c, step = self.config, ctx.step
         ix = self.indexer
         cos, sin = ctx.rope(True)
-        qi = ix.wq_b(qr).view(step.num_tokens, c.index_n_heads, c.index_head_dim)
-        qi = self._index_format(apply_rope(qi, cos.unsqueeze(1), sin.unsqueeze(1)))
+        qi = finish_rows(ix.wq_b(qr).view(step.num_tokens, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
+                         False, self._index_fmt(), 0, backend=self.backend)
         w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
         if self.uses_candidates and sel.blocks is None:
             raise RuntimeError(f"layer {self.layer} masks to candidate blocks, but layer "

@@ -98,7 +98,7 @@ class DSpark:
         main_x = first.main_norm(first.main_proj(taps.to(self.dtype)))
         cos, sin = ctx.rope(False)
         for j, stage in enumerate(self.stages):
-            ctx.write_window(self.cache_layer(j), stage.attn.window_kv(main_x, cos, sin))
+            ctx.write_window(self.cache_layer(j), stage.attn.window_kv(main_x, cos, sin), self.backend)
 
     @torch.no_grad()
     def draft(self, embed: torch.Tensor, head: torch.Tensor, pools: KVPools, anchor_ids: torch.Tensor,
