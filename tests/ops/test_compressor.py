@@ -2,7 +2,7 @@
 
 Each case is a step of several rows at arbitrary positions (partial groups carried in from the state, rows that
 complete no group, several groups, an empty row), random state and projections, APE or none, a paged block table
-with holes and a cached prefix: the kernel must give the reference's pooled entries, groups, pool rows and next state
+with holes and a cached prefix: the kernel must give the reference's pooled entries and next state
 (float64 under the interpreter to 1e-12; on the GPU, V4's real widths in float32).
 """
 
@@ -39,6 +39,7 @@ def _step(starts: list[int], lens: list[int], slots: list[int], g: torch.Generat
 
     return SimpleNamespace(
         row_start=t(starts), row_len=t(lens), row_offset=t(offs), row_slot=t(slots), positions=t(positions),
+        token_row=t(torch.repeat_interleave(torch.arange(R), torch.tensor(lens))),
         block_table=t(table), cached_len=t([min(s, 2 * BLOCK) if i % 2 else 0 for i, s in enumerate(starts)]),
         num_tokens=int(sum(lens)), num_rows=R, n_blocks=R * n_blocks + 3)
 
@@ -72,18 +73,17 @@ def test_pool_groups_kernel_matches_reference(case: str, ape: bool) -> None:
     state_kv, state_sc = rnd(5, C * ratio, W), rnd(5, C * ratio, W)
     state_sc[4, 1] = float("-inf")  # empty slots as the state pool keeps them
     dest = comp.Dest(BLOCK, step.n_blocks)
+    groups = comp.completed_groups(step, ratio)
     ref_kv, ref_sc = state_kv.clone(), state_sc.clone()
-    want, wg, wrows = comp.pool_groups_reference(kv, score, ape_t, step, ref_kv, ref_sc, ratio, overlap, hd, dest,
-                                                 DTYPE)
-    got, gg, grows = kernel.pool_groups(kv, score, ape_t, step, state_kv, state_sc, ratio, overlap, hd, dest, DTYPE)
-    assert torch.equal(gg.valid.cpu(), wg.valid.cpu())
-    assert torch.equal(gg.row.cpu(), wg.row.cpu()) and torch.equal(gg.entry.cpu(), wg.entry.cpu())
-    assert torch.equal(grows.cpu(), wrows.cpu())
-    assert int(wg.valid.sum()) > 0
-    v = wg.valid  # padded groups' values are unspecified: their rows are the trash block's
+    want = comp.pool_groups_reference(kv, score, ape_t, step, groups, ref_kv, ref_sc, ratio, overlap, hd, DTYPE)
+    got = kernel.pool_groups(kv, score, ape_t, step, groups, state_kv, state_sc, ratio, overlap, hd, DTYPE)
+    v = groups.valid  # padded groups' values are unspecified: their rows are the trash block's
+    assert int(v.sum()) > 0 and bool((~v).any())
+    assert (comp.dest_rows(step, groups, ratio, dest)[~v] >= dest.num_blocks * (BLOCK // ratio)).all()
     assert torch.allclose(got[v], want[v], rtol=TOL, atol=TOL)
-    assert (grows[~v] >= dest.num_blocks * (BLOCK // ratio)).all()
-    assert torch.allclose(state_kv, ref_kv, rtol=TOL, atol=TOL)
-    assert torch.equal(torch.isinf(state_sc), torch.isinf(ref_sc))
+    # the state of every real slot (the trash slot, 4, takes many writes at once: any of them may stay there)
+    got_kv, got_sc, ref_kv, ref_sc = state_kv[:4], state_sc[:4], ref_kv[:4], ref_sc[:4]
+    assert torch.allclose(got_kv, ref_kv, rtol=TOL, atol=TOL)
+    assert torch.equal(torch.isinf(got_sc), torch.isinf(ref_sc))
     fin = torch.isfinite(ref_sc)
-    assert torch.allclose(state_sc[fin], ref_sc[fin], rtol=TOL, atol=TOL)
+    assert torch.allclose(got_sc[fin], ref_sc[fin], rtol=TOL, atol=TOL)

@@ -7,8 +7,13 @@ slots). Positions before this step's rows come from the per-request state: the c
 with overlap, the previous complete group. All shapes are static given (T, R): groups are padded to
 `T // m + R` and the padding writes nowhere (it is routed to the trash row).
 
+The state is indexed by position: position p keeps (kv, score) at `state_index(p)` (p mod m, and with overlap the
+group's parity picks one of two halves), so a step writes only its own tokens' positions, never shifting the
+partial group; which positions are live follows from the row's start (those in the last one or two groups before
+it), so stale slots are never read.
+
 `pool_groups` is the entry point: the plain-torch reference composes the pieces below; the Triton body
-(ops/kernels/compressor.py) pools every group and builds every row's next state in one launch.
+(ops/kernels/compressor.py) pools every group in one launch and writes the new positions in a second.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class StepRows(Protocol):
     row_offset: torch.Tensor  # [R] flat index of the row's first token
     row_slot: torch.Tensor  # [R] state slot of each row
     positions: torch.Tensor  # [T]
+    token_row: torch.Tensor  # [T] the row of each token
     block_table: torch.Tensor  # [R, max_blocks] physical block of each logical block (-1 unused)
     cached_len: torch.Tensor  # [R] entries of groups ending at or before this position are already cached
 
@@ -72,6 +78,13 @@ def completed_groups(step: StepRows, ratio: int) -> Groups:
     return Groups(row, entry, valid)
 
 
+def state_index(pos: torch.Tensor, m: int, overlap: bool) -> torch.Tensor:
+    """Where position pos lives in its row's state ([2m] with overlap: the group's parity picks the half)."""
+    if overlap:
+        return torch.remainder(torch.div(pos, m, rounding_mode="floor"), 2) * m + torch.remainder(pos, m)
+    return torch.remainder(pos, m)
+
+
 class PositionSource:
     """Maps (row, position) to a row of [state rows of the step's requests | fresh tokens | sentinel]."""
 
@@ -85,18 +98,13 @@ class PositionSource:
         st = self.step
         m = self.m
         s = st.row_start[row]
-        cur0 = torch.div(s, m, rounding_mode="floor") * m
+        live_from = torch.div(s, m, rounding_mode="floor") * m - (m if self.overlap else 0)
         base = row * self.per_row
-        cur_off = m if self.overlap else 0
         idx = torch.full_like(pos, self.sentinel)
         fresh = (pos >= s) & (pos < s + st.row_len[row])
         idx = torch.where(fresh, self.n_state + st.row_offset[row] + (pos - s), idx)
-        in_cur = (pos < s) & (pos >= cur0)
-        idx = torch.where(in_cur, base + cur_off + pos % m, idx)
-        if self.overlap:
-            in_prev = (pos < cur0) & (pos >= cur0 - m) & (pos >= 0)
-            idx = torch.where(in_prev, base + pos % m, idx)
-        return idx
+        in_state = (pos < s) & (pos >= live_from) & (pos >= 0)
+        return torch.where(in_state, base + state_index(pos.clamp(min=0), m, self.overlap), idx)
 
     def table(self, state_kv: torch.Tensor, state_score: torch.Tensor, kv: torch.Tensor, score: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,23 +137,19 @@ def pool_entries(kv_src: torch.Tensor, score_src: torch.Tensor, src: PositionSou
     return torch.nan_to_num(out, nan=0.0)  # padded groups (all slots empty) pool to 0, never NaN
 
 
-def next_state(kv_src: torch.Tensor, score_src: torch.Tensor, src: PositionSource
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The state after this step, per row: [R, slots, width] (partial group; with overlap, the last group first)."""
-    st, m = src.step, src.m
-    e = st.row_start + st.row_len
-    cur0 = torch.div(e, m, rounding_mode="floor") * m
-    i = torch.arange(m, device=e.device)
-    rows = torch.arange(st.num_rows, device=e.device).unsqueeze(1).expand(-1, m)
-    cur_pos = cur0.unsqueeze(1) + i
-    cur = src.index(rows, cur_pos)
-    cur = torch.where(cur_pos < e.unsqueeze(1), cur, torch.full_like(cur, src.sentinel))
-    parts = [cur]
-    if src.overlap:
-        prev_pos = cur_pos - m
-        parts.insert(0, torch.where(prev_pos >= 0, src.index(rows, prev_pos), torch.full_like(cur, src.sentinel)))
-    idx = torch.cat(parts, dim=1)
-    return kv_src[idx], score_src[idx]
+def write_state(kv: torch.Tensor, score: torch.Tensor, step: StepRows, state_kv: torch.Tensor,
+                state_score: torch.Tensor, ratio: int, overlap: bool) -> None:
+    """Store this step's positions that the next steps read: those from the start of the row's last group (with
+    overlap, the one before it as well) to its end. The others go to the trash slot (the state's last row)."""
+    m = ratio
+    row_end = (step.row_start + step.row_len)[step.token_row]
+    keep_from = torch.div(row_end, m, rounding_mode="floor") * m - (m if overlap else 0)
+    pos = step.positions
+    slot = torch.where(pos >= keep_from, step.row_slot[step.token_row],
+                       torch.full_like(pos, state_kv.shape[0] - 1))
+    idx = state_index(pos, m, overlap)
+    state_kv[slot, idx] = kv.to(state_kv.dtype)
+    state_score[slot, idx] = score.to(state_score.dtype)
 
 
 def dest_rows(step: StepRows, groups: Groups, ratio: int, dest: Dest) -> torch.Tensor:
@@ -161,38 +165,34 @@ def dest_rows(step: StepRows, groups: Groups, ratio: int, dest: Dest) -> torch.T
 
 
 def pool_groups_reference(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor | None, step: StepRows,
-                          state_kv: torch.Tensor, state_score: torch.Tensor, ratio: int, overlap: bool,
-                          head_dim: int, dest: Dest, out_dtype: torch.dtype
-                          ) -> tuple[torch.Tensor, Groups, torch.Tensor]:
+                          groups: Groups, state_kv: torch.Tensor, state_score: torch.Tensor, ratio: int,
+                          overlap: bool, head_dim: int, out_dtype: torch.dtype) -> torch.Tensor:
     if ape is not None:
         score = score + ape[step.positions % ratio]
     src = PositionSource(step, ratio, overlap)
     kv_src, score_src = src.table(state_kv, state_score, kv, score)
-    groups = completed_groups(step, ratio)
     pooled = pool_entries(kv_src, score_src, src, groups, head_dim)
-    new_kv, new_score = next_state(kv_src, score_src, src)
-    state_kv[step.row_slot] = new_kv.to(state_kv.dtype)
-    state_score[step.row_slot] = new_score.to(state_score.dtype)
-    return pooled.to(out_dtype), groups, dest_rows(step, groups, ratio, dest)
+    write_state(kv, score, step, state_kv, state_score, ratio, overlap)
+    return pooled.to(out_dtype)
 
 
-def pool_groups(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor | None, step: StepRows,
+def pool_groups(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor | None, step: StepRows, groups: Groups,
                 state_kv: torch.Tensor, state_score: torch.Tensor, ratio: int, overlap: bool, head_dim: int,
-                dest: Dest, out_dtype: torch.dtype, backend: str = REFERENCE
-                ) -> tuple[torch.Tensor, Groups, torch.Tensor]:
+                out_dtype: torch.dtype, backend: str = REFERENCE) -> torch.Tensor:
     """Pool every group completed in this step and carry each row's partial group in the state.
 
     kv, score [T, C * head_dim] (C = 2 with overlap) are this step's projections (score before the APE bias `ape`
-    [ratio, C * head_dim], added here); state_kv / state_score [slots + 1, C * ratio, C * head_dim] are read for the
-    positions before this step and then replaced, at each row's slot, by the row's next state. Returns the pooled
-    (pre-norm) entries [T // ratio + R, head_dim] in out_dtype, their groups, and the pool row of each (`dest`);
-    the values of padded groups (not `valid`) are unspecified, and their rows are the trash block's.
+    [ratio, C * head_dim], added here); `groups` = completed_groups(step, ratio) (the same for every layer of a
+    ratio, so the caller computes it once per step); state_kv / state_score [slots + 1, C * ratio, C * head_dim] are
+    read for the positions before this step and then replaced, at each row's slot, by the row's next state. Returns
+    the pooled (pre-norm) entries [len(groups), head_dim] in out_dtype; padded groups' values are unspecified (their
+    rows, dest_rows, are the trash block's).
     """
     if backend == TRITON:
         from .kernels import compressor as kernel
 
         if kernel.supports(kv, state_kv):
-            return kernel.pool_groups(kv, score, ape, step, state_kv, state_score, ratio, overlap, head_dim, dest,
+            return kernel.pool_groups(kv, score, ape, step, groups, state_kv, state_score, ratio, overlap, head_dim,
                                       out_dtype)
-    return pool_groups_reference(kv, score, ape, step, state_kv, state_score, ratio, overlap, head_dim, dest,
+    return pool_groups_reference(kv, score, ape, step, groups, state_kv, state_score, ratio, overlap, head_dim,
                                  out_dtype)

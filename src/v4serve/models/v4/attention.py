@@ -30,10 +30,11 @@ def run_compressor(p: CompressorParams, x: torch.Tensor, ctx: StepContext, layer
     xf = wide(x)
     kv = p.wkv(xf)
     score = p.wgate(xf) if p.wgate is not None else torch.zeros_like(kv)
-    pooled, groups, rows = comp.pool_groups(kv, score, p.ape, step, state.kv, state.score, p.ratio, p.overlap,
-                                            p.head_dim, ctx.entry_dest(), x.dtype, backend)
-    cos, sin = ctx.entry_rope(groups.entry * p.ratio)
-    finish_rows(pooled, p.norm.weight, p.norm.eps, cos, sin, rotate, fmt, rope_dim, write_pool, rows, backend)
+    plan = ctx.compression(p.ratio)
+    pooled = comp.pool_groups(kv, score, p.ape, step, plan.groups, state.kv, state.score, p.ratio, p.overlap,
+                              p.head_dim, x.dtype, backend)
+    finish_rows(pooled, p.norm.weight, p.norm.eps, plan.cos, plan.sin, rotate, fmt, rope_dim, write_pool, plan.rows,
+                backend)
 
 
 def add_projections(m: nn.Module, c: ModelConfig) -> None:

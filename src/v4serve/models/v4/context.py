@@ -6,16 +6,29 @@ shapes only, so a decode step can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ...cache.pool import KVPools
 from ...config import ModelConfig
 from ...ops.attention import EntryRefs, WindowRefs
-from ...ops.compressor import Dest
+from ...ops.compressor import Dest, Groups, completed_groups, dest_rows
 from ...ops.finish import finish_rows
 from ...ops.indexer import Entries
 from ...ops.rope import inv_freq, rope_cos_sin
 from ..step import StepInput
+
+
+@dataclass
+class Compression:
+    """A step's compressed entries of one ratio: the completed groups (padded), their pool rows, cos/sin at their
+    first positions."""
+
+    groups: Groups
+    rows: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
 
 
 class StepContext:
@@ -23,6 +36,7 @@ class StepContext:
         self.step, self.config, self.pools = step, config, pools
         dev = step.device
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._compression: dict[int, Compression] = {}
         W = config.window_size
         R = step.num_rows
         pos, row = step.positions, step.token_row
@@ -76,10 +90,16 @@ class StepContext:
         where = self.index_entries(source, self.visible(self.pools.ratio[source]))
         return EntryRefs(self.pools.compressed[source], where, picks)
 
-    def entry_dest(self) -> Dest:
-        """Where the compressors store completed entries (ops.compressor.pool_groups)."""
-        return Dest(self.pools.block_size, self.pools.num_blocks)
-
-    def entry_rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin at compressed entries' positions (their group's first position)."""
-        return rope_cos_sin(positions, inv_freq(self.config, True, self.step.device))
+    def compression(self, ratio: int) -> Compression:
+        """This step's completed groups of a compression ratio, their pool rows and RoPE: the same for every layer of
+        that ratio, so computed once per step (ratio 1, V4.1's ungated source: every token is its own entry)."""
+        if ratio not in self._compression:
+            st = self.step
+            if ratio == 1:
+                groups = Groups(st.token_row, st.positions, torch.ones_like(st.positions, dtype=torch.bool))
+            else:
+                groups = completed_groups(st, ratio)
+            rows = dest_rows(st, groups, ratio, Dest(self.pools.block_size, self.pools.num_blocks))
+            cos, sin = rope_cos_sin(groups.entry * ratio, inv_freq(self.config, True, st.device))
+            self._compression[ratio] = Compression(groups, rows, cos, sin)
+        return self._compression[ratio]

@@ -113,21 +113,19 @@ class V41Attention(nn.Module):
         p, step, pools, L, c = self.compressor, ctx.step, ctx.pools, self.layer, self.config
         xf = wide(x)
         kv = p.wkv(xf)
+        plan = ctx.compression(p.ratio)
         if p.wgate is None:  # ratio 1: every position is its own entry
-            groups = comp.Groups(step.token_row, step.positions, torch.ones_like(step.positions, dtype=torch.bool))
             pooled = kv.to(x.dtype)
-            rows = comp.dest_rows(step, groups, 1, ctx.entry_dest())
         else:
             state = pools.state[L]
-            pooled, groups, rows = comp.pool_groups(kv, p.wgate(xf), None, step, state.kv, state.score, p.ratio,
-                                                    False, p.head_dim, ctx.entry_dest(), x.dtype, self.backend)
+            pooled = comp.pool_groups(kv, p.wgate(xf), None, step, plan.groups, state.kv, state.score, p.ratio,
+                                      False, p.head_dim, x.dtype, self.backend)
         latent = finish_rows(pooled, p.norm.weight, p.norm.eps, None, None, False, None, 0, backend=self.backend)
-        cos, sin = ctx.entry_rope(groups.entry * p.ratio)
-        finish_rows(latent, None, 0.0, cos, sin, False, self.numerics.compressed_kv, c.rope_dim, pools.compressed[L],
-                    rows, self.backend)
+        finish_rows(latent, None, 0.0, plan.cos, plan.sin, False, self.numerics.compressed_kv, c.rope_dim,
+                    pools.compressed[L], plan.rows, self.backend)
         ix = self.indexer
-        finish_rows(ix.wk(wide(latent)).to(x.dtype), ix.k_norm.weight, ix.k_norm.eps, cos, sin, False,
-                    self._index_fmt(), 0, pools.index_keys[L], rows, self.backend)
+        finish_rows(ix.wk(wide(latent)).to(x.dtype), ix.k_norm.weight, ix.k_norm.eps, plan.cos, plan.sin, False,
+                    self._index_fmt(), 0, pools.index_keys[L], plan.rows, self.backend)
 
     def _index_fmt(self) -> str | None:
         return "mxfp4" if self.numerics.index_fp4 else None
