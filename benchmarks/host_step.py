@@ -46,23 +46,23 @@ def main() -> None:
         r = Request(f"r{i}", rng.integers(0, 129280, args.context).tolist(), SamplingParams(max_tokens=10_000))
         kv.admit(r)
         kv.ensure_blocks(r, r.num_tokens + args.steps + 1)
-        r.num_computed = r.num_tokens
+        r.cache.num_computed = r.num_tokens
         kv.after_step(r)
         reqs.append(r)
 
     def new_step() -> None:
         for r in reqs:
             r.output_token_ids.append(1)
-            r.num_computed += 1
+            r.cache.num_computed += 1
             kv.after_step(r)
             r.tokens[r.num_computed - 1:r.num_computed]
 
     def old_step() -> None:
         for r in reqs:
             full = r.num_computed // B
-            hashes = _old_block_hashes(r.all_token_ids[: full * B], B, r.cache_salt, r.block_hashes)
+            hashes = _old_block_hashes(r.all_token_ids[: full * B], B, r.cache_salt, r.cache.block_hashes)
             for i in range(full):
-                kv.pool.register(r.blocks[i], hashes[i])
+                kv.pool.register(r.cache.blocks[i], hashes[i])
             r.all_token_ids[r.num_computed - 1:r.num_computed]
 
     for name, fn in (("before", old_step), ("now", new_step)):

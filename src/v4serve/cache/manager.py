@@ -19,8 +19,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..engine.request import Request
 from .prefix import BlockPool, CheckpointStore, block_hashes
+from .seq_state import CachedSequence
 
 
 @dataclass
@@ -83,25 +83,25 @@ class KVCacheManager:
     def has_free_slot(self) -> bool:
         return bool(self.free_slots)
 
-    def admit(self, req: Request) -> None:
-        """Give the request a slot and apply the longest usable prefix hit (sets num_computed etc.)."""
-        req.slot = self.free_slots.pop()
+    def admit(self, seq: CachedSequence) -> None:
+        """Give the sequence a slot and apply the longest usable prefix hit (sets num_computed etc.)."""
+        c = seq.cache
+        c.slot = self.free_slots.pop()
         self._used_slots += 1
-        req.window_floor = 0
-        req.cached_len = 0
-        req.num_computed = 0
-        req.blocks = []
-        req.num_registered = 0
-        start, kind = self._match(req)
+        c.window_floor = 0
+        c.cached_len = 0
+        c.num_computed = 0
+        c.blocks = []
+        c.num_registered = 0
+        start, kind = self._match(seq)
         if kind == "checkpoint":
-            self.pending.append(SlotOp("copy", req.slot, self._ckpt_slot))
+            self.pending.append(SlotOp("copy", c.slot, self._ckpt_slot))
         else:
-            self.pending.append(SlotOp("reset", req.slot))
-        req.num_computed = start
-        req.prefill_target = req.num_tokens
-        if req.num_preemptions == 0:  # usage counts the first admission only
-            req.num_cached_tokens = start
-            self.stats.prompt_tokens += req.num_prompt_tokens
+            self.pending.append(SlotOp("reset", c.slot))
+        c.num_computed = start
+        if seq.num_preemptions == 0:  # usage counts the first admission only
+            c.num_cached_tokens = start
+            self.stats.prompt_tokens += seq.num_prompt_tokens
             self.stats.cached_tokens += start
             if start:
                 self.stats.hits += 1
@@ -109,109 +109,112 @@ class KVCacheManager:
             else:
                 self.stats.misses += 1
 
-    def _match(self, req: Request) -> tuple[int, str]:
+    def _match(self, seq: CachedSequence) -> tuple[int, str]:
         B, W = self.g.block_size, self.g.window
+        st = seq.cache
         if not self.caching:
-            return self._miss(req, "disabled")
-        req.block_hashes = block_hashes(req.tokens, B, req.cache_salt, req.block_hashes)
-        max_blocks = (req.num_tokens - 1) // B
+            return self._miss(seq, "disabled")
+        st.block_hashes = block_hashes(seq.tokens, B, seq.cache_salt, st.block_hashes)
+        max_blocks = (seq.num_tokens - 1) // B
         if max_blocks == 0:
-            return self._miss(req, "shorter_than_block")
+            return self._miss(seq, "shorter_than_block")
         k = 0
-        while k < max_blocks and self.pool.lookup(req.block_hashes[k]) is not None:
+        while k < max_blocks and self.pool.lookup(st.block_hashes[k]) is not None:
             k += 1
         if k == 0:
-            return self._miss(req, "evicted" if self.pool.was_evicted(req.block_hashes[0]) else "no_prefix")
+            return self._miss(seq, "evicted" if self.pool.was_evicted(st.block_hashes[0]) else "no_prefix")
         M = k * B
         if self.bounded:
             if M <= W:
-                return self._miss(req, "within_window")
+                return self._miss(seq, "within_window")
             start, kind = M - W, "bounded_replay"
         else:
             ck = 0
             for c in range(k, 0, -1):
-                slot = self.checkpoints.lookup(req.block_hashes[c - 1])
+                slot = self.checkpoints.lookup(st.block_hashes[c - 1])
                 if slot is not None:
                     ck, self._ckpt_slot = c * B, slot
                     break
             align = self.g.group_align
             replay = max(0, (M - self.g.replay_depth) // align * align)
             if ck == 0 and replay == 0:
-                return self._miss(req, "no_window_state")
+                return self._miss(seq, "no_window_state")
             start, kind = (ck, "checkpoint") if ck >= replay else (replay, "exact_replay")
         for i in range(k):
-            b = self.pool.lookup(req.block_hashes[i])
+            b = self.pool.lookup(st.block_hashes[i])
             self.pool.acquire(b)
-            req.blocks.append(b)
-        req.cached_len = M
+            st.blocks.append(b)
+        st.cached_len = M
         if kind != "checkpoint":
-            req.window_floor = start
+            st.window_floor = start
             self.stats.replayed_tokens += M - start
         return start, kind
 
-    def _miss(self, req: Request, reason: str) -> tuple[int, str]:
-        if req.num_preemptions == 0:
+    def _miss(self, seq: CachedSequence, reason: str) -> tuple[int, str]:
+        if seq.num_preemptions == 0:
             self.stats.miss_reasons[reason] += 1
         return 0, "miss"
 
     # --- blocks -----------------------------------------------------------------------------------
-    def blocks_needed(self, req: Request, upto: int) -> int:
-        return max(0, -(-upto // self.g.block_size) - len(req.blocks))
+    def blocks_needed(self, seq: CachedSequence, upto: int) -> int:
+        return max(0, -(-upto // self.g.block_size) - len(seq.cache.blocks))
 
-    def ensure_blocks(self, req: Request, upto: int) -> bool:
+    def ensure_blocks(self, seq: CachedSequence, upto: int) -> bool:
         """Allocate blocks so positions < upto are addressable; False (nothing taken) if the pool is short."""
-        need = self.blocks_needed(req, upto)
+        need = self.blocks_needed(seq, upto)
         if need > self.pool.num_free:
             return False
         for _ in range(need):
             b = self.pool.allocate()
             assert b is not None
-            req.blocks.append(b)
+            seq.cache.blocks.append(b)
         return True
 
-    def free(self, req: Request) -> None:
-        """Return the request's blocks (cached ones stay findable) and slot; its checkpoint stays cached."""
-        for b in req.blocks:
+    def free(self, seq: CachedSequence) -> None:
+        """Return the sequence's blocks (cached ones stay findable) and slot; its checkpoint stays cached."""
+        st = seq.cache
+        for b in st.blocks:
             self.pool.release(b)
-        req.blocks = []
-        req.num_registered = 0
-        if req.slot >= 0:
-            self.free_slots.append(req.slot)
+        st.blocks = []
+        st.num_registered = 0
+        if st.slot >= 0:
+            self.free_slots.append(st.slot)
             self._used_slots -= 1
-            req.slot = -1
+            st.slot = -1
 
     # --- after a step -----------------------------------------------------------------------------
-    def after_step(self, req: Request) -> None:
+    def after_step(self, seq: CachedSequence) -> None:
         """Publish newly completed blocks to the prefix cache; snapshot the window at a new boundary."""
         if not self.caching:
             return
         B = self.g.block_size
-        full = req.num_computed // B
+        st = seq.cache
+        full = st.num_computed // B
         if full == 0:
             return
-        if len(req.block_hashes) < full:
-            req.block_hashes = block_hashes(req.tokens, B, req.cache_salt, req.block_hashes, limit=full)
-        for i in range(req.num_registered, full):  # registering is idempotent; only new blocks need it
-            self.pool.register(req.blocks[i], req.block_hashes[i])
-        req.num_registered = max(req.num_registered, full)
-        if self.bounded or req.num_computed % B or req.num_computed < self.g.window:
+        if len(st.block_hashes) < full:
+            st.block_hashes = block_hashes(seq.tokens, B, seq.cache_salt, st.block_hashes, limit=full)
+        for i in range(st.num_registered, full):  # registering is idempotent; only new blocks need it
+            self.pool.register(st.blocks[i], st.block_hashes[i])
+        st.num_registered = max(st.num_registered, full)
+        if self.bounded or st.num_computed % B or st.num_computed < self.g.window:
             return
-        h = req.block_hashes[full - 1]
-        if h == req.checkpoint_hash:
+        h = st.block_hashes[full - 1]
+        if h == st.checkpoint_hash:
             return
         slot = self.checkpoints.take(h)
         if slot is None:
             return
-        self.pending.append(SlotOp("copy", slot, req.slot))
-        if req.checkpoint_hash is not None:
-            self.checkpoints.drop(req.checkpoint_hash)  # keep only the latest boundary per request
-        req.checkpoint_hash = h
+        self.pending.append(SlotOp("copy", slot, st.slot))
+        if st.checkpoint_hash is not None:
+            self.checkpoints.drop(st.checkpoint_hash)  # keep only the latest boundary per sequence
+        st.checkpoint_hash = h
         self.stats.checkpoints_taken += 1
 
-    def cancel_admission(self, req: Request) -> None:
-        """Undo `admit` for a request that could not get its first blocks (it stays waiting)."""
-        slot = req.slot
-        self.free(req)
+    def cancel_admission(self, seq: CachedSequence) -> None:
+        """Undo `admit` for a sequence that could not get its first blocks (it stays waiting)."""
+        slot = seq.cache.slot
+        self.free(seq)
         self.pending = [op for op in self.pending if op.dst != slot]
 
     def take_ops(self) -> list[SlotOp]:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..cache.seq_state import SeqCacheState
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -41,18 +42,10 @@ class Request:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None
-    # --- cache state -----------------------------------------------------------------------------
-    slot: int = -1
-    blocks: list[int] = field(default_factory=list)
-    block_hashes: list[bytes] = field(default_factory=list)  # chain hashes of full blocks of all tokens
-    num_registered: int = 0  # leading blocks already published to the prefix cache (cache/manager.after_step)
-    num_computed: int = 0  # positions whose KV is in the cache
-    window_floor: int = 0  # replay start: window KV below it is not visible
-    cached_len: int = 0  # compressed entries below this are shared from the prefix cache (not rewritten)
-    prefill_target: int = 0  # tokens known when this prefill started (V4.1 decoder trim)
+    # --- scheduling state (the KV-cache state is `cache`, owned here, written by cache/manager.py) ------
+    cache: SeqCacheState = field(default_factory=SeqCacheState)
+    prefill_target: int = 0  # tokens known when this prefill started (V4.1 decoder trim; set at admission)
     trim_target: int | None = None  # decoder trim reference length (None: prefill_target; see Scheduler)
-    num_cached_tokens: int = 0  # prompt tokens not recomputed (reported as usage cached_tokens)
-    checkpoint_hash: bytes | None = None  # this request's latest window checkpoint
     num_preemptions: int = 0
     dp_rank: int = 0  # DEP: the data-parallel rank whose scheduler, KV cache and attention serve this request
     # --- structured output (engine/guided_admission.py) ----------------------------------------------
@@ -73,6 +66,16 @@ class Request:
     def tokens(self) -> TokenView:
         """Prompt + output without copying them: per-step code reads small slices of 100K-token requests."""
         return TokenView(self.prompt_token_ids, self.output_token_ids)
+
+    @property
+    def num_computed(self) -> int:
+        """Positions whose KV is in the cache (read-only here: the manager and the scheduler write `cache`)."""
+        return self.cache.num_computed
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (usage `cached_tokens`)."""
+        return self.cache.num_cached_tokens
 
     @property
     def num_tokens(self) -> int:

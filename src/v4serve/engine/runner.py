@@ -72,8 +72,9 @@ class ModelRunner:
             floor = decoder_floor(req)
             self._logits_from.append(max(row.start, floor) if want_all else -1)
             specs.append(RowSpec(
-                token_ids=req.tokens[row.start:row.start + row.num_tokens], start=row.start, slot=req.slot,
-                blocks=req.blocks, window_floor=req.window_floor, cached_len=req.cached_len, decoder_floor=floor,
+                token_ids=req.tokens[row.start:row.start + row.num_tokens], start=row.start, slot=req.cache.slot,
+                blocks=req.cache.blocks, window_floor=req.cache.window_floor, cached_len=req.cache.cached_len,
+                decoder_floor=floor,
                 logits="all" if want_all else ("last" if row.sample else "none"), logits_from=max(row.start, floor)))
         # on the GPU every step sizes its compressed gathers by max_model_len, as the captured graphs do, so eager
         # and graphed steps run the same kernels on the same shapes (identical outputs)

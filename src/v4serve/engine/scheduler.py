@@ -152,6 +152,7 @@ class Scheduler:
             if req is None:
                 break
             self.kv.admit(req)
+            req.prefill_target = req.num_tokens
             n = self._chunk(req, room())
             if not self.kv.ensure_blocks(req, req.num_computed + n):
                 self.kv.cancel_admission(req)
@@ -190,7 +191,7 @@ class Scheduler:
         self.running.remove(req)
         self.kv.free(req)
         req.status = RequestStatus.WAITING
-        req.num_computed = 0
+        req.cache.num_computed = 0
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -202,7 +203,7 @@ class Scheduler:
             req = row.request
             if req.status != RequestStatus.RUNNING:
                 continue
-            req.num_computed = row.start + row.num_tokens
+            req.cache.num_computed = row.start + row.num_tokens
             self.kv.after_step(req)
 
     def decoder_floor(self, req: Request) -> int:
@@ -214,7 +215,7 @@ class Scheduler:
         if not self.decoder_trim:
             return 0
         if req.trim_target is not None:
-            return max(req.window_floor, req.trim_target - self.window)
+            return max(req.cache.window_floor, req.trim_target - self.window)
         if req.params.prompt_logprobs is not None:
             return 0
-        return max(req.window_floor, req.prefill_target - self.window)
+        return max(req.cache.window_floor, req.prefill_target - self.window)
