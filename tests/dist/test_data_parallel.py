@@ -5,25 +5,15 @@ step)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 from v4serve.models.factory import build_model
 
+from .common import free_port as _port
+from .common import rel_err as _rel
 from .dep_worker import run_dep_rank, session
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 @pytest.mark.parametrize("model", ["tiny-v4-flash", "tiny-v4-pro", "tiny-v41-flash"])

@@ -1,6 +1,7 @@
 """The engine with --tensor-parallel-size 2: rank 0 schedules and samples, a spawned worker process runs the other
 half of the model on its own KV pools, over gloo. Greedy generations equal the single-process engine's, through
-prefill chunks, decode steps and a prefix-cache hit (slot operations replayed on the worker)."""
+prefill chunks, decode steps and a prefix-cache hit (slot operations replayed on the worker); for V4.1 also through
+preemptions (a KV cache of six blocks), in its exact prefix-hit mode."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import os
 import pytest
 import torch
 
+from v4serve.cache.spec import make_cache_spec
 from v4serve.engine.llm import LLM
 from v4serve.engine.sampling_params import SamplingParams
+from v4serve.models.factory import resolve_config
 
 OPTS = dict(device="cpu", dtype="float64", kv_cache_memory=64 << 20, max_model_len=512, block_size=64,
             max_num_batched_tokens=96, kernels="reference")
@@ -32,10 +35,51 @@ def _generate(folder: str, tp: int, ep: bool = False) -> list[list[int]]:
         llm.close()
 
 
-def test_tensor_parallel_engine_generates_what_one_process_does(tp_folder: str) -> None:
-    one = _generate(tp_folder, 1)
-    assert _generate(tp_folder, 2) == one
-    assert _generate(tp_folder, 2, ep=True) == one  # --enable-expert-parallel: each rank owns half of the experts
+@pytest.mark.parametrize("fixture", ["tp_folder", "tp_pro_folder"], ids=["v4-flash", "v4-pro"])
+def test_tensor_parallel_engine_generates_what_one_process_does(fixture: str, request: pytest.FixtureRequest) -> None:
+    folder = request.getfixturevalue(fixture)
+    one = _generate(folder, 1)
+    assert _generate(folder, 2) == one
+    assert _generate(folder, 2, ep=True) == one  # --enable-expert-parallel: each rank owns half of the experts
+
+
+SEQS, BLOCKS = 4, 6
+
+
+def _v41_opts(folder: str, exact: bool = True) -> dict:
+    spec = make_cache_spec(resolve_config(folder)[0], 64, "auto", None, torch.float64)
+    slots = 2 * SEQS + 1  # running slots + window checkpoints + the trash slot
+    # exact: SWA bounded replay off. Its approximation depends only on rank 0's schedule, which TP does not change, so
+    # the default mode must also match world size 1 token for token (the decoder trim then runs on every rank)
+    return {"device": "cpu", "dtype": "float64", "block_size": 64, "max_model_len": 256, "max_num_batched_tokens": 96,
+            "max_num_seqs": SEQS, "kernels": "reference", "swa_bounded_replay": not exact,
+            "kv_cache_memory": slots * spec.slot_bytes() + (BLOCKS + 1) * spec.block_bytes()}
+
+
+def _generate_v41(folder: str, tp: int, ep: bool = False, exact: bool = True) -> tuple[list[list[int]], dict]:
+    llm = LLM(folder, tensor_parallel_size=tp, enable_expert_parallel=ep, **_v41_opts(folder, exact))
+    assert llm.engine.capacity.num_blocks == BLOCKS or not exact  # (bounded replay keeps no window checkpoints)
+    try:
+        g = torch.Generator().manual_seed(2)
+        base = torch.randint(0, 129280, (150,), generator=g).tolist()
+        others = [torch.randint(0, 129280, (n,), generator=g).tolist() for n in (40, 200, 5, 180, 97)]
+        sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+        mixed = llm.generate(others, sp)  # more than six blocks' worth: preemptions
+        first = llm.generate([base], sp)
+        turn = llm.generate([base[:140] + [7, 8, 9]], sp)  # a prefix hit on 128 tokens
+        assert turn[0].num_cached_tokens == 128 or not exact
+        return [o.outputs[0].token_ids for o in mixed + first + turn], llm.engine.stats()
+    finally:
+        llm.close()
+
+
+def test_tensor_parallel_engine_runs_v41(tp41_folder: str) -> None:
+    one, _ = _generate_v41(tp41_folder, 1)
+    two, stats = _generate_v41(tp41_folder, 2)
+    assert two == one
+    assert stats["preemptions"] > 0 and stats["running"] == 0
+    assert _generate_v41(tp41_folder, 2, ep=True)[0] == one
+    assert _generate_v41(tp41_folder, 2, exact=False)[0] == _generate_v41(tp41_folder, 1, exact=False)[0]
 
 
 ON_GPUS = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch.cuda.device_count() >= 2
@@ -43,12 +87,14 @@ ON_GPUS = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch
 
 @pytest.mark.skipif(not ON_GPUS, reason="needs V4SERVE_TEST_DEVICE=cuda and two GPUs (NCCL)")
 @pytest.mark.parametrize("ep", [False, True])
-def test_tensor_parallel_engine_on_two_gpus(tp_folder: str, ep: bool) -> None:
+@pytest.mark.parametrize("fixture", ["tp_folder", "tp41_folder"], ids=["v4-flash", "v41-flash"])
+def test_tensor_parallel_engine_on_two_gpus(fixture: str, ep: bool, request: pytest.FixtureRequest) -> None:
     """The same over NCCL on cuda:0 and cuda:1 (float64 reference bodies: exact comparison)."""
+    folder = request.getfixturevalue(fixture)
     opts = {**OPTS, "device": "cuda"}
     runs = []
     for tp in (1, 2):
-        llm = LLM(tp_folder, tensor_parallel_size=tp, enable_expert_parallel=ep and tp > 1, **opts)
+        llm = LLM(folder, tensor_parallel_size=tp, enable_expert_parallel=ep and tp > 1, **opts)
         try:
             sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
             g = torch.Generator().manual_seed(4)

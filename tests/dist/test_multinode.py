@@ -4,19 +4,13 @@ over gloo; the answer equals a single-process server's, and the second node exit
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 
 import pytest
 
+from .common import free_port as _port
 from .test_serve_tp import _ask
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_nodes_on_localhost(v4serve_process, tp_folder: str, tmp_path) -> None:

@@ -8,8 +8,6 @@ one process would, and the float64 logits agree to rounding.
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -18,17 +16,9 @@ from v4serve.models.factory import build_model
 from v4serve.models.sharding import rank_config
 from v4serve.presets import get_preset
 
+from .common import free_port as _port
+from .common import rel_err as _rel
 from .tp_worker import logits_of, run_rank
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 @pytest.mark.parametrize("ep", [False, True], ids=["experts-sliced", "expert-parallel"])

@@ -114,6 +114,12 @@ class LLMEngine:
                                         "itself; pass a model name")
             from ..dist.workers import TensorParallelPeers
 
+            if cfg.tensor_parallel_size > 1 and cfg.with_mtp:  # refused before any worker starts (factory.py)
+                from ..models.factory import resolve_config
+
+                if resolve_config(model)[0].is_v41:
+                    raise EngineConfigError("--tensor-parallel-size > 1 does not load V4.1's DSpark draft blocks yet "
+                                            "(with_mtp=False)")
             if self.dp > 1:  # a layout that cannot split fails here, before any worker starts
                 from ..models.factory import resolve_config
                 from ..models.sharding import Layout, check_layout

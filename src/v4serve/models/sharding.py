@@ -8,13 +8,19 @@ the TP ranks (its intermediate dim), as the shared expert always is.
 Splits by tensor:
 * column (dim 0) by query head: attn.wq_b, attn.wo_a (by output group); attn_sink (one logit per head);
 * row (dim 1): attn.wo_b (its output is all-reduced);
-* vocab (dim 0): embed, head, and V4.1's Engram tables (a lookup like the embedding);
+* vocab (dim 0): embed, head, and V4.1's Engram tables (a lookup like the embedding). The Engram tables hold ~101 GB
+  (FP8 + scales) each in V4.1-Flash, so a replicated copy per rank would cost more than all the rest of a rank's
+  share; split, each rank gathers the rows it owns (zeros elsewhere) and one all-reduce of the [tokens, 24 x 256]
+  gathered rows per Engram layer sums them (exact: one nonzero term per row). Their row counts are not multiples of
+  the world size: rank r holds rows [r * ceil(N / tp), ...), the last rank fewer (`row_share`);
 * expert: routed experts whole to their EP rank, or (no EP) w1/w3 by rows and w2 by columns across TP, like the
   shared expert;
 * replicated: wq_a, wkv and the single KV head, norms, compressors, mHC, the router gate and its bias, and the lightning
-  indexer. The indexer's scores sum over its heads before the top-k: splitting it by head would need an all-reduce of
-  a [tokens, entries] score matrix per CSA layer and step (64K context: 16K floats per token), larger than its weights
-  (an 8 MB wq_b and a 0.5 MB weights_proj per layer), so every rank scores the entries itself.
+  indexer. V4.1 adds to the replicated set: its KV sources' CSA2 compressors and index keys (`indexer.wk`, `k_norm`),
+  the indexer with its candidate level, the router's `bias_vl`, and Engram's `wkv` / `q_weight` / `k_weight` (small
+  next to the tables). The indexer's scores sum over its heads before the top-k: splitting it by head would need an
+  all-reduce of a [tokens, entries] score matrix per CSA layer and step (64K context: 16K floats per token), larger
+  than its weights (an 8 MB wq_b and a 0.5 MB weights_proj per layer), so every rank scores the entries itself.
 """
 
 from __future__ import annotations
@@ -75,6 +81,14 @@ def split_kind(name: str) -> str:
     if _ROW.search(name):
         return ROW
     return REPLICATED
+
+
+def row_share(n: int, tp: int, rank: int) -> tuple[int, int]:
+    """Rows [lo, hi) of an n-row table that `rank` of `tp` holds: ceil(n / tp) each, the last rank the rest (the
+    even splits of embed / head give every rank n / tp)."""
+    per = -(-n // tp)
+    lo = min(n, rank * per)
+    return lo, min(n, lo + per)
 
 
 def rank_fraction(spec: TensorSpec, c: ModelConfig, layout: Layout) -> float:

@@ -116,6 +116,8 @@ def shard_stored(name: str, t: torch.Tensor, scale: torch.Tensor | None, rank: P
         return t, scale
     dim = 1 if kind in (sharding.ROW, sharding.SHARED_OUT) else 0
     n = logical_shape(t)[dim]
+    if kind == sharding.VOCAB:  # V4.1's Engram tables split unevenly (embed / head are checked even: rank_config)
+        return _slice_stored(name, t, scale, 0, *sharding.row_share(n, rank.tp_size, rank.tp_rank))
     if n % rank.tp_size:
         raise CheckpointError(f"{name}: dim {dim} ({n}) does not split over {rank.tp_size} ranks")
     per = n // rank.tp_size

@@ -7,6 +7,9 @@ query also attends to up to `index_topk` compressed entries of the most recent *
   ungated; no overlap, no APE). Its latent (RMS-normed, before RoPE) gives both the compressed entry (RoPE at
   the group's first position, NVFP4-simulated) and the index key (`wk`, `k_norm`, RoPE, MXFP4-simulated).
 * index sources score and select (indexer.py); the other layers reuse the last index source's selection.
+Under tensor parallelism a rank holds its query heads, sinks and wo_a groups (rank_config) and sums `wo_b`'s partial
+outputs over the ranks; the window KV, the compressors, the index keys and the indexer are replicated (every rank
+computes the same selection), as V4's single KV head and compressors are (models/sharding.py).
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
-from ...ops import compressor as comp
+from ...dist import parallel
 from ...ops import backend
+from ...ops import compressor as comp
 from ...ops.attention import EntryRefs, attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
@@ -29,7 +33,6 @@ from ..v4.attention import add_projections
 from ..v4.context import StepContext
 from ..v4.modules import CompressorParams, Norm
 from .indexer import Selection
-
 
 
 class V41Attention(nn.Module):
@@ -58,6 +61,7 @@ class V41Attention(nn.Module):
         self.publishes_candidates = self.indexer is not None and layer == cand
         self.uses_candidates = self.indexer is not None and 0 <= cand < layer
         self.backend = backend.current()
+        self.tp = parallel.current()
 
     # --- the shared pieces (also used by DSpark blocks) -----------------------------------------------
     def project_queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +83,7 @@ class V41Attention(nn.Module):
         """The grouped output projection of attention outputs already rotated back."""
         c = self.config
         o = self.wo_a.grouped(o.reshape(o.shape[0], c.o_groups, -1))  # [T, g, o_lora_rank]
-        return self.wo_b(o.flatten(1))
+        return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
     def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return self.project_output(apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True))

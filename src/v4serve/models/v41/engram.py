@@ -11,6 +11,9 @@ projects with `wkv` to one key per stream [hc, dim] plus one shared value [dim].
 The tables are large (~98 GB FP8 each for V4.1-Flash) and only 24 rows per token are read, so `EngramTable`
 keeps the stored FP8 rows with their per-32 e8m0 scales (never a dequantized copy) and can live in host memory
 (pinned): a step then gathers its rows on the host and copies only those to the device.
+
+Under tensor parallelism each rank holds a contiguous share of every table's rows (models/sharding.py `row_share`):
+it gathers the rows it owns, zeros for the others, and the ranks sum the gathered rows (one all-reduce per layer).
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import torch
 from torch import nn
 
 from ...config import ModelConfig
+from ...dist import parallel
 from ...ops import quant
 from ...ops.linear import Linear, scale_bytes
 from ...ops.precision import wide
+from ..sharding import row_share
 from ..v4.modules import param
 
 GATE_FLOOR = 1e-6  # |dot| floor under the signed square root (the reference's clamp value)
@@ -36,9 +41,11 @@ class EngramTable(nn.Module):
 
     keeps_stored_format = True
 
-    def __init__(self, rows: int, head_dim: int, on_host: bool = False):
+    def __init__(self, rows: int, head_dim: int, on_host: bool = False, first: int = 0, total: int | None = None):
         super().__init__()
         self.rows, self.head_dim, self.on_host = rows, head_dim, on_host
+        self.first = first  # TP: the global id of local row 0; rows outside [first, first + rows) read as zeros
+        self.total = rows if total is None else total
         self.register_buffer("weight", torch.zeros(0, head_dim), persistent=False)
         self.register_buffer("scale", None, persistent=False)
 
@@ -74,6 +81,11 @@ class EngramTable(nn.Module):
         dev = rows.device
         host = self.weight.device != dev
         idx = rows.to(self.weight.device) if host else rows
+        mine = None
+        if self.rows != self.total:  # a TP share: other ranks' rows gather row 0, then weigh zero
+            idx = idx - self.first
+            mine = (idx >= 0) & (idx < self.rows)
+            idx = idx.clamp(0, max(self.rows - 1, 0))
         vals = self.weight[idx]
         sc = self.scale[idx] if self.scale is not None else None
         if host:  # gather on the host, ship only the rows this step reads
@@ -82,7 +94,10 @@ class EngramTable(nn.Module):
         if sc is not None:
             sc = quant.e8m0_to_float(sc) if sc.dtype == torch.uint8 else sc.float()
             vals = (vals.float().unflatten(-1, (-1, 32)) * sc.unsqueeze(-1)).flatten(-2)
-        return vals.to(out_dtype)
+        vals = vals.to(out_dtype)
+        if mine is not None:
+            vals = vals * mine.to(dev).unsqueeze(-1).to(out_dtype)
+        return vals
 
 
 class Engram(nn.Module):
@@ -92,7 +107,10 @@ class Engram(nn.Module):
         self.config = c
         self.index = c.engram_layers.index(layer)  # which of the hasher's layers this is
         self.columns = (c.engram_max_ngram - 1) * c.engram_n_heads
-        self.embed = EngramTable(c.engram_num_embeddings[self.index], c.engram_head_dim, table_on_host)
+        self.tp = tp = parallel.current()
+        total = c.engram_num_embeddings[self.index]
+        lo, hi = row_share(total, tp.size, tp.rank)
+        self.embed = EngramTable(hi - lo, c.engram_head_dim, table_on_host, lo, total)
         self.wkv = Linear(self.columns * c.engram_head_dim, (c.hc_mult + 1) * c.dim)
         self.q_weight = param(c.hc_mult, c.dim)
         self.k_weight = param(c.hc_mult, c.dim)
@@ -101,7 +119,7 @@ class Engram(nn.Module):
         """x [T, hc, D] streams; rows [T, columns] this layer's row ids; live [T] bool -> updated streams."""
         c = self.config
         T, n, D = x.shape
-        emb = self.embed(rows, x.dtype).reshape(T, -1)
+        emb = self.tp.all_reduce(self.embed(rows, x.dtype).reshape(T, -1))  # TP: each rank's rows, summed
         kv = wide(self.wkv(emb))
         key, value = kv[:, : n * D].view(T, n, D), kv[:, n * D:]
         h = wide(x)

@@ -11,6 +11,11 @@ floor lies above its first position.
 Engram needs each token's 3 predecessors, which may lie in earlier chunks: the engine passes them as
 `extras["engram_prev_ids"]` (see engine_hooks.py / engram_hash.prev_ids_for_rows), or precomputed row ids as
 `extras["engram_rows"]`; without either, every row must start at position 0 (the whole history is in the step).
+
+Tensor parallelism (models/sharding.py): the embedding and head are vocab-parallel as in V4, attention and MoE reduce
+over the ranks, Engram tables are split by rows. Every rank gets the same step, so the decoder trim keeps the same
+tokens on every rank and all ranks run (or, with nothing left, skip) the same layers: their collectives line up.
+The DSpark draft blocks are not built under TP (models/factory.py refuses with_mtp there).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from torch import nn
 
 from ...cache.pool import KVPools
 from ...config import ConfigError, ModelConfig
+from ...dist import parallel
 from ...ops import backend as kernels
 from ...ops.linear import linear
 from ...ops.mhc import hc_collapse
@@ -32,6 +38,7 @@ from ..step import StepInput
 from ..v4.context import StepContext
 from ..v4.modules import Norm, param
 from ..v4.moe import idle_layers
+from ..vocab import embed_lookup, gather_logits
 from .block import V41Block, identity_pre
 from .dspark import DraftOutput, DSpark, DSparkBlock
 from .engram import EngramTable
@@ -59,12 +66,14 @@ class V41Model(nn.Module):
         validate_engram_rows(c)
         _validate_selection_groups(c)
         self.config, self.numerics = c, numerics
+        self.tp = parallel.current()
+        vocab = c.vocab_size // self.tp.size  # this rank's rows of the embedding and head (models/vocab.py)
         self.embed = nn.Module()
-        self.embed.weight = param(c.vocab_size, c.dim)
+        self.embed.weight = param(vocab, c.dim)
         self.layers = nn.ModuleList(V41Block(c, i, numerics) for i in range(c.n_layers))
         self.norm = Norm(c.dim, c.norm_eps)
         self.head = nn.Module()
-        self.head.weight = param(c.vocab_size, c.dim)
+        self.head.weight = param(vocab, c.dim)
         self.mtp = nn.ModuleList(DSparkBlock(c, j, numerics) for j in range(c.n_mtp_layers if with_mtp else 0))
         self.engram_on_host = os.environ.get(ENGRAM_HOST_ENV) == "1" if engram_on_host is None else engram_on_host
         for m in self.modules():  # the loader keeps these tables on the host (models/loading.py `_placement`)
@@ -125,7 +134,8 @@ class V41Model(nn.Module):
         if c.engram_layers:
             rows, live = self.engram_inputs(step)
         image = step.token_ids == c.image_token_id
-        x = self.embed.weight[step.token_ids].to(self.compute_dtype).unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
+        x = embed_lookup(self.embed.weight, step.token_ids, self.tp, self.compute_dtype)
+        x = x.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         pre = identity_pre(x)
         sel = Selection()
         kept = boundary = None
@@ -151,7 +161,8 @@ class V41Model(nn.Module):
                 taps.append(x.float().mean(1))
             x, pre = layer(x, pre, ctx, sel, image)
         li = ctx.step.logits_index
-        logits = linear(self.norm(hc_collapse(x[li], pre[li])).float(), self.head.weight, None, 0, 0, self.backend)
+        logits = gather_logits(linear(self.norm(hc_collapse(x[li], pre[li])).float(), self.head.weight, None, 0, 0,
+                                      self.backend), self.tp)
         hidden = x
         if kept is not None:
             hidden = boundary.index_copy(0, kept, x) if x.shape[0] else boundary

@@ -1,0 +1,67 @@
+"""The tensor-parallel split rules cover every tensor of a V4.1 trunk (models/sharding.py, models/weights.py): heads,
+sinks and wo_a groups by rows, wo_b by columns, embedding / head / Engram tables by rows (the tables unevenly), the
+KV sources' compressors, index keys, indexer, router biases and Engram's projections replicated."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from v4serve.models.sharding import row_share, split_kind
+from v4serve.models.v41.layout import v41_tensor_specs
+from v4serve.models.weights import ParallelRank, shard_for_rank, shard_stored
+from v4serve.presets import get_preset
+
+_WANT = [  # (pattern, kind) in order; the first match decides
+    (r"ffn\.experts\.", "expert"), (r"ffn\.shared_experts\.w[13]\.", "expert-in"),
+    (r"ffn\.shared_experts\.w2\.", "expert-out"), (r"attn\.(wq_b\.weight|wo_a\.weight|attn_sink)$", "column"),
+    (r"attn\.wo_b\.weight$", "row"), (r"^(embed|head)\.weight$|engram\.embed\.weight$", "vocab"), (r".", "replicated"),
+]
+
+
+def _want(name: str) -> str:
+    return next(k for p, k in _WANT if re.search(p, name))
+
+
+def test_every_v41_tensor_has_its_split_and_halves_concatenate_back() -> None:
+    c = get_preset("tiny-v41-flash")
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for spec in v41_tensor_specs(c, include_mtp=False):
+        kind = split_kind(spec.name)
+        assert kind == _want(spec.name), spec.name
+        seen.add(kind)
+        shape = (1000, spec.shape[1]) if spec.name in ("embed.weight", "head.weight") else spec.shape
+        t = torch.randn(*shape, generator=g)
+        parts = [shard_for_rank(spec.name, t, ParallelRank(tp_rank=r, tp_size=2), c.n_routed_experts) for r in (0, 1)]
+        if kind in ("column", "vocab", "expert-in") or (kind == "expert" and ".w2." not in spec.name):
+            assert torch.equal(torch.cat(parts, 0), t), spec.name
+            assert parts[0].shape[0] == -(-t.shape[0] // 2), spec.name
+        elif kind in ("row", "expert-out", "expert"):
+            assert torch.equal(torch.cat(parts, 1), t), spec.name
+        else:
+            assert all(torch.equal(p, t) for p in parts), spec.name
+    assert seen == {"column", "row", "vocab", "expert", "expert-in", "expert-out", "replicated"}
+    assert any(".indexer.wk." in s.name for s in v41_tensor_specs(c, False))  # index keys: replicated above
+
+
+def test_fp8_engram_rows_split_unevenly_with_their_scales() -> None:
+    rows, hd = 6091, 64
+    t = torch.randn(rows, hd).to(torch.float8_e4m3fn)
+    scale = torch.randint(100, 140, (rows, hd // 32), dtype=torch.uint8)
+    got = [shard_stored("layers.1.engram.embed.weight", t, scale, ParallelRank(tp_rank=r, tp_size=3), 8)
+           for r in range(3)]
+    assert [p[0].shape[0] for p in got] == [2031, 2031, 2029] == [hi - lo for lo, hi in (row_share(rows, 3, r)
+                                                                                          for r in range(3))]
+    assert torch.equal(torch.cat([p[0] for p in got]).view(torch.uint8), t.view(torch.uint8))
+    assert torch.equal(torch.cat([p[1] for p in got]), scale)
+
+
+def test_info_prints_v41_bytes_per_rank(capsys) -> None:
+    from v4serve.cli import main
+
+    for preset in ("tiny-v41-flash", "v41-flash"):
+        assert main(["info", preset, "-tp", "2"]) == 0
+        out = capsys.readouterr().out
+        assert "TP=2 on 2 GPU(s)" in out and "GB per GPU" in out
