@@ -13,7 +13,7 @@ from v4serve.dist.parallel import TensorParallel, dep_step
 from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
 from v4serve.models.v4.moe import dep_idle
-from v4serve.models.v41.engine_hooks import engram_step_extras
+from v4serve.models.v41.engine_hooks import engram_history
 
 BLOCK = 64
 
@@ -33,7 +33,7 @@ def session(lm, toks: list[int], follow: list[int], idle_at: int | None = None, 
             continue
         history.append(t)
         step = build_step([RowSpec([t], pos, 0, blocks, logits="last")])
-        step.extras.update(engram_step_extras(lm.config, [history], [pos], [1]))  # V4.1's n-gram history
+        step.engram_prev_ids = engram_history(lm.config, [history], [pos], [1])  # V4.1's n-gram history
         with dep_step(tokens) if lm.model.layers[0].ffn.tp.data_parallel else _nothing():
             out.append(lm.model(step, pools).logits)
         pos += 1

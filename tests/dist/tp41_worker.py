@@ -13,14 +13,14 @@ from v4serve.cache.spec import make_cache_spec
 from v4serve.dist.parallel import TensorParallel
 from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
-from v4serve.models.v41.engine_hooks import engram_step_extras
+from v4serve.models.v41.engine_hooks import engram_history
 
 BLOCK = 64
 
 
 def _step(lm, toks: list[int], start: int, history: list[int], blocks: list[int], **row):
     step = build_step([RowSpec(toks, start, 0, blocks, **row)])
-    step.extras.update(engram_step_extras(lm.config, [history], [start], [len(toks)]))  # n-grams across chunks
+    step.engram_prev_ids = engram_history(lm.config, [history], [start], [len(toks)])  # n-grams across chunks
     return step
 
 

@@ -34,7 +34,7 @@ def _logits(name: str, device: str, dtype: torch.dtype, tokens: list[int], chunk
     from v4serve.cache.spec import make_cache_spec
     from v4serve.models.factory import build_model
     from v4serve.models.step import RowSpec, build_step
-    from v4serve.models.v41.engine_hooks import engram_step_extras
+    from v4serve.models.v41.engine_hooks import engram_history
 
     lm = build_model(name, seed=0, numerics=numerics, dtype=dtype, device=device, with_mtp=False, kernels=kernels)
     spec = make_cache_spec(lm.config, 64, "auto", None, dtype)
@@ -43,7 +43,7 @@ def _logits(name: str, device: str, dtype: torch.dtype, tokens: list[int], chunk
     with torch.inference_mode():
         for n in chunks or [len(tokens)]:
             step = build_step([RowSpec(tokens[s:s + n], s, 0, list(range(16)), logits="all")], device)
-            step.extras.update(engram_step_extras(lm.config, [tokens], [s], [n], device))
+            step.engram_prev_ids = engram_history(lm.config, [tokens], [s], [n], device)
             outs.append(lm.model(step, pools).logits.cpu())
             s += n
     return torch.cat(outs)

@@ -17,7 +17,7 @@ from helpers import blocks_for, max_rel_err, new_pools, one_shot, tokens
 
 from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
-from v4serve.models.v41.engine_hooks import engram_step_extras
+from v4serve.models.v41.engine_hooks import engram_history
 
 EXACT = torch.float64
 N = 56
@@ -62,7 +62,7 @@ def test_chunked_prefill_equals_one_shot_on_the_fast_path(one_shots, preset: str
     with torch.no_grad():
         for n in (19, 1, 36):
             step = build_step([RowSpec(toks[s:s + n], s, 0, list(range(blocks_for(N))), logits="all")])
-            step.extras.update(engram_step_extras(lm.config, [toks], [s], [n], "cpu"))
+            step.engram_prev_ids = engram_history(lm.config, [toks], [s], [n], "cpu")
             outs.append(lm.model(step, pools).logits)
             s += n
     assert max_rel_err(torch.cat(outs), one_shots(preset)) < 1e-9

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from v4serve.config import ConfigError
-from v4serve.models.v41.engine_hooks import engram_step_extras
+from v4serve.models.v41.engine_hooks import engram_history
 from v4serve.models.v41.engram_hash import (
     EngramHasher,
     engram_layout,
@@ -125,6 +125,6 @@ def test_hashing_is_deterministic_and_chunk_independent(real_hasher: EngramHashe
     assert torch.equal(one, again.row_ids(torch.tensor(seq), prev_ids_for_rows([seq], [0], [50], 3)))
     # the same positions hashed as three chunks of one request (histories reach into earlier chunks)
     cuts = [(0, 7), (7, 1), (8, 42)]
-    ex = engram_step_extras(REAL, [seq] * 3, [s for s, _ in cuts], [n for _, n in cuts])
-    parts = real_hasher.row_ids(torch.tensor(seq), ex["engram_prev_ids"])
+    prev = engram_history(REAL, [seq] * 3, [s for s, _ in cuts], [n for _, n in cuts])
+    parts = real_hasher.row_ids(torch.tensor(seq), prev)
     assert torch.equal(one, parts)

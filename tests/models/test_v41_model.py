@@ -13,7 +13,7 @@ from v4serve.cache.spec import make_cache_spec
 from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
 from v4serve.models.v41.attention import V41Attention
-from v4serve.models.v41.engine_hooks import engram_step_extras
+from v4serve.models.v41.engine_hooks import engram_history
 from v4serve.models.v41.indexer import candidate_mask
 
 
@@ -33,12 +33,12 @@ def _pools(tiny, slots: int = 4) -> KVPools:
     return KVPools(make_cache_spec(tiny.config, block_size=32, with_mtp=True, compute_dtype=torch.float64), num_blocks=24, num_slots=slots)
 
 
-def _run(tiny, pools, rows: list[RowSpec], histories: list[list[int]], **extras):
+def _run(tiny, pools, rows: list[RowSpec], histories: list[list[int]], decoder_trim: bool | None = None):
     """One step of rows (each with its request's token history for Engram's look-back)."""
     step = build_step(rows)
-    step.extras.update(engram_step_extras(tiny.config, histories, [r.start for r in rows],
-                                          [len(r.token_ids) for r in rows]))
-    step.extras.update(extras)
+    step.engram_prev_ids = engram_history(tiny.config, histories, [r.start for r in rows],
+                                          [len(r.token_ids) for r in rows])
+    step.decoder_trim = decoder_trim
     with torch.no_grad():
         return tiny.model(step, pools)
 

@@ -45,12 +45,11 @@ def _device_for(local_rank: int, device: torch.device) -> torch.device:
 
 
 def _to(step: Any, device: torch.device) -> Any:
-    """A StepInput with every tensor (extras included) on `device`."""
+    """A StepInput with every tensor on `device`."""
     moved = {f.name: getattr(step, f.name) for f in dataclasses.fields(step)}
     for k, v in moved.items():
         if isinstance(v, torch.Tensor):
             moved[k] = v.to(device)
-    moved["extras"] = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in step.extras.items()}
     return type(step)(**moved)
 
 

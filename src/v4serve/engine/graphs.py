@@ -21,9 +21,9 @@ log = logging.getLogger("v4serve.graphs")
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, pools: KVPools, sizes: tuple[int, ...], max_model_len: int,
                  num_blocks: int, block_size: int, device: torch.device,
-                 extras: dict[str, tuple[int, ...]] | None = None):
-        """`extras`: per-token int64 step extras the model needs (name -> trailing shape), captured as static
-        buffers padded with -1 (V4.1: the Engram n-gram history)."""
+                 engram_lookback: int = 0):
+        """`engram_lookback`: V4.1's Engram n-gram history per token (`StepInput.engram_prev_ids`, 0 = none), captured
+        as a static buffer padded with -1."""
         self.model, self.pools, self.device = model, pools, device
         self.max_model_len = max_model_len
         self.sizes = sorted(s for s in sizes if s >= 1)
@@ -36,7 +36,7 @@ class DecodeGraphs:
             "window_floor": torch.zeros(n, **i64), "cached_len": torch.zeros(n, **i64),
             "decoder_floor": torch.zeros(n, **i64),
         }
-        self.extras = {k: torch.full((n, *shape), -1, **i64) for k, shape in (extras or {}).items()}
+        self.engram = torch.full((n, engram_lookback), -1, **i64) if engram_lookback else None
         self.arange = torch.arange(n, **i64)
         self.ones = torch.ones(n, **i64)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -52,7 +52,8 @@ class DecodeGraphs:
             row_offset=self.arange[:b], block_table=f["block_table"][:b], window_floor=f["window_floor"][:b],
             cached_len=f["cached_len"][:b], decoder_floor=f["decoder_floor"][:b], logits_index=self.arange[:b],
             max_context=self.max_model_len,
-            extras={"uniform_decode": True, "decoder_trim": False, **{k: v[:b] for k, v in self.extras.items()}})
+            uniform_decode=True, decoder_trim=False,
+            engram_prev_ids=self.engram[:b] if self.engram is not None else None)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -82,8 +83,8 @@ class DecodeGraphs:
         f["window_floor"][:b] = 0
         f["cached_len"][:b] = 0
         f["decoder_floor"][:b] = 0
-        for v in self.extras.values():
-            v[:b] = -1
+        if self.engram is not None:
+            self.engram[:b] = -1
 
     def bucket(self, rows: int) -> int | None:
         return next((s for s in self.sizes if s >= rows), None)
@@ -93,8 +94,8 @@ class DecodeGraphs:
         R = step.num_rows
         if step.num_tokens != R or any(r.request.params.prompt_logprobs is not None for r in sched.rows):
             return None
-        if set(step.extras) - set(self.extras) - {"uniform_decode", "decoder_trim"}:
-            return None  # extras the graphs were not captured with
+        if step.engram_rows is not None or (step.engram_prev_ids is None) != (self.engram is None):
+            return None  # inputs the graphs were not captured with
         b = self.bucket(R)
         if b is None or step.block_table.shape[1] > self.max_blocks:
             return None
@@ -107,8 +108,8 @@ class DecodeGraphs:
         f["window_floor"][:R].copy_(step.window_floor, non_blocking=True)
         f["cached_len"][:R].copy_(step.cached_len, non_blocking=True)
         f["decoder_floor"][:R].copy_(step.decoder_floor, non_blocking=True)
-        for k, v in self.extras.items():
-            v[:R].copy_(step.extras[k], non_blocking=True)
+        if self.engram is not None:
+            self.engram[:R].copy_(step.engram_prev_ids, non_blocking=True)
         self.graphs[b].replay()
         self.replays += 1
         return self.outputs[b][:R]

@@ -171,16 +171,16 @@ class LLMEngine:
         if self.device.type == "cuda" and not cfg.enforce_eager and self.peers is None:  # (TP: eager for now)
             from .graphs import DecodeGraphs
 
-            extras = {"engram_prev_ids": (mc.engram_max_ngram - 1,)} if mc.is_v41 and mc.engram_layers else None
+            engram = mc.engram_max_ngram - 1 if mc.is_v41 and mc.engram_layers else 0
             graphs = DecodeGraphs(self.loaded.model, self.pools, cfg.cuda_graph_sizes, self.max_model_len,
-                                  self.capacity.num_blocks, cfg.block_size, self.device, extras)
+                                  self.capacity.num_blocks, cfg.block_size, self.device, engram)
         self.runner = ModelRunner(self.loaded.model, self.pools, mc.vocab_size, mc.eos_token_id, self.device,
                                   self.max_model_len, graphs)
         self.runner.peers = self.peers
         if mc.is_v41:
-            from ..models.v41.engine_hooks import make_extras_fn
+            from ..models.v41.engine_hooks import make_step_hook
 
-            self.runner.extras_fn = make_extras_fn(self.loaded.model, mc, self.tokenizer)
+            self.runner.step_hook = make_step_hook(self.loaded.model, mc, self.tokenizer)
         if graphs is not None:
             graphs.capture()
         self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)

@@ -55,7 +55,7 @@ class ModelRunner:
         self.device = device
         self.max_model_len = max_model_len
         self.graphs = graphs
-        self.extras_fn = None  # model-specific per-step extras (V4.1 Engram n-gram history)
+        self.step_hook = None  # sets the model-specific inputs of each step (V4.1: the Engram n-gram history)
         self.logits_tap = None  # observer of each step's logits (the fidelity evaluation reads full distributions)
         self.peers = None  # dist.workers.TensorParallelPeers: the other tensor-parallel ranks replay each step
         self.masks: Any = None  # guided_batch.MaskBuilder, made with the first constrained row
@@ -80,8 +80,8 @@ class ModelRunner:
         # and graphed steps run the same kernels on the same shapes (identical outputs)
         ctx = self.max_model_len if self.device.type == "cuda" else max(r.start + r.num_tokens for r in sched.rows)
         step = build_step(specs, self.device, max_context=ctx)
-        if self.extras_fn is not None:
-            step.extras.update(self.extras_fn(sched, step))
+        if self.step_hook is not None:
+            self.step_hook(sched, step)
         return step
 
     @torch.inference_mode()

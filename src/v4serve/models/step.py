@@ -12,7 +12,7 @@ Per-request state lives in two places:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -32,7 +32,11 @@ class StepInput:
     decoder_floor: torch.Tensor  # [R] int64: V4.1 decoder layers compute only positions >= this (trimmed prefill)
     logits_index: torch.Tensor  # [L] int64: flat token indices whose next-token logits are wanted
     max_context: int  # upper bound on (position + 1) of any token of the step: sizes compressed gathers
-    extras: dict = field(default_factory=dict)  # model-specific per-step data (e.g. V4.1 Engram row ids)
+    # --- model-specific inputs (V4.1), set by the engine's step hook (models/v41/engine_hooks.py) or by callers
+    engram_prev_ids: torch.Tensor | None = None  # [T, max_ngram - 1] ids at p-1, p-2, ... of each token (-1: none)
+    engram_rows: torch.Tensor | None = None  # [T, n_engram_layers, heads] precomputed Engram row ids (tools, tests)
+    uniform_decode: bool = False  # every row is one decode token (the captured decode graphs)
+    decoder_trim: bool | None = None  # V4.1's decoder trim: None = the model checks the floors, else forced
 
     @property
     def num_tokens(self) -> int:
@@ -67,8 +71,8 @@ class StepInput:
             row_start=new_start, row_len=new_len, row_offset=new_offset,
             window_floor=torch.maximum(self.window_floor, floor),
             logits_index=remap[self.logits_index],
-            extras={k: v[kept] if isinstance(v, torch.Tensor) and v.shape[:1] == self.positions.shape else v
-                    for k, v in self.extras.items()},
+            engram_prev_ids=self.engram_prev_ids[kept] if self.engram_prev_ids is not None else None,
+            engram_rows=self.engram_rows[kept] if self.engram_rows is not None else None,
         )
         return sub, kept
 

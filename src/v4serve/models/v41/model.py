@@ -4,13 +4,13 @@ Causal encoder-decoder: layers 0 .. decoder_start-1 (0..20 for V4.1-Flash) run o
 layers from decoder_start on own nothing but their window KV, so in prefill they may run on a suffix of each row
 only: the tokens at positions >= `step.decoder_floor[row]` (SWA bounded replay; the engine sets the floor to
 max(window_floor, prompt_len - window), or 0 for exact mode). Their window attention then cannot see window KV
-below the floor. Decode rows (floor 0) are unaffected. Whether to trim is decided per step: `extras["decoder_trim"]`
-(a bool the engine may set to skip the check, e.g. for captured decode steps) or, when absent, whether any row's
+below the floor. Decode rows (floor 0) are unaffected. Whether to trim is decided per step: `step.decoder_trim`
+(a bool the engine may set to skip the check, e.g. for captured decode steps) or, when None, whether any row's
 floor lies above its first position.
 
 Engram needs each token's 3 predecessors, which may lie in earlier chunks: the engine passes them as
-`extras["engram_prev_ids"]` (see engine_hooks.py / engram_hash.prev_ids_for_rows), or precomputed row ids as
-`extras["engram_rows"]`; without either, every row must start at position 0 (the whole history is in the step).
+`step.engram_prev_ids` (see engine_hooks.py / engram_hash.prev_ids_for_rows), or precomputed row ids as
+`step.engram_rows`; without either, every row must start at position 0 (the whole history is in the step).
 
 Tensor parallelism (models/sharding.py): the embedding and head are vocab-parallel as in V4, attention and MoE reduce
 over the ranks, Engram tables are split by rows. Every rank gets the same step, so the decoder trim keeps the same
@@ -118,10 +118,10 @@ class V41Model(nn.Module):
         """Row ids [T, n_engram_layers, 24] and gate liveness [T] of the step's tokens."""
         hasher = self.engram_hasher()
         live = hasher.live(step.token_ids)
-        rows = step.extras.get("engram_rows")
+        rows = step.engram_rows
         if rows is not None:
             return rows.to(step.device), live
-        prev = step.extras.get("engram_prev_ids")
+        prev = step.engram_prev_ids
         if prev is None:
             prev = _prev_ids_within_step(step, self.config.engram_max_ngram - 1)
         return hasher.row_ids(step.token_ids, prev.to(step.device)), live
@@ -173,10 +173,9 @@ class V41Model(nn.Module):
 
     @staticmethod
     def _trim(step: StepInput) -> bool:
-        flag = step.extras.get("decoder_trim")
-        if flag is not None:
-            return bool(flag)
-        if step.extras.get("uniform_decode"):  # decode rows never sit below their floor
+        if step.decoder_trim is not None:
+            return step.decoder_trim
+        if step.uniform_decode:  # decode rows never sit below their floor
             return False
         return bool((step.decoder_floor > step.row_start).any())
 
@@ -202,7 +201,7 @@ def _prev_ids_within_step(step: StepInput, lookback: int) -> torch.Tensor:
         inside = pos - k >= step.row_start[row]
         if bool((~inside & (pos - k >= 0)).any()):
             raise ValueError("Engram needs the 3 token ids before each row's first token: rows that start mid-"
-                             "sequence need step.extras['engram_prev_ids'] (models/v41/engine_hooks.py)")
+                             "sequence need step.engram_prev_ids (models/v41/engine_hooks.py)")
         prev = step.token_ids[(flat - k).clamp(min=0)]
         cols.append(torch.where(inside, prev, torch.full_like(prev, -1)))
     return torch.stack(cols, dim=1)
