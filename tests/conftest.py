@@ -41,13 +41,14 @@ def _free_port() -> int:
 class V4ServeProcess:
     """One `python -m v4serve.cli serve ...` subprocess; `url` once /health answers."""
 
-    def __init__(self, args: list[str], ready_timeout: float = 180.0) -> None:
+    def __init__(self, args: list[str], ready_timeout: float = 180.0, launcher: list[str] | None = None) -> None:
+        """launcher: python arguments that run `-m v4serve.cli` under a launcher (e.g. torch.distributed.run)."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         fd, self.log_path = tempfile.mkstemp(prefix="v4serve-test-", suffix=".log")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "V4SERVE_CPU_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("V4SERVE_API_KEY", None)
-        cmd = [sys.executable, "-m", "v4serve.cli", "serve", *args, "--port", str(self.port),
+        cmd = [sys.executable, *(launcher or []), "-m", "v4serve.cli", "serve", *args, "--port", str(self.port),
                "--uvicorn-log-level", "warning"]
         try:
             self.proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
@@ -103,8 +104,8 @@ def v4serve_process():
     end of the session if the test did not stop it)."""
     started: list[V4ServeProcess] = []
 
-    def start(args: list[str]) -> V4ServeProcess:
-        server = V4ServeProcess(args)
+    def start(args: list[str], launcher: list[str] | None = None) -> V4ServeProcess:
+        server = V4ServeProcess(args, launcher=launcher)
         started.append(server)
         return server
 

@@ -83,7 +83,8 @@ class TensorParallelPeers:
 
     def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device, nnodes: int = 1,
                  master_addr: str | None = None, master_port: int | None = None, expert_parallel: bool = False,
-                 data_parallel: bool = False):
+                 data_parallel: bool = False, spawn: bool = True):
+        """spawn=False: the other ranks were started by a launcher (torchrun, dist/launcher.py) and join by themselves."""
         self.size = size
         self.device = device
         self.data_parallel = data_parallel
@@ -92,7 +93,7 @@ class TensorParallelPeers:
         # this node's other ranks (1 .. size/nnodes - 1); the other nodes start theirs (`serve --node-rank k`)
         per_node = size // nnodes
         self.procs = spawn_ranks(range(1, per_node), size, addr, port, model, build_kwargs, device, per_node,
-                                 expert_parallel, data_parallel)
+                                 expert_parallel, data_parallel) if spawn else []
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
         self.tp = _layout(0, size, expert_parallel, data_parallel)
@@ -178,8 +179,10 @@ def _layout(rank: int, size: int, expert_parallel: bool, data_parallel: bool) ->
     return TensorParallel(rank, size, expert_parallel=expert_parallel)
 
 
-def _worker_main(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str,
-                 per_node: int = 0, expert_parallel: bool = False, data_parallel: bool = False) -> None:
+def run_rank(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str,
+             per_node: int = 0, expert_parallel: bool = False, data_parallel: bool = False) -> None:
+    """One rank other than 0: build its share of the model, then replay rank 0's steps until it says stop (a spawned
+    worker process, or a process torchrun started: server/launch.py)."""
     from ..cache.pool import KVPools
     from ..cache.spec import make_cache_spec
     from ..engine.runner import apply_slot_ops
@@ -227,4 +230,4 @@ if __name__ == "__main__":  # a worker: python -m v4serve.dist.workers ARGS.pkl 
     with open(sys.argv[1], "rb") as f:
         worker_args = pickle.load(f)
     os.unlink(sys.argv[1])
-    _worker_main(*worker_args)
+    run_rank(*worker_args)

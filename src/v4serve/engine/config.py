@@ -45,6 +45,7 @@ class EngineConfig:
     nnodes: int = 1  # machines the ranks span (node 0 runs the engine; `serve --node-rank k` on the others)
     master_addr: str | None = None  # rank 0's address for torch.distributed (default: MASTER_ADDR or 127.0.0.1)
     master_port: int | None = None  # its port (default: MASTER_PORT or a free port, single node only)
+    external_launcher: bool = False  # ranks 1.. are started by torchrun (dist/launcher.py), not by the engine
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> None:

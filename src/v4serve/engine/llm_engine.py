@@ -130,7 +130,8 @@ class LLMEngine:
                     raise EngineConfigError(f"--data-parallel-size {self.dp} --enable-expert-parallel: {e}") from None
             self.peers = TensorParallelPeers(cfg.tensor_parallel_size * self.dp, model, build_kwargs, self.device,
                                              cfg.nnodes, cfg.master_addr, cfg.master_port,
-                                             cfg.enable_expert_parallel, data_parallel=self.dp > 1)
+                                             cfg.enable_expert_parallel, data_parallel=self.dp > 1,
+                                             spawn=not cfg.external_launcher)
         tp = self.peers.tp if self.peers is not None else None
         self.loaded = loaded or build_model(model, device=self.device, tp=tp, **build_kwargs)
         mc = self.model_config = self.loaded.config

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import uvicorn
 
+from ..dist.launcher import LauncherEnv, from_environment
+from ..engine.config import EngineConfigError
 from ..engine.core import AsyncEngineClient, EngineDeadError
 from ..presets import DEMO_PRESET, is_preset
 from .args import API_KEY_ENV
@@ -101,18 +103,45 @@ def serve(args: Namespace) -> int:
         args.served_model_name = [args.model or DEMO_PRESET]
     kwargs = engine_kwargs(args)
     cfg = EngineConfig.from_kwargs(**kwargs)  # bad engine flags too
+    launcher = from_environment()
+    if launcher is not None:  # started by torchrun: this process is one rank
+        world = cfg.tensor_parallel_size * cfg.data_parallel_size
+        if launcher.world_size != world or cfg.nnodes > 1:
+            raise EngineConfigError(f"torchrun started {launcher.world_size} processes, but --tensor-parallel-size x "
+                                    f"--data-parallel-size is {world}: make them equal (and leave --nnodes to torchrun)")
+        if launcher.rank > 0:
+            return _serve_rank(model, cfg, launcher)
+        kwargs.update(external_launcher=True, master_addr=launcher.master_addr, master_port=launcher.master_port)
     if getattr(args, "node_rank", 0):  # another machine of a multi-node layout: its ranks only, no HTTP server
         return _serve_node(model, args, cfg)
     return asyncio.run(_serve(model, args, kwargs))
 
 
-def _serve_node(model: str, args: Namespace, cfg) -> int:
-    from ..dist.workers import TensorParallelPeers
+def _build_kwargs(cfg) -> tuple:
+    """(device, the model-building arguments every rank must share)."""
     from ..engine.llm_engine import resolve_device, resolve_dtype
 
     device = resolve_device(cfg.device)
-    build_kwargs = dict(seed=cfg.seed, numerics=cfg.numerics, dtype=resolve_dtype(cfg.dtype, device),
+    return device, dict(seed=cfg.seed, numerics=cfg.numerics, dtype=resolve_dtype(cfg.dtype, device),
                         with_mtp=cfg.with_mtp, kernels=cfg.kernels)
+
+
+def _serve_rank(model: str, cfg, launcher: LauncherEnv) -> int:
+    """A torchrun process of rank > 0: the worker loop of that rank on cuda:LOCAL_RANK, until rank 0 stops it."""
+    from ..dist.workers import run_rank
+
+    device, build_kwargs = _build_kwargs(cfg)
+    log.info("torchrun rank %d of %d (local %d): waiting for rank 0 at %s:%d", launcher.rank, launcher.world_size,
+             launcher.local_rank, launcher.master_addr, launcher.master_port)
+    run_rank(launcher.rank, launcher.world_size, launcher.master_addr, str(launcher.master_port), model, build_kwargs,
+             str(device), launcher.local_world_size, cfg.enable_expert_parallel, cfg.data_parallel_size > 1)
+    return 0
+
+
+def _serve_node(model: str, args: Namespace, cfg) -> int:
+    from ..dist.workers import TensorParallelPeers
+
+    device, build_kwargs = _build_kwargs(cfg)
     return TensorParallelPeers.serve_node(args.node_rank, cfg.nnodes, cfg.tensor_parallel_size, model, build_kwargs,
                                           device, cfg.master_addr, cfg.master_port, cfg.enable_expert_parallel)
 
