@@ -58,7 +58,7 @@ if [[ $what == step ]]; then  # the step's fused seams: their tests at real shap
   rc=${PIPESTATUS[0]}
   timeout 240 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -s 2>&1 | tee "$OUT/gpu_tests.log" \
     | grep -E "agreement|passed|failed|Error" | tail -20
-  for k in compressor finish; do
+  for k in compressor finish norm; do
     timeout 60 python3 benchmarks/kernels/$k.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/$k.log" | tail -16
   done
   for b in 1 32; do

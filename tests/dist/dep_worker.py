@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 
 from v4serve.cache.pool import KVPools
 from v4serve.cache.spec import make_cache_spec
@@ -14,6 +11,8 @@ from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
 from v4serve.models.v4.moe import dep_idle
 from v4serve.models.v41.engine_hooks import engram_history
+
+from .common import gloo_rank, state_bytes
 
 BLOCK = 64
 
@@ -52,14 +51,9 @@ def run_dep_rank(rank: int, world: int, port: int, model: str, prompts: list[lis
                  out: str) -> None:
     """Rank r serves prompts[r]: its prefill (the ranks' token counts differ; no count announced, so the MoE asks
     the ranks), then decode steps; the last rank sits the second decode step out (idle)."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, port):
         lm = build_model(model, dtype=torch.float64, with_mtp=False, kernels="reference",
                          tp=TensorParallel(0, 1, expert_parallel=True, dp_rank=rank, dp_size=world))
         logits = session(lm, prompts[rank], follow, idle_at=1 if rank == world - 1 else None)
-        held = sum(t.numel() * t.element_size() for t in lm.model.state_dict().values())
+        held = state_bytes(lm)
         torch.save({"logits": logits, "held": held}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()

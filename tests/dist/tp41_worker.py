@@ -3,10 +3,7 @@ it), and the V4.1 session both sides run."""
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 
 from v4serve.cache.pool import KVPools
 from v4serve.cache.spec import make_cache_spec
@@ -14,6 +11,8 @@ from v4serve.dist.parallel import TensorParallel
 from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
 from v4serve.models.v41.engine_hooks import engram_history
+
+from .common import gloo_rank, state_bytes
 
 BLOCK = 64
 
@@ -45,15 +44,10 @@ def v41_session(lm, toks: list[int], follow: list[int]) -> list[torch.Tensor]:
 
 def run_rank(rank: int, world: int, port: int, folder: str, toks: list[int], follow: list[int], out: str,
              ep: bool) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, port):
         lm = build_model(folder, dtype=torch.float64, with_mtp=False, kernels="reference",
                          tp=TensorParallel(rank, world, expert_parallel=ep))
         result = v41_session(lm, toks, follow)
-        held = sum(t.numel() * t.element_size() for t in lm.model.state_dict().values())
+        held = state_bytes(lm)
         tables = sum(m.weight.numel() for m in lm.model.modules() if hasattr(m, "keeps_stored_format"))
         torch.save({"logits": result, "held": held, "table_rows": tables}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()

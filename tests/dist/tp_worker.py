@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
-import torch.distributed as dist
 
 from v4serve.cache.pool import KVPools
 from v4serve.cache.spec import make_cache_spec
 from v4serve.dist.parallel import TensorParallel
 from v4serve.models.factory import build_model
 from v4serve.models.step import RowSpec, build_step
+
+from .common import gloo_rank, state_bytes
 
 BLOCK = 64
 
@@ -28,14 +27,9 @@ def logits_of(lm, toks: list[int], next_token: int) -> tuple[torch.Tensor, torch
 
 
 def run_rank(rank: int, world: int, port: int, folder: str, toks: list[int], out: str, ep: bool = False) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
+    with gloo_rank(rank, world, port):
         lm = build_model(folder, dtype=torch.float64, with_mtp=False, kernels="reference",
                          tp=TensorParallel(rank, world, expert_parallel=ep))
         result = logits_of(lm, toks, toks[0])
-        held = sum(t.numel() * t.element_size() for t in lm.model.state_dict().values())
+        held = state_bytes(lm)
         torch.save({"logits": result, "held": held}, f"{out}.{rank}")
-    finally:
-        dist.destroy_process_group()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from v4serve.ops import compressor as comp
+from v4serve.ops.indexer import Entries
 from v4serve.ops.kernels import compressor as kernel
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
@@ -72,14 +73,20 @@ def test_pool_groups_kernel_matches_reference(case: str, ape: bool) -> None:
     ape_t = rnd(ratio, W) if ape else None
     state_kv, state_sc = rnd(5, C * ratio, W), rnd(5, C * ratio, W)
     state_sc[4, 1] = float("-inf")  # empty slots as the state pool keeps them
-    dest = comp.Dest(BLOCK, step.n_blocks)
     groups = comp.completed_groups(step, ratio)
     ref_kv, ref_sc = state_kv.clone(), state_sc.clone()
     want = comp.pool_groups_reference(kv, score, ape_t, step, groups, ref_kv, ref_sc, ratio, overlap, hd, DTYPE)
     got = kernel.pool_groups(kv, score, ape_t, step, groups, state_kv, state_sc, ratio, overlap, hd, DTYPE)
     v = groups.valid  # padded groups' values are unspecified: their rows are the trash block's
     assert int(v.sum()) > 0 and bool((~v).any())
-    assert (comp.dest_rows(step, groups, ratio, dest)[~v] >= dest.num_blocks * (BLOCK // ratio)).all()
+    where = Entries(step.block_table, step.token_row, step.positions, ratio, BLOCK, step.n_blocks, 8)
+    rows, epb = comp.dest_rows(step, groups, where), BLOCK // ratio
+    assert (rows[~v] >= step.n_blocks * epb).all()
+    for g in torch.nonzero(v).flatten().tolist():  # a fresh entry goes to its block's row, a cached one nowhere
+        r, j = int(groups.row[g]), int(groups.entry[g])
+        block = int(step.block_table[r, j * ratio // BLOCK])
+        fresh = (j + 1) * ratio > int(step.cached_len[r]) and block >= 0
+        assert int(rows[g]) == (block * epb + j % epb if fresh else step.n_blocks * epb + j % epb)
     assert torch.allclose(got[v], want[v], rtol=TOL, atol=TOL)
     # the state of every real slot (the trash slot, 4, takes many writes at once: any of them may stay there)
     got_kv, got_sc, ref_kv, ref_sc = state_kv[:4], state_sc[:4], ref_kv[:4], ref_sc[:4]

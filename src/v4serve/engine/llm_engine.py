@@ -114,18 +114,17 @@ class LLMEngine:
                                         "itself; pass a model name")
             from ..dist.workers import TensorParallelPeers
 
-            if cfg.tensor_parallel_size > 1 and cfg.with_mtp:  # refused before any worker starts (factory.py)
-                from ..models.factory import resolve_config
+            from ..models.factory import resolve_config
 
-                if resolve_config(model)[0].is_v41:
-                    raise EngineConfigError("--tensor-parallel-size > 1 does not load V4.1's DSpark draft blocks yet "
-                                            "(with_mtp=False)")
-            if self.dp > 1:  # a layout that cannot split fails here, before any worker starts
-                from ..models.factory import resolve_config
+            layout_config = resolve_config(model)[0]  # a layout that cannot run fails here, before any worker starts
+            if cfg.tensor_parallel_size > 1 and cfg.with_mtp and layout_config.is_v41:  # (factory.py refuses it too)
+                raise EngineConfigError("--tensor-parallel-size > 1 does not load V4.1's DSpark draft blocks yet "
+                                        "(with_mtp=False)")
+            if self.dp > 1:
                 from ..models.sharding import Layout, check_layout
 
                 try:
-                    check_layout(resolve_config(model)[0], Layout(1, self.dp, True))
+                    check_layout(layout_config, Layout(1, self.dp, True))
                 except ValueError as e:
                     raise EngineConfigError(f"--data-parallel-size {self.dp} --enable-expert-parallel: {e}") from None
             self.peers = TensorParallelPeers(cfg.tensor_parallel_size * self.dp, model, build_kwargs, self.device,

@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 
 from .backend import REFERENCE, TRITON
+from .indexer import Entries
 
 
 class StepRows(Protocol):
@@ -43,15 +44,6 @@ class StepRows(Protocol):
 
     @property
     def num_rows(self) -> int: ...
-
-
-@dataclass
-class Dest:
-    """Where completed entries are stored: paged rows `block * (block_size // ratio) + entry % epb`; padded groups,
-    entries already cached and unmapped blocks go to the trash block `num_blocks`."""
-
-    block_size: int
-    num_blocks: int
 
 
 @dataclass
@@ -152,16 +144,14 @@ def write_state(kv: torch.Tensor, score: torch.Tensor, step: StepRows, state_kv:
     state_score[slot, idx] = score.to(state_score.dtype)
 
 
-def dest_rows(step: StepRows, groups: Groups, ratio: int, dest: Dest) -> torch.Tensor:
-    """The pool row of each group's entry (the trash block's rows for padding, cached entries, unmapped blocks)."""
-    cached = (groups.entry + 1) * ratio <= step.cached_len[groups.row]
-    bt = step.block_table
-    col = (groups.entry * ratio // dest.block_size).clamp(0, bt.shape[1] - 1)
-    block = bt[groups.row, col]
-    ok = groups.valid & ~cached & (block >= 0)
-    block = torch.where(ok, block, torch.full_like(block, dest.num_blocks))
-    epb = dest.block_size // ratio
-    return block * epb + groups.entry.clamp(min=0) % epb
+def dest_rows(step: StepRows, groups: Groups, where: Entries) -> torch.Tensor:
+    """The pool row each group's entry is written to: where its row's entries live (`where`, the addressing the
+    readers use; an unmapped block is the trash block), or the trash block's row for padding and for entries the
+    prefix cache already holds (never rewritten)."""
+    j = groups.entry.clamp(min=0)
+    fresh = groups.valid & ((groups.entry + 1) * where.ratio > step.cached_len[groups.row])
+    rows = where.token_rows(groups.row, j.unsqueeze(1)).squeeze(1)
+    return torch.where(fresh, rows, where.num_blocks * where.per_block + j % where.per_block)
 
 
 def pool_groups_reference(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor | None, step: StepRows,
@@ -183,8 +173,8 @@ def pool_groups(kv: torch.Tensor, score: torch.Tensor, ape: torch.Tensor | None,
 
     kv, score [T, C * head_dim] (C = 2 with overlap) are this step's projections (score before the APE bias `ape`
     [ratio, C * head_dim], added here); `groups` = completed_groups(step, ratio) (the same for every layer of a
-    ratio, so the caller computes it once per step); state_kv / state_score [slots + 1, C * ratio, C * head_dim] are
-    read for the positions before this step and then replaced, at each row's slot, by the row's next state. Returns
+    ratio, so the caller computes it once per step); state_kv / state_score [slots + 1, C * ratio, C * head_dim] hold
+    each row's earlier positions (state_index) and receive this step's positions that later steps read. Returns
     the pooled (pre-norm) entries [len(groups), head_dim] in out_dtype; padded groups' values are unspecified (their
     rows, dest_rows, are the trash block's).
     """

@@ -13,7 +13,7 @@ import torch
 from ...cache.pool import KVPools
 from ...config import ModelConfig
 from ...ops.attention import EntryRefs, WindowRefs
-from ...ops.compressor import Dest, Groups, completed_groups, dest_rows
+from ...ops.compressor import Groups, completed_groups, dest_rows
 from ...ops.finish import finish_rows
 from ...ops.indexer import Entries
 from ...ops.rope import inv_freq, rope_cos_sin
@@ -79,11 +79,16 @@ class StepContext:
         """Entries each token may see: groups complete at or before its position."""
         return torch.div(self.step.positions + 1, ratio, rounding_mode="floor")
 
-    def index_entries(self, source: int, visible: torch.Tensor) -> Entries:
-        """Where the index keys of `source`'s cache live, for ops.indexer.index_topk."""
-        ratio, pools = self.pools.ratio[source], self.pools
+    def entries(self, ratio: int, visible: torch.Tensor) -> Entries:
+        """Where the compressed entries (and index keys) of a cache of this ratio live (every layer of a ratio uses
+        the same block table and entries-per-block)."""
+        pools = self.pools
         return Entries(self.step.block_table, self.step.token_row, visible, ratio, pools.block_size, pools.num_blocks,
                        self.max_entries(ratio))
+
+    def index_entries(self, source: int, visible: torch.Tensor) -> Entries:
+        """Where the index keys of `source`'s cache live, for ops.indexer.index_topk."""
+        return self.entries(self.pools.ratio[source], visible)
 
     def entry_refs(self, source: int, picks: torch.Tensor | None = None) -> EntryRefs:
         """The compressed entries of `source`'s cache each token attends to: its picks (CSA) or all visible (HCA)."""
@@ -99,7 +104,10 @@ class StepContext:
                 groups = Groups(st.token_row, st.positions, torch.ones_like(st.positions, dtype=torch.bool))
             else:
                 groups = completed_groups(st, ratio)
-            rows = dest_rows(st, groups, ratio, Dest(self.pools.block_size, self.pools.num_blocks))
-            cos, sin = rope_cos_sin(groups.entry * ratio, inv_freq(self.config, True, st.device))
+            rows = dest_rows(st, groups, self.entries(ratio, self.visible(ratio)))
+            if ratio == 1:  # the entries sit at the tokens' own positions
+                cos, sin = self.rope(True)
+            else:
+                cos, sin = rope_cos_sin(groups.entry * ratio, inv_freq(self.config, True, st.device))
             self._compression[ratio] = Compression(groups, rows, cos, sin)
         return self._compression[ratio]

@@ -21,6 +21,15 @@ BLOCK_D = 64  # channels per program (an HCA group's tile is 128 positions x 64 
 
 
 @triton.jit
+def _state_index(p, M: tl.constexpr, OVERLAP: tl.constexpr):
+    """ops.compressor.state_index: position p's slot in its row's state (p >= 0)."""
+    if OVERLAP:
+        return ((p // M) % 2) * M + p % M
+    else:
+        return p % M
+
+
+@triton.jit
 def _resolve(pos, s, e, off, M: tl.constexpr, OVERLAP: tl.constexpr):
     """Where position `pos` (of a row starting this step at s, ending at e) lives: (fresh token index or -1, state
     index or -1). The state holds the positions of the row's last group before s (and, with overlap, the one before
@@ -30,11 +39,7 @@ def _resolve(pos, s, e, off, M: tl.constexpr, OVERLAP: tl.constexpr):
     p0 = tl.maximum(pos, 0)
     live_from = (s // M) * M - (M if OVERLAP else 0)
     in_state = (pos < s) & (pos >= live_from) & (pos >= 0)
-    if OVERLAP:
-        idx = ((p0 // M) % 2) * M + p0 % M
-    else:
-        idx = p0 % M
-    return t, tl.where(in_state, idx, -1)
+    return t, tl.where(in_state, _state_index(p0, M, OVERLAP), -1)
 
 
 @triton.jit
@@ -108,11 +113,7 @@ def _write_state_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, pos_ptr, trow
     e = tl.load(start_ptr + r) + tl.load(len_ptr + r)
     keep_from = (e // M) * M - (M if OVERLAP else 0)
     slot = tl.where(pos >= keep_from, tl.load(slot_ptr + r), trash_slot)
-    if OVERLAP:
-        idx = ((pos // M) % 2) * M + pos % M
-    else:
-        idx = pos % M
-    base = (slot * SL + idx) * W
+    base = (slot * SL + _state_index(pos, M, OVERLAP)) * W
     for c0 in range(0, W, BW):
         c = c0 + tl.arange(0, BW)
         kv = tl.load(kv_ptr + t * stride_kv + c)

@@ -92,7 +92,7 @@ def _round(v, DT: tl.constexpr):
 
 
 @triton.jit
-def _cast(v, T: tl.constexpr, F64: tl.constexpr):
+def cast_rounded(v, T: tl.constexpr, F64: tl.constexpr):
     """v (float32 / float64) -> T, rounding to nearest even (bf16 by hand: the interpreter's cast truncates; float64
     to a 16-bit type through float32, as torch casts)."""
     if T == tl.bfloat16:
@@ -104,12 +104,22 @@ def _cast(v, T: tl.constexpr, F64: tl.constexpr):
 
 
 @triton.jit
-def _wide(v, ACC: tl.constexpr):
+def widen(v, ACC: tl.constexpr):
     """A loaded operand (norm weight, cos/sin) in the accumulation dtype, as torch promotes it (bf16 through float32:
     the interpreter's bf16 -> float64 cast reads the raw bits)."""
     if v.dtype == tl.bfloat16:
         v = v.to(tl.float32)
     return v.to(ACC)
+
+
+@triton.jit
+def rms_inv(ms, eps_hi, eps_lo, F64: tl.constexpr):
+    """1 / sqrt(mean square + eps) of rms_norm: float32 through IEEE sqrt and division (Triton's own are approximate
+    on the GPU); float64 (the interpreter) with eps's low half too (float scalars reach kernels as float32)."""
+    if F64:
+        return 1.0 / tl.sqrt(ms + eps_hi + eps_lo)
+    else:
+        return tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps_hi))
 
 
 @triton.jit
@@ -205,7 +215,7 @@ def _store_record(y, rec_ptr, base, ok, c, BM: tl.constexpr, D: tl.constexpr, KR
     row = rec_ptr + base[:, None]
     y32 = y.to(tl.float32)  # the quantized encodings read x.float()
     if KIND == 1:  # plain values in the pool's dtype
-        tl.store(row + c[None, :], _cast(y, PT, F64), mask=m2)
+        tl.store(row + c[None, :], cast_rounded(y, PT, F64), mask=m2)
     elif KIND == 2:  # V4: e4m3 nope | bf16 rope (little-endian) | e8m0 per 64 | pad
         NOPE: tl.constexpr = D - KR
         _, q, s = _fp8_groups(y32, BM, D, 64)
@@ -271,20 +281,16 @@ def _finish_kernel(x_ptr, out_ptr, pre_ptr, w_ptr, cos_ptr, sin_ptr, rows_ptr, r
         else:
             z = x.to(tl.float32)  # bf16 / fp16 rows hold their exact values in float32
         if NORM:  # rms_norm: w * (x * rsqrt(mean(x^2) + eps)) in the accumulation dtype, rounded to x's dtype
-            ms = tl.sum(z * z, 1) / D
-            if F64:
-                r = 1.0 / tl.sqrt(ms + eps_hi + eps_lo)
-            else:
-                r = tl.math.div_rn(1.0, tl.math.sqrt_rn(ms + eps_hi))
-            w = _wide(tl.load(w_ptr + c), ACC)
+            r = rms_inv(tl.sum(z * z, 1) / D, eps_hi, eps_lo, F64)
+            w = widen(tl.load(w_ptr + c), ACC)
             z = _round(w[None, :] * (z * r[:, None]), DT)
         if RD > 0:  # apply_rope: interleaved pairs of the last RD dims, float32 (float64) math, rounded
             pair = tl.arange(0, D // 2)
             rp = pair >= (D - RD) // 2
             ri = tl.where(rp, pair - (D - RD) // 2, 0)
             cm = ok[:, None] & rp[None, :]
-            cs = _wide(tl.load(cos_ptr + n[:, None] * stride_c + ri[None, :], mask=cm, other=1.0), ACC)
-            sn = _wide(tl.load(sin_ptr + n[:, None] * stride_c + ri[None, :], mask=cm, other=0.0), ACC)
+            cs = widen(tl.load(cos_ptr + n[:, None] * stride_c + ri[None, :], mask=cm, other=1.0), ACC)
+            sn = widen(tl.load(sin_ptr + n[:, None] * stride_c + ri[None, :], mask=cm, other=0.0), ACC)
             a, b = tl.split(tl.reshape(z, (BM, D // 2, 2)))
             rot = tl.reshape(tl.join(a * cs - b * sn, a * sn + b * cs), (BM, D))
             z = tl.where((c >= D - RD)[None, :], _round(rot, DT), z)  # the nope dims pass untouched
@@ -305,10 +311,10 @@ def _finish_kernel(x_ptr, out_ptr, pre_ptr, w_ptr, cos_ptr, sin_ptr, rows_ptr, r
                 z = _round(u * hc_hi, DT)
         dst = m.to(tl.int64)[:, None] * D + c[None, :]
         if STORE_PRE:  # the values before the simulation (tests: the simulation must be exact on them)
-            tl.store(pre_ptr + dst, _cast(z, DT, F64), mask=ok[:, None])
+            tl.store(pre_ptr + dst, cast_rounded(z, DT, F64), mask=ok[:, None])
         if FMT != 0:
             z = _simulate(z, c, BM, D, SR, FMT, F64)
-        tl.store(out_ptr + dst, _cast(z, DT, F64), mask=ok[:, None])
+        tl.store(out_ptr + dst, cast_rounded(z, DT, F64), mask=ok[:, None])
         if KIND != 0:
             prow = tl.load(rows_ptr + m, mask=ok, other=0).to(tl.int64)
             _store_record(z, rec_ptr, prow * stride_rec, ok, c, BM, D, KR, KIND, PT, F64)

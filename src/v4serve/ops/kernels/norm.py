@@ -1,6 +1,7 @@
 """RMS norm of whole rows in one launch, for rows wider than ops/kernels/finish.py takes (the q latent, the model
-width): one program per row, the row in one register tile, the same steps as ops.norm.rms_norm (the mean square in
-the accumulation dtype, times rsqrt, times the weight, rounded to x's dtype once)."""
+width): one program per row, the row in one register tile, the finish kernel's norm stage (`widen`, `rms_inv`, and its
+rounding to x's dtype), i.e. ops.norm.rms_norm's steps: the mean square in the accumulation dtype, times 1/rms, times
+the weight, rounded to x's dtype once."""
 
 from __future__ import annotations
 
@@ -9,23 +10,24 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from .split_grid import TL_DTYPES
+from .finish import cast_rounded, rms_inv, widen
+from .split_grid import hi_lo
 
 MAX_D = 16384
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps_hi, eps_lo, D: tl.constexpr, BD: tl.constexpr,
-                     HAS_W: tl.constexpr, ACC: tl.constexpr):
+                     HAS_W: tl.constexpr, F64: tl.constexpr):
+    ACC: tl.constexpr = tl.float64 if F64 else tl.float32
     r = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BD)
     m = c < D
-    x = tl.load(x_ptr + r * stride_x + c, mask=m, other=0.0).to(ACC)
-    ms = tl.sum(x * x, 0) / D
-    y = x * (1.0 / tl.sqrt(ms + eps_hi + eps_lo))
+    x = widen(tl.load(x_ptr + r * stride_x + c, mask=m, other=0.0), ACC)
+    y = x * rms_inv(tl.sum(x * x, 0) / D, eps_hi, eps_lo, F64)
     if HAS_W:
-        y = tl.load(w_ptr + c, mask=m, other=0.0).to(ACC) * y
-    tl.store(out_ptr + r * stride_o + c, y.to(out_ptr.dtype.element_ty), mask=m)
+        y = widen(tl.load(w_ptr + c, mask=m, other=0.0), ACC) * y
+    tl.store(out_ptr + r * stride_o + c, cast_rounded(y, out_ptr.dtype.element_ty, F64), mask=m)
 
 
 def supports(x: torch.Tensor) -> bool:
@@ -44,10 +46,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         x2 = x2.contiguous()
     out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-        eps_hi = float(torch.tensor(eps, dtype=torch.float32))
+        eps_hi, eps_lo = hi_lo(float(eps))
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, weight if weight is not None else x2, out, x2.stride(0), out.stride(0), eps_hi, eps - eps_hi,
-            D=D, BD=triton.next_power_of_2(D), HAS_W=weight is not None, ACC=TL_DTYPES[acc],
+            x2, weight if weight is not None else x2, out, x2.stride(0), out.stride(0), eps_hi, eps_lo,
+            D=D, BD=triton.next_power_of_2(D), HAS_W=weight is not None, F64=x.dtype == torch.float64,
             num_warps=min(16, max(1, triton.next_power_of_2(D) // 512)))
     return out.view(x.shape)
