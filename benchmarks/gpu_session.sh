@@ -67,6 +67,51 @@ if [[ $what == step ]]; then  # the step's fused seams: their tests at real shap
       | tee "$OUT/profile-b$b.log" | tail -18
   done
 fi
+if [[ $what == sweep ]]; then  # tile variants of the decode GEMV and the MoE side by side, the mHC kernels, and the
+  # 43-layer step profile with its costliest kernels listed
+  timeout 230 python3 benchmarks/kernels/fp8_gemm.py --decode-only --out "$OUT" \
+    --shapes "wq_b,wo_a(grouped),wo_b,shared_w1,wq_a,wkv,idx_wq_b,v41_wo_b" 2>&1 | grep -v Warning \
+    | tee "$OUT/fp8_gemm_sweep.log" | tail -40
+  timeout 120 python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" --variants "${MOE_VARIANTS:-default,bits,no-split,split8/4,k64s6,up-n64,dn-n64,w8}" \
+    2>&1 | grep -v Warning | tee "$OUT/moe_sweep.log" | tail -45
+  timeout 60 python3 benchmarks/kernels/mhc.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc.log" | tail -20
+  timeout 150 python3 benchmarks/profile_step.py "${1:-v4-flash-e16}" --batch 1 --context 2048 --steps 2 --prefill 0 \
+    --top 45 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT | tee "$OUT/profile-top.log" \
+    | tail -70
+fi
+if [[ $what == round2 ]]; then  # the new kernel variants side by side, then PDL on/off/prefetch on the graphed step
+  timeout 90 python3 benchmarks/kernels/fp8_gemm.py --decode-only --out "$OUT" --shapes "wq_b,wo_b,wo_a(grouped)" \
+    --variants "default,in-register,prequantized,general" 2>&1 | grep -v Warning \
+    | tee "$OUT/fp8_gemm_round2.log" | tail -30
+  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/shared_expert.log" | tail -30
+  timeout 45 python3 benchmarks/kernels/mhc.py --sweep --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_round2.log" \
+    | grep -e default -e iters1
+  for p in 0 1 2; do
+    V4SERVE_PDL=$p timeout 60 python3 benchmarks/profile_step.py "${1:-v4-flash-l8-e16}" --batch 1 --context 2048 \
+      --steps 5 --prefill 0 --graph-only --kv-cache-memory 8589934592 2>&1 | grep "CUDA graphs"
+  done
+  timeout 230 python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" --variants "${MOE_VARIANTS:-default}" \
+    2>&1 | grep -v Warning | tee "$OUT/moe_round2.log" | tail -45
+  [[ -n ${ATTN_ARGS:-} ]] && timeout 150 python3 benchmarks/kernels/attention.py $ATTN_ARGS --out "$OUT" 2>&1 \
+    | grep -v Warning | tee "$OUT/attention_round2.log" | tail -30
+fi
+if [[ $what == final ]]; then  # the changed kernels' tests at real shapes, the CUDA tests (graph = eager, fast path vs
+  # float64), the 43-layer step profile with its costliest kernels, then PDL off (A/B) and batch 32 (graphed only)
+  timeout 150 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py tests/ops/test_mhc.py \
+    tests/ops/test_moe.py tests/ops/test_attention.py -q -x -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/ops_tests.log" | grep -E "passed|failed|Error|assert" | tail -12
+  rc=${PIPESTATUS[0]}
+  timeout 150 python3 -m pytest tests/gpu -q -x -p no:cacheprovider -o addopts="" -s 2>&1 | tee "$OUT/gpu_tests.log" \
+    | grep -E "agreement|passed|failed|Error" | tail -12
+  timeout 140 python3 benchmarks/profile_step.py "${1:-v4-flash-e16}" --batch 1 --context 2048 --steps 2 --prefill 0 \
+    --top 40 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
+    | tee "$OUT/profile-top.log" | tail -64
+  V4SERVE_PDL=0 timeout 55 python3 benchmarks/profile_step.py "${1:-v4-flash-e16}" --batch 1 --context 2048 \
+    --steps 5 --prefill 0 --graph-only --kv-cache-memory 8589934592 2>&1 | grep "CUDA graphs" | tee "$OUT/pdl0.log"
+  timeout 50 python3 benchmarks/profile_step.py v4-flash-l8-e16 --batch 32 --context 2048 --steps 5 --prefill 0 \
+    --graph-only --kv-cache-memory 8589934592 2>&1 | grep "CUDA graphs" | tee "$OUT/l8-b32.log"
+fi
 if [[ $what == tp ]]; then  # TP, TP + EP and DP + EP engines over NCCL (needs the nvidia-h200-x2 kind or larger; the
   # serve tests need the openai client, which is not carried)
   timeout 300 python3 -m pytest tests/dist/test_engine_tp.py tests/dist/test_engine_dp.py -k two_gpus -q \

@@ -48,11 +48,11 @@ def _innermost(ranges: list[tuple[int, int, str]], t: int) -> str:
     return best
 
 
-def attribute_cuda(prof) -> dict[str, dict[str, float]]:
+def attribute_cuda(prof, kernels: dict | None = None) -> dict[str, dict[str, float]]:
     """Per family on a GPU, from the raw kineto events: each device activity (kernel, memcpy, memset) is matched by its
     CUPTI correlation id to the runtime/driver call that launched it, and that call's time to the innermost family
     range open on its thread. This covers Triton kernels (launched by the driver API, outside any aten op) as well
-    as torch ops."""
+    as torch ops. `kernels`, when given, also collects (family, kernel name) -> {"ms", "launches"}."""
     events = prof.profiler.kineto_results.events()
     ranges: dict[int, list[tuple[int, int, str]]] = defaultdict(list)
     launches: dict[int, tuple[int, int]] = {}
@@ -70,10 +70,26 @@ def attribute_cuda(prof) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"ms": 0.0, "launches": 0})
     for e in device:
         where = launches.get(e.correlation_id())
-        fam = out[_innermost(ranges.get(where[0], []), where[1]) if where else "other"]
+        name = _innermost(ranges.get(where[0], []), where[1]) if where else "other"
+        fam = out[name]
         fam["ms"] += e.duration_ns() / 1e6
         fam["launches"] += 1
+        if kernels is not None:
+            k = kernels.setdefault((name, e.name()[:90]), {"ms": 0.0, "launches": 0})
+            k["ms"] += e.duration_ns() / 1e6
+            k["launches"] += 1
     return dict(out)
+
+
+def top_kernels(kernels: dict, n_steps: int, top: int) -> tuple[list[str], list[dict]]:
+    """The `top` kernels by GPU time per step, with their family and launches per step."""
+    ranked = sorted(kernels.items(), key=lambda kv: -kv[1]["ms"])[:top]
+    rows = [{"family": f, "kernel": k, "us": v["ms"] / n_steps * 1e3, "launches": v["launches"] / n_steps}
+            for (f, k), v in ranked]
+    lines = ["\n| family | kernel | GPU us/step | launches/step | us/launch |", "|---|---|---|---|---|"]
+    lines += [f"| {r['family']} | `{r['kernel']}` | {r['us']:.1f} | {r['launches']:.0f} | "
+              f"{r['us'] / max(r['launches'], 1):.2f} |" for r in rows]
+    return lines, rows
 
 
 def attribute_cpu(prof) -> dict[str, dict[str, float]]:
@@ -93,9 +109,9 @@ def attribute_cpu(prof) -> dict[str, dict[str, float]]:
     return dict(out)
 
 
-def attribute(prof, cuda: bool) -> dict[str, dict[str, float]]:
+def attribute(prof, cuda: bool, kernels: dict | None = None) -> dict[str, dict[str, float]]:
     """Per family: device time (ms) and launches on a GPU; CPU self time and ops on a CPU dry run."""
-    return attribute_cuda(prof) if cuda else attribute_cpu(prof)
+    return attribute_cuda(prof, kernels) if cuda else attribute_cpu(prof)
 
 
 def table(title: str, fams: dict[str, dict[str, float]], floor: dict[str, float], n: int) -> list[str]:
@@ -113,6 +129,19 @@ def table(title: str, fams: dict[str, dict[str, float]], floor: dict[str, float]
     return lines
 
 
+def replay_ms(eng: LLMEngine, batch: int, n: int = 20) -> float:
+    """GPU time of the captured decode graph replayed back to back (the step without its host work)."""
+    g = eng.runner.graphs.graphs[eng.runner.graphs.bucket(batch)]
+    g.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(n):
+        g.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -126,6 +155,8 @@ def main() -> int:
     ap.add_argument("--kv-cache-memory", type=int, default=16 << 30)
     ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="also time graphed decode steps (a second engine)")
+    ap.add_argument("--top", type=int, default=0, help="also list the N costliest decode kernels (GPU)")
+    ap.add_argument("--graph-only", action="store_true", help="only the CUDA-graph step time (A/B runs)")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -170,6 +201,13 @@ def main() -> int:
         sync(dev)
         return (time.perf_counter() - t) / n * 1e3
 
+    if args.graph_only and cuda:
+        geng = engine(eager=False)
+        fill(geng)
+        ms = timed_steps(geng, max(args.steps, 10))
+        print(f"decode with CUDA graphs: {ms:.2f} ms/step, of which the graph replay alone "
+              f"{replay_ms(geng, args.batch):.2f} ms (V4SERVE_PDL={os.environ.get('V4SERVE_PDL', '1')})", flush=True)
+        return 0
     eng = engine(eager=True)
     c = eng.model_config
     held = held_bytes(eng.loaded.model)
@@ -184,12 +222,16 @@ def main() -> int:
             eng.step()
         sync(dev)
     profiling.enable(False)
-    dec = attribute(prof, cuda)
+    per_kernel: dict = {}
+    dec = attribute(prof, cuda, per_kernel)
     dec_floor = floors.floor_ms(floors.decode_bytes(c, eng.spec, args.batch, args.context), {}, ceil)
     lines = table(f"decode, batch {args.batch}, context {args.context} (per step; eager "
                   f"{results['eager_step_ms']:.2f} ms/step)", dec, dec_floor, args.steps)
     results["decode"] = {"families": {k: {"ms": v["ms"] / args.steps, "launches": v["launches"] / args.steps}
                                       for k, v in dec.items()}, "floor_ms": dec_floor}
+    if args.top and per_kernel:
+        top_lines, results["decode"]["top_kernels"] = top_kernels(per_kernel, args.steps, args.top)
+        lines += top_lines
     eng.abort_all()
     eng.step()
     if args.prefill:
@@ -215,6 +257,8 @@ def main() -> int:
         geng = engine(eager=False)
         fill(geng)
         results["graph_step_ms"] = timed_steps(geng, max(args.steps, 10))
+        results["graph_replay_ms"] = replay_ms(geng, args.batch)
+        lines.append(f"\ngraph replay alone: {results['graph_replay_ms']:.2f} ms (the rest of the step is host work)")
         lines.append(f"\ndecode with CUDA graphs: {results['graph_step_ms']:.2f} ms/step; floor "
                      f"{sum(dec_floor.values()):.3f} ms ({results['graph_step_ms'] / sum(dec_floor.values()):.1f}x)")
     lines.append(f"weights held {results['weight_bytes'] / 1e9:.2f} GB vs checkpoint "

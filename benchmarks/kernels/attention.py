@@ -1,6 +1,6 @@
 """Microbenchmark of the fused sparse attention (ops/kernels/attention.py) at V4-Flash / V4.1-Flash shapes, one GPU.
 
-    python benchmarks/kernels/attention.py [--out DIR] [--quick]
+    python benchmarks/kernels/attention.py [--out DIR] [--quick] [--format v4] [--variants default f64 f32]
 
 Decode: R rows of one token each at 64K context; each token reads its 128 window rows from the ring and 512 compressed
 entries (CSA picks out of 16K, or HCA's 512 visible entries), from pools in their stored formats. Achieved GB/s is on the
@@ -13,6 +13,7 @@ side so the committed config can be chosen from one run.
 from __future__ import annotations
 
 import argparse
+import math
 
 import torch
 from common import bench_graph_many, bench_ms, describe, measure_ceilings, write_json
@@ -31,6 +32,79 @@ VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": ker
             "w8": kernel.Config(16, 32, 4, 8, 1), "d2w8": kernel.Config(16, 32, 2, 8, 1),
             "d8": kernel.Config(16, 32, 8, 4, 1), "s2": kernel.Config(16, 32, 4, 4, 2),
             "h32w8": kernel.Config(32, 32, 4, 8, 1), "h64w8": kernel.Config(64, 32, 4, 8, 1)}
+
+
+def flash(heads: int, rows: int, warps: int, stages: int = 1, splits: int = 0, dchunk: int = 128,
+          prefetch: int = 0) -> kernel.Config:
+    """A "flash" mode config (split-KV flash decoding over all heads); splits 0 = by the grid size."""
+    return kernel.Config(heads, rows, 1, warps, stages, splits, mode="flash", dchunk=dchunk, prefetch=prefetch)
+
+
+# Flash variants, named f<heads>r<rows>w<warps>[c<dchunk>][s<stages>][k<splits>][p = L2 prefetch]. `--ptxas` (no GPU)
+# at V4 CSA, 4 splits: every 64-head variant spills (w16: 128 regs + 1.4-3.2 KB/thread; w8: 255 + 1.0-1.5 KB), the
+# 32-head ones (M = 32: mma.sync, not wgmma) hardly (w8: 255 regs + 36-64 B); num_stages 2 compiles to the same code.
+FLASH_VARIANTS = {
+    "f64r16w16": flash(64, 16, 16), "f64r32w16": flash(64, 32, 16), "f64r16w8": flash(64, 16, 8),
+    "f64r32w8": flash(64, 32, 8), "f64r16w16c256": flash(64, 16, 16, dchunk=256),
+    "f64r16w16s2": flash(64, 16, 16, stages=2), "f64r16w16p": flash(64, 16, 16, prefetch=1),
+    "f64r32w16p": flash(64, 32, 16, prefetch=1), "f64r16w16k2": flash(64, 16, 16, splits=2),
+    "f64r16w16k4": flash(64, 16, 16, splits=4), "f64r16w16k8": flash(64, 16, 16, splits=8),
+    "f32r32w8": flash(32, 32, 8), "f32r16w4": flash(32, 16, 4), "f32r32w8p": flash(32, 32, 8, prefetch=1),
+}
+VARIANTS.update(FLASH_VARIANTS)
+
+
+def ptxas_report(variants: dict, fmt: str = "v4_fp8", cmode: int = kernel.PICKED, nsplit: int = 4) -> None:
+    """No GPU needed: compile each flash variant's kernel for sm_90a at the V4 geometry (the specialisations a real
+    launch gets: 16-divisible pointers and strides, the 584-B record stride divisible by 8) and print ptxas's
+    registers / spills and Triton's shared memory."""
+    import os
+    import subprocess
+    import tempfile
+
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = kernel._flash_kernel
+    names = fn.arg_names
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    types = {"q_ptr": "*bf16", "qp_ptr": "*bf16", "fresh_ptr": "*bf16", "out_ptr": "*bf16", "cos_ptr": "*fp32",
+             "sin_ptr": "*fp32", "sink_ptr": "*fp32", "part_ptr": "*fp32", "cnt_ptr": "*i32", "wh16_ptr": "*bf16",
+             "ch16_ptr": "*bf16", "wu8_ptr": "*u8", "cu8_ptr": "*u8", "wval_ptr": "*u8", "cval_ptr": "*u8",
+             "scale_hi": "fp32", "scale_lo": "fp32", "eps": "fp32"}
+    div16 = {"stride_qt", "stride_qh", "stride_ct", "stride_ft", "stride_ot", "stride_oh", "bt_stride", "pick_stride",
+             "H", "RW", "n_picks", "block_size", "epb", "trash_block"}
+    record = Codec(fmt, D, RD, torch.bfloat16).record_bytes
+    for name, cfg in variants.items():
+        if cfg is None or cfg.mode != "flash":
+            continue
+        dc = cfg.dchunk or D
+        consts = {"D": D, "RD": RD, "W": W, "BH": cfg.heads, "BN": cfg.rows, "DC": dc, "NSPLIT": nsplit,
+                  "WFMT": kernel.FORMATS[fmt], "CFMT": kernel.FORMATS[fmt], "CMODE": cmode, "QNORM": True,
+                  "DT": tl.bfloat16, "ACC": tl.float32, "HALF": True, "INTERPRET": False,
+                  "PREFETCH": bool(cfg.prefetch), "WNL": kernel._lines(record), "CNL": kernel._lines(record),
+                  "WAL": math.gcd(record, 16), "CAL": math.gcd(record, 16)}
+        sig = {n: "constexpr" if n in consts else types.get(n, "*i64" if n.endswith("_ptr") else "i32")
+               for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                 if n not in consts and (n.endswith("_ptr") or n in div16)}
+        src = ASTSource(fn, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
+        try:
+            ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+        except Exception as e:  # noqa: BLE001 - a config the compiler rejects
+            print(f"{name:14s} failed ({type(e).__name__}: {e})"[:300], flush=True)
+            continue
+        with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+            f.write(ck.asm["ptx"])
+            f.flush()
+            r = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", os.devnull], capture_output=True, text=True,
+                               check=False)
+        info = [ln.split(":", 1)[-1].strip() for ln in r.stderr.splitlines() if "registers" in ln or "spill" in ln]
+        print(f"{name:14s} smem {ck.metadata.shared:6d} B, wgmma {'wgmma' in ck.asm['ptx']}: {'; '.join(info)}",
+              flush=True)
 
 
 def pool(kind: str, rows: int) -> RowPool:
@@ -85,30 +159,51 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default config only")
+    ap.add_argument("--variants", nargs="*", default=None,
+                    help="time only the variants whose names start with one of these (e.g. default f64)")
+    ap.add_argument("--flash-prefill", action="store_true",
+                    help="also time the flash variants (decode-oriented) on the 4K prefill")
     ap.add_argument("--format", choices=sorted(FORMATS), action="append",
                     help="record formats to time (default: all; a CUDA fault ends the process, so the session script "
                          "runs one format per process)")
+    ap.add_argument("--ptxas", action="store_true",
+                    help="no GPU: compile the chosen flash variants for sm_90a and print registers / spills / smem")
     args = ap.parse_args()
+    chosen = VARIANTS
+    if args.quick:
+        chosen = {"default": None}
+    elif args.variants:
+        chosen = {k: v for k, v in VARIANTS.items() if any(k.startswith(p) for p in args.variants)}
+    if args.ptxas:
+        ptxas_report(chosen)
+        return
     ceil = measure_ceilings()
     print(describe(ceil), flush=True)
     hbm, bf16 = ceil["hbm_bytes_per_s"], ceil["bf16_flops"]
     rows = []
     shapes = [("decode", 1, 1), ("decode", 32, 1), ("decode", 64, 1), ("prefill", 1, 4096)]
+    flash_only = all(v is not None and v.mode == "flash" for v in chosen.values())
     for fname, (wkind, ckind) in FORMATS.items():
         if args.format and fname not in args.format:
             continue
         for layer in ("csa", "hca"):
             for phase, R, tpr in shapes:
-                if args.quick and phase == "decode" and R == 64:
+                if (args.quick and phase == "decode" and R == 64) or (
+                        flash_only and phase == "prefill" and not args.flash_prefill):
                     continue
                 many, read, flops = case(wkind, ckind, R, tpr, layer == "hca", 8 if phase == "decode" else 1)
                 a = many[0]
                 ref = attn.attend_reference(*a)
                 got = kernel.attend(*a)
-                err = float((got.float() - ref.float()).abs().max() / ref.float().abs().max())
-                variants = {"default": None} if args.quick else VARIANTS
-                for vname, cfg in variants.items():
+                scale = ref.float().abs().max()
+                err0 = float((got.float() - ref.float()).abs().max() / scale)
+                for vname, cfg in chosen.items():
+                    if phase == "prefill" and cfg is not None and cfg.mode == "flash" and not args.flash_prefill:
+                        continue
                     try:
+                        err = err0
+                        if cfg is not None:  # every variant is checked, not only the default
+                            err = float((kernel.attend(*a, config=cfg).float() - ref.float()).abs().max() / scale)
                         fns = [lambda b=b: kernel.attend(*b, config=cfg) for b in many]
                         ms = bench_graph_many(fns) if phase == "decode" else bench_ms(fns[0])
                     except Exception as e:  # noqa: BLE001 - a config the compiler rejects
@@ -118,7 +213,7 @@ def main() -> None:
                            "variant": vname, "ms": ms, "gb_s": read / ms / 1e6, "pct_hbm": read / ms / 1e-3 / hbm * 100,
                            "tflops": flops / ms / 1e9, "pct_bf16": flops / ms / 1e-3 / bf16 * 100, "rel_err": err}
                     rows.append(row)
-                    print(f"{fname:15s} {layer} {phase:7s} T={R * tpr:5d} {vname:9s} {ms * 1e3:9.1f} us "
+                    print(f"{fname:15s} {layer} {phase:7s} T={R * tpr:5d} {vname:14s} {ms * 1e3:9.1f} us "
                           f"{row['gb_s']:7.0f} GB/s ({row['pct_hbm']:5.1f}% HBM) {row['tflops']:6.1f} TFLOP/s "
                           f"({row['pct_bf16']:5.1f}% bf16)  err {err:.1e}", flush=True)
                 if phase == "decode" and R == 32:

@@ -1,11 +1,16 @@
 """Microbenchmark of the dense linears (ops/kernels/fp8_gemm.py) at V4-Flash / V4.1-Flash shapes on one GPU.
 
-    python benchmarks/kernels/fp8_gemm.py [--out DIR] [--quick]
+    python benchmarks/kernels/fp8_gemm.py [--out DIR] [--quick] [--shared-expert]
 
 Decode (M <= 64): achieved GB/s on the weight bytes (FP8 + e8m0 scales; bf16 for the head) against the HBM copy
 ceiling, beside cuBLAS's bf16 GEMM on the same shape (which reads twice the bytes). Prefill (M >= 4096): TFLOP/s
 against the FP8 `torch._scaled_mm` ceiling. Each row also checks the kernel against the float32 reference.
 Tile variants are timed side by side so the committed configs can be chosen from one run.
+
+Shared expert (V4-Flash D=4096, I=2048, 128-blocks; V4.1-Flash D=5120, I=2304, 32-blocks), decode rows: the paired
+kernel (gate + up + SwiGLU in one launch, kernels/fp8_swiglu.py) and w2's GEMV, as dense_mlp runs them, against the
+three linears and the elementwise SwiGLU (the path before it), with % HBM on the three weights' bytes. In the normal
+run (not with --shapes); `--shared-expert` runs only these rows.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import argparse
 import torch
 from common import bench_graph_many, bench_ms, copies_past_l2, describe, measure_ceilings, write_json
 
-from v4serve.ops import quant
-from v4serve.ops.kernels import fp8_gemm, fp8_gemv
-from v4serve.ops.linear import linear_reference
+from v4serve.ops import backend, quant
+from v4serve.ops.kernels import fp8_gemm, fp8_gemv, fp8_swiglu
+from v4serve.ops.linear import linear, linear_reference
+from v4serve.ops.moe import dense_mlp, swiglu
 
 # name: (N, K, groups); V4-Flash unless noted
 SHAPES = {
@@ -29,9 +35,12 @@ QUICK = ("wq_b", "wo_a(grouped)", "wo_b", "shared_w1", "wq_a", "v41_wo_b")
 DECODE_M = (1, 8, 32, 64)
 PREFILL_M = (4096, 8192, 16384)
 # decode: the one-launch kernel (fp8_gemv, "default") and its tile variants beside the 3-launch general path
-DECODE_VARIANTS = {"default": None, "bn32": {"BN": 32}, "bn128": {"BN": 128}, "bk128": {"BK": 128},
-                   "bk512": {"BK": 512}, "stages2": {"num_stages": 2}, "w8": {"num_warps": 8},
-                   "split2x": "double", "general": "general"}
+DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn128": {"BN": 128},
+                   "bk256": {"BK": 256}, "bk512": {"BK": 512}, "bn32bk256": {"BN": 32, "BK": 256},
+                   "bn128w8": {"BN": 128, "num_warps": 8}, "bk256s3": {"BK": 256, "num_stages": 3},
+                   "stages2": {"num_stages": 2}, "stages6": {"num_stages": 6}, "w8": {"num_warps": 8},
+                   "w2": {"num_warps": 2}, "split1": {"splits": 1}, "split2x": "double", "split4x": "quadruple",
+                   "in-register": "in-register", "prequantized": "prequantized", "general": "general"}
 PREFILL_VARIANTS = {"default": None, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 
@@ -53,16 +62,81 @@ def run(make, graph: bool, copies) -> float:
     return bench_ms(make(*copies[0]))
 
 
+# name: (D, I, block) of the shared expert; paired-kernel tile variants beside fp8_gemv's config
+SHARED = {"v4": (4096, 2048, 128), "v41": (5120, 2304, 32)}
+PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "split_half": "half"}
+
+
+def three_linears(x, w1, w2, w3, limit: float, act: int) -> torch.Tensor:
+    """The shared expert before the paired kernel: w1 and w3's GEMVs, the elementwise SwiGLU, w2's GEMV."""
+    t = backend.TRITON
+    h = swiglu(linear(x, *w1, act, t), linear(x, *w3, act, t), limit).to(x.dtype)
+    return linear(h, *w2, act, t).float()
+
+
+def shared_weights(D: int, I: int, block: int) -> tuple:
+    """(w1, w2, w3), each (FP8 weight, e8m0 scales, block)."""
+    return tuple((*weight(n, k, block), block) for n, k in ((I, D), (D, I), (I, D)))
+
+
+def shared_expert_rows(hbm: float) -> list[dict]:
+    """Decode rows of the shared expert: paired kernel + w2 (dense_mlp) against the three-linear path, and the paired
+    kernel alone in tile variants."""
+    rows = []
+    limit = 10.0  # swiglu_limit of both presets (the shared expert's clamp)
+    t = backend.TRITON
+    for model, (D, I, block) in SHARED.items():
+        first = shared_weights(D, I, block)
+        wbytes = sum(q.numel() + s.numel() for q, s, _ in first)  # three FP8 weights + their e8m0 scales
+        sets = [first] + [shared_weights(D, I, block) for _ in range(copies_past_l2(wbytes) - 1)]
+        for M in DECODE_M:
+            x = torch.randn(M, D, device="cuda", dtype=torch.bfloat16)
+            ref = dense_mlp(x.float(), *first, limit, block, backend.REFERENCE)
+            ref_h = swiglu(linear_reference(x.float(), *first[0], block), linear_reference(x.float(), *first[2], block),
+                           limit)
+            base = fp8_gemv.config(M, I, D, 1, block)
+            paths = {"three_linears": lambda w1, w2, w3, x=x, b=block: three_linears(x, w1, w2, w3, limit, b),
+                     "paired+w2": lambda w1, w2, w3, x=x, b=block: dense_mlp(x, w1, w2, w3, limit, b, t)}
+            for vname, cfg in PAIRED_VARIANTS.items():
+                if cfg in ("double", "half"):
+                    cfg = {"splits": max(1, base["splits"] * 2 if cfg == "double" else base["splits"] // 2)}
+                paths[f"paired({vname})"] = lambda w1, w2, w3, x=x, b=block, c=cfg: fp8_swiglu.run(
+                    x, w1[0], w1[1], w3[0], w3[1], b, b, limit, c)
+            for pname, fn in paths.items():
+                try:
+                    got = fn(*first)
+                    err = rel(got, ref if got.shape == ref.shape else ref_h)  # the paired kernel alone: h
+                    ms = bench_graph_many([lambda w=w, fn=fn: fn(*w) for w in sets])
+                except Exception as e:  # noqa: BLE001 - a variant the compiler rejects (e.g. shared memory)
+                    print(f"shared_{model} M={M} {pname}: failed ({type(e).__name__}: {e})", flush=True)
+                    continue
+                nbytes = wbytes if not pname.startswith("paired(") else 2 * (first[0][0].numel() + first[0][1].numel())
+                row = {"shape": f"shared_{model}", "D": D, "I": I, "M": M, "variant": pname, "ms": ms,
+                       "pct_hbm": nbytes / (ms * 1e-3) / hbm * 100, "rel_err": err}
+                rows.append(row)
+                print(f"shared_{model:4s} M={M:3d} {pname:18s} {ms * 1e3:8.1f} us  ({row['pct_hbm']:5.1f}% HBM on "
+                      f"{nbytes / 2**20:.1f} MiB)  err {err:.1e}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default configs only")
+    ap.add_argument("--decode-only", action="store_true", help="decode rows only (M <= 64), every tile variant")
+    ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all, or QUICK)")
+    ap.add_argument("--variants", default=None, help="comma-separated decode/prefill variant names (default: all)")
+    ap.add_argument("--shared-expert", action="store_true", help="only the shared expert's decode rows")
     args = ap.parse_args()
     ceil = measure_ceilings()
     print(describe(ceil), flush=True)
     hbm, fp8 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"]
     rows = []
-    shapes = {k: v for k, v in SHAPES.items() if not args.quick or k in QUICK}
+    if args.shared_expert:
+        write_json(args.out, "fp8_gemm_shared_expert", {"ceilings": ceil, "rows": shared_expert_rows(hbm)})
+        return
+    wanted = args.shapes.split(",") if args.shapes else (QUICK if args.quick else tuple(SHAPES))
+    shapes = {k: v for k, v in SHAPES.items() if k in wanted}
     for name, (N, K, G) in shapes.items():
         block = 32 if name.startswith("v41") else 128
         q, s = weight(G * N, K, block)
@@ -71,6 +145,8 @@ def main() -> None:
         wbs = [torch.randn(G * N, K, device="cuda", dtype=torch.bfloat16)
                for _ in range(copies_past_l2(2 * G * N * K))]
         prefill = PREFILL_M if name in ("wq_b", "wo_b", "shared_w1", "v41_wo_b") else ()
+        if args.decode_only:
+            prefill = ()
         for M in (DECODE_M + prefill) if not args.quick else (1, 32, 64) + prefill[1:2]:
             decode = M <= 64
             x = torch.randn(M, G, K, device="cuda", dtype=torch.bfloat16)
@@ -80,19 +156,27 @@ def main() -> None:
             out = fp8_gemm._run(x, q, s, block, act, torch.bfloat16)
             err = rel(out[:, 0], ref)
             variants = {"default": None} if args.quick else (DECODE_VARIANTS if decode else PREFILL_VARIANTS)
+            if args.variants:
+                variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
             xb = x.view(M, G * K) if G == 1 else x[:, 0].contiguous()
             cublas = run(lambda wb, _: (lambda: xb @ wb[:N].t() if G > 1 else xb @ wb.t()), decode,
                          [(wb, None) for wb in wbs])
+            gemv_ok = fp8_gemv.supports(x, q, block, act)
             for vname, cfg in variants.items():
-                if decode and fp8_gemv.supports(x, q, block, act) and cfg != "general":
-                    if cfg == "double":
-                        cfg = {"splits": 2 * fp8_gemv.config(M, N, K, G, block)["splits"]}
-                    make = lambda qc, sc, c=cfg: (  # noqa: E731
-                        lambda: fp8_gemv.run(x, qc, sc, block, act, torch.bfloat16, c))
+                if decode and gemv_ok and cfg != "general":
+                    pre = None  # by the weight's size (fp8_gemv.prequantize)
+                    if cfg in ("in-register", "prequantized"):
+                        pre, cfg = cfg == "prequantized", None
+                    if cfg in ("double", "quadruple"):
+                        cfg = {"splits": (2 if cfg == "double" else 4) * fp8_gemv.config(M, N, K, G, block)["splits"]}
+                    make = lambda qc, sc, c=cfg, p=pre: (  # noqa: E731
+                        lambda: fp8_gemv.run(x, qc, sc, block, act, torch.bfloat16, c, prequant=p))
                 else:
                     make = lambda qc, sc, c=cfg: (  # noqa: E731
                         lambda: fp8_gemm.general(x, qc, sc, block, act, torch.bfloat16, c if isinstance(c, dict) else None))
                 try:
+                    got = make(q, s)()  # every variant checked, not only the default
+                    verr = rel((got.view(M, G, N) if G > 1 else got.view(M, 1, N))[:, 0], ref)
                     ms = run(make, decode, copies)
                 except Exception as e:  # noqa: BLE001 - a variant the compiler rejects (e.g. shared memory)
                     print(f"{name} M={M} {vname}: failed ({type(e).__name__})", flush=True)
@@ -101,14 +185,16 @@ def main() -> None:
                 row = {"shape": name, "N": N, "K": K, "G": G, "M": M, "variant": vname, "ms": ms,
                        "gb_s": (wbytes + x.numel() * 2) / ms / 1e6, "pct_hbm": (wbytes / ms / 1e-3) / hbm * 100,
                        "tflops": flops / ms / 1e9, "pct_fp8": flops / (ms * 1e-3) / fp8 * 100,
-                       "cublas_bf16_ms": cublas, "rel_err": err}
+                       "cublas_bf16_ms": cublas, "rel_err": err, "variant_rel_err": verr}
                 rows.append(row)
                 print(f"{name:14s} M={M:5d} {vname:8s} {ms * 1e3:9.1f} us  {row['gb_s']:7.0f} GB/s "
                       f"({row['pct_hbm']:5.1f}% HBM)  {row['tflops']:7.1f} TFLOP/s ({row['pct_fp8']:5.1f}% FP8)  "
-                      f"cuBLAS bf16 {cublas * 1e3:8.1f} us  err {err:.1e}", flush=True)
+                      f"cuBLAS bf16 {cublas * 1e3:8.1f} us  err {verr:.1e}", flush=True)
+    if not args.shapes:
+        rows += shared_expert_rows(hbm)
     # the LM head: bf16 weight read as stored, float32 activations (no per-step upcast)
-    head = torch.randn(129280, 4096, device="cuda", dtype=torch.bfloat16)
-    for M in (1, 32):
+    head = None if args.decode_only else torch.randn(129280, 4096, device="cuda", dtype=torch.bfloat16)
+    for M in (1, 32) if head is not None else ():
         h = torch.randn(M, 4096, device="cuda")
         ms = bench_graph_many([lambda: fp8_gemm.linear(h, head, None, 0)] * 2)
         print(f"head (bf16 W, fp32 x) M={M}: {ms * 1e3:.1f} us, {head.numel() * 2 / ms / 1e6:.0f} GB/s "

@@ -104,13 +104,55 @@ def measure(t: int, hbm: float) -> dict:
     return row
 
 
+# hc_pre variants at decode: tile choices, and two diagnostics that change the work (Sinkhorn iterations, the fused
+# norm) to show where the time goes
+PRE_VARIANTS = {
+    "default": {}, "w1": {"num_warps": 1}, "w2": {"num_warps": 2}, "w8": {"num_warps": 8},
+    "split8": {"split_d": 8}, "split16": {"split_d": 16}, "split64": {"split_d": 64}, "dc512": {"block_dc": 512},
+    "dc4096": {"block_dc": 4096}, "fp32dot": {"bf16x3": False}, "stages1": {"num_stages": 1},
+    "diag:iters1": "iters1", "diag:no-norm": "no-norm",
+}
+
+
+def sweep(ts: tuple[int, ...]) -> list[dict]:
+    """hc_pre per variant at decode sizes (graph of LAYERS calls on distinct fn copies), each checked first."""
+    from dataclasses import replace
+
+    rows = []
+    fns = [_inputs(1, seed=1000 + i)[1] for i in range(LAYERS)]
+    for t in ts:
+        x, fn, base, scale, w, _ = _inputs(t, seed=0)
+        ref = _pre(mhc.hc_pre_reference, x, fn, base, scale, w)
+        base_cfg = mk.default_pre_config(t, D, True)
+        for name, v in PRE_VARIANTS.items():
+            cfg = base_cfg if isinstance(v, str) else replace(base_cfg, **v)
+            iters = 1 if v == "iters1" else ITERS
+            nw = None if v == "no-norm" else w
+
+            def call(ff, cfg=cfg, iters=iters, nw=nw, x=x, base=base, scale=scale):
+                return mk.hc_pre(x, ff, base, scale, N, iters, EPS, EPS, norm_weight=nw, norm_eps2=EPS, config=cfg)
+            try:
+                err = _scaled(call(fn)[0], ref[0]) if not isinstance(v, str) else float("nan")
+                us = common.bench_graph_ms(lambda: [call(f) for f in fns]) / LAYERS * 1e3
+            except Exception as exc:  # noqa: BLE001 - a variant the compiler rejects
+                print(f"T={t} {name}: failed {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                continue
+            rows.append({"T": t, "variant": name, "us": us, "y_err": err})
+            print(f"hc_pre T={t:>3} {name:<14} {us:8.2f} us  y err {err:.1e}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
+    ap.add_argument("--sweep", action="store_true", help="only the hc_pre decode variants (T = 1, 32)")
     a = ap.parse_args()
     ceil = common.measure_ceilings()
     hbm = ceil["hbm_bytes_per_s"]
     print(common.describe(ceil), flush=True)
+    if a.sweep:
+        common.write_json(a.out, "mhc-sweep", {"ceilings": ceil, "rows": sweep((1, 32))})
+        return
     rows = []
     for t in DECODE + PREFILL:
         check = validate(t)

@@ -7,7 +7,9 @@ FP4 codes with e8m0 scales near 2^-7 (256 experts x 12.6 MB = 3.2 GB). Decode (T
 is timed from a CUDA graph of ROUTINGS calls on different routings (more expert bytes than the 60 MB L2), divided
 by ROUTINGS; bytes = distinct experts hit x (packed w1+w2+w3 + their scales) + x and the output, per call. Prefill
 (T = 8192) is timed eagerly (`common.bench_ms`); FLOPs = 2 T k 3 D I. Every config variant is timed; the kernel's
-output is first compared with the reference at two decode sizes (T=1 splits K) and one prefill size.
+output is first compared with the reference at two decode sizes (T=1 splits K) and one prefill size, and (unless
+--quick) every decode variant's at each T (rel_err in its row). --compile-only builds the decode variants for sm_90
+with ptxas on any machine (no GPU; without TRITON_INTERPRET) and prints registers, spills, shared memory, the MMA.
 """
 
 from __future__ import annotations
@@ -28,14 +30,21 @@ ROUTINGS = 8
 EXPERT_BYTES = 3 * (I * D // 2 + I * D // 32)  # w1, w2, w3 packed + e8m0 scales
 
 G = mk.GemmConfig
+CONFIG_DEVICE: torch.device | None = torch.device("cuda")  # its SM count sizes split-K (None: 132, --compile-only)
 
 
 def auto(t: int) -> mk.MoeConfig:
-    return mk.select_config(t * K, E, D, I, torch.device("cuda"))
+    return mk.select_config(t * K, E, D, I, CONFIG_DEVICE)
 
 
 def with_split(cfg: mk.MoeConfig, up: int, down: int) -> mk.MoeConfig:
     return replace(cfg, gate_up=replace(cfg.gate_up, split_k=up), down=replace(cfg.down, split_k=down))
+
+
+def body(t: int, name: str, block_m: int | None = None, **tile) -> mk.MoeConfig:
+    """`mk.decode_config` for a body (swap / fma), with GemmConfig fields overridden in both GEMMs."""
+    cfg = mk.decode_config(t * K, E, D, I, name, block_m, CONFIG_DEVICE)
+    return replace(cfg, gate_up=replace(cfg.gate_up, **tile), down=replace(cfg.down, **tile))
 
 
 # name -> T -> config (None: experts_forward's own choice)
@@ -51,6 +60,20 @@ VARIANTS = {
         "dn-n64": lambda t: mk.MoeConfig(16, G(128, 128, 4, 3), G(64, 128, 4, 4)),
         "w8": lambda t: with_split(mk.MoeConfig(16, G(128, 128, 8, 3), G(128, 128, 8, 3)),
                                    auto(t).gate_up.split_k, auto(t).down.split_k),
+        # the decode bodies (ops/kernels/moe_decode.py): swap = W @ x^T (wgmma, the weight from registers), fma =
+        # no tensor cores, 1-8 rows per block (a weight row per thread)
+        "swap": lambda t: body(t, "swap"),
+        "swap-n64": lambda t: body(t, "swap", block_n=64),
+        "swap-k64s4": lambda t: body(t, "swap", block_k=64, num_stages=4),
+        "swap-n256w8": lambda t: body(t, "swap", block_n=256, num_warps=8),
+        "fma": lambda t: body(t, "fma"),  # block_m from the rows per expert hit
+        "fma-m1": lambda t: body(t, "fma", 1),
+        "fma-m1-k128w4": lambda t: body(t, "fma", 1, block_n=128, block_k=128, num_warps=4),
+        "fma-m1-s5": lambda t: body(t, "fma", 1, num_stages=5),
+        "fma-m2": lambda t: body(t, "fma", 2),
+        "fma-m4": lambda t: body(t, "fma", 4),
+        "fma-m4-k64": lambda t: body(t, "fma", 4, block_k=64),
+        "fma-m8": lambda t: body(t, "fma", 8),
     },
     "prefill": {
         "default": lambda t: None,
@@ -126,13 +149,88 @@ def reference(x, ex, w, i):
     return moe.experts_reference(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE)
 
 
+def compile_only(names: list[str] | None) -> None:
+    """--compile-only, no GPU needed (run without TRITON_INTERPRET): each decode variant's gate-up and down kernels
+    built for sm_90 by Triton and ptxas with the constexprs and 16-divisible pointers/strides `experts_forward`
+    would launch them with at these shapes. Prints registers, local memory (spills), shared memory, the MMA the
+    body gets, and "W-smem" where a bf16 weight tile is staged through shared memory for its dot."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    import triton.language as tl
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from v4serve.ops.kernels import moe_decode
+
+    def build(fn, ptrs: dict[str, str], const: dict, gemm: mk.GemmConfig) -> str:
+        sig, attrs = {}, {}
+        for i, n in enumerate(fn.arg_names):
+            sig[n] = "constexpr" if n in const else ptrs.get(n, "fp32" if n == "limit" else "i32")
+            if sig[n].startswith("*") or n.startswith("stride") or n in ("D", "I"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": gemm.num_warps, "num_stages": gemm.num_stages})
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            use = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], check=True,
+                                 capture_output=True, text=True).stdout
+        ir = k.asm["ttgir"]
+        regs, stack = re.search(r"REG:(\d+)", use).group(1), re.search(r"STACK:(\d+)", use).group(1)
+        mma = "wgmma" if "warp_group_dot" in ir else "mma.sync" if "nvidia_mma" in ir else "no-mma"
+        staged = any(int(n) == gemm.block_n for n in re.findall(r"local_alloc %\S+ : \(tensor<(\d+)x\d+xbf16", ir))
+        return f"regs {regs:>3} local {stack:>4} smem {k.metadata.shared:>6} {mma}{' W-smem' if staged else ''}"
+
+    seen = set()
+    for name, make in VARIANTS["decode"].items():
+        if names and name not in names:
+            continue
+        for t in DECODE:
+            cfg = make(t) or auto(t)
+            gu, dn, dot = cfg.gate_up, cfg.down, cfg.body == "dot"
+            quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
+            body = {} if dot else {"BODY": cfg.body}
+            common_c = dict(BM=cfg.block_m, GROUP_M=cfg.group_m, G=ACT_GROUP, ASM=cfg.dequant != "bits", PREC="tf32",
+                            ACC=tl.float32, F32=False, **body)
+            jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
+                     {n: "*bf16" for n in ("x_ptr", "h_ptr")} | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
+                     dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,
+                          CLAMP=LIMIT > 0, **({} if dot else {"STAGES": gu.num_stages}))),
+                    ("down", mk._down_kernel if dot else moe_decode.down_kernel, dn,
+                     {"h_ptr": "*bf16", "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"},
+                     dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
+                          QUANT_A=not quant_h, **({} if dot else {"STAGES": dn.num_stages})))]
+            for gemm_name, fn, gemm, ptrs, const in jobs:
+                key = (fn, gemm.num_warps, gemm.num_stages, tuple(sorted({**common_c, **const}.items(), key=str)))
+                if key in seen:
+                    continue
+                seen.add(key)
+                ptrs = {n: "*u8" for n in fn.arg_names if n[:1] in "ws" and n.endswith("_ptr")} | {
+                    "sorted_ptr": "*i32", "block_expert_ptr": "*i32"} | ptrs
+                try:
+                    out = build(fn, ptrs, {**common_c, **const}, gemm)
+                except Exception as exc:  # noqa: BLE001 - reported, the others go on
+                    out = f"FAILED {type(exc).__name__}: {str(exc)[:300]}"
+                print(f"{name:<14} T={t:<3} {gemm_name:<8} m{cfg.block_m} n{gemm.block_n} k{const['BK']} "
+                      f"s{gemm.split_k} w{gemm.num_warps} st{gemm.num_stages}: {out}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default configs only, no reference timing")
     ap.add_argument("--variants", default=None, help="comma-separated variant names to time (default: all)")
     ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--compile-only", action="store_true", help="build the decode variants for sm_90, no GPU needed")
     a = ap.parse_args()
+    if a.compile_only:
+        global CONFIG_DEVICE
+        CONFIG_DEVICE = None
+        return compile_only(a.variants.split(",") if a.variants else None)
     ceil = common.measure_ceilings()
     hbm, fp8 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"]
     print(common.describe(ceil), flush=True)
@@ -143,16 +241,17 @@ def main() -> None:
     rows = []
 
     def add(t: int, variant: str, ms: float, nbytes: float | None, flops: float | None,
-            cfg: mk.MoeConfig | None = None) -> None:
-        r = {"T": t, "variant": variant, "ms": ms, **({"config": asdict(cfg)} if cfg else {})}
+            cfg: mk.MoeConfig | None = None, err: float | None = None) -> None:
+        r = {"T": t, "variant": variant, "ms": ms, **({"config": asdict(cfg)} if cfg else {}),
+             **({"rel_err": err} if err is not None else {})}
         if nbytes:
             r.update(bytes=nbytes, GB_per_s=nbytes / ms / 1e6, pct_hbm=100 * nbytes / (ms * 1e-3) / hbm)
         if flops:
             r.update(flops=flops, TFLOP_per_s=flops / ms / 1e9, pct_fp8=100 * flops / (ms * 1e-3) / fp8)
         rows.append(r)
         print(f"T={t:>5} {variant:<16} {ms * 1e3:9.1f} us " + (f"{r['GB_per_s']:7.0f} GB/s {r['pct_hbm']:5.1f}% HBM "
-              if nbytes else "") + (f"{r['TFLOP_per_s']:6.1f} TFLOP/s {r['pct_fp8']:5.1f}% FP8" if flops else ""),
-              flush=True)
+              if nbytes else "") + (f"{r['TFLOP_per_s']:6.1f} TFLOP/s {r['pct_fp8']:5.1f}% FP8" if flops else "")
+              + (f" err {err:.2g}" if err is not None else ""), flush=True)
 
     for regime, sizes in (("decode", DECODE), ("prefill", PREFILL)):
         variants = {"default": VARIANTS[regime]["default"]} if a.quick else VARIANTS[regime]
@@ -160,9 +259,15 @@ def main() -> None:
             variants = {n: c for n, c in variants.items() if n in a.variants.split(",")}
         for t in sizes:
             flops = 2 * t * K * 3 * D * I
+            check = regime == "decode" and not a.quick  # every decode variant vs the reference first
+            if check:
+                xc, wc, ic = inputs(t, seed=100 + t)
+                ref = reference(xc, ex, wc, ic)
             for name, make in variants.items():
-                cfg = make(t)
+                cfg, err = make(t), None
                 try:
+                    if check:
+                        err = rel_err(kernel(cfg)(xc, ex, wc, ic), ref)
                     if regime == "decode":
                         ms, nbytes = time_decode(ex, t, kernel(cfg))
                     else:
@@ -170,7 +275,7 @@ def main() -> None:
                 except Exception as exc:  # noqa: BLE001 - a variant that does not compile (shared memory) is skipped
                     print(f"T={t:>5} {name:<16} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
-                add(t, name, ms, nbytes, flops, cfg or auto(t))
+                add(t, name, ms, nbytes, flops, cfg or auto(t), err)
             if t == sizes[0] or t == 64:  # the align kernel alone: the sort's share of a call
                 ids = inputs(t, seed=0)[2].reshape(-1)
                 bm = auto(t).block_m

@@ -84,10 +84,10 @@ def _case(wkind: str, ckind: str | None, mode: str, dtype: torch.dtype, seed: in
             sink.to(torch.float32).to(DEVICE), D ** -0.5, window, entries)
 
 
-def _run(args, q_norm_eps):
+def _run(args, q_norm_eps, cfg=None):
     q, cos, sin, fresh, sink, scale, window, entries = args
     ref = attn.attend_reference(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)
-    got = kernel.attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries)
+    got = kernel.attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config=cfg)
     return got, ref
 
 
@@ -98,48 +98,59 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 EXACT = torch.bfloat16 if ON_GPU else torch.float64
 TOL = 2e-2 if ON_GPU else 1e-12
 FORMATS = [("plain", "plain"), ("v4_fp8", "v4_fp8"), ("fp8_b32", "nvfp4"), ("fp8_b32", "fp8_b32")]
+# The "flash" mode (split-KV flash decoding, one program covering every head): all heads in one program, two KV
+# splits (the last-arriver combine), QK^T over two D chunks then the full-width re-decode for P.V
+_D = SHAPE[1]
+FLASH = kernel.Config(64 if ON_GPU else 16, 16, 1, 8 if ON_GPU else 1, 1, 2, mode="flash", dchunk=_D // 2)
+CONFIGS = pytest.mark.parametrize("cfg", [None, FLASH], ids=["default", "flash"])
 
 
+@CONFIGS
 @pytest.mark.parametrize("wkind,ckind", FORMATS)
 @pytest.mark.parametrize("mode", ["picks", "dense"])
-def test_kernel_equals_reference_on_every_format(wkind: str, ckind: str, mode: str) -> None:
+def test_kernel_equals_reference_on_every_format(wkind: str, ckind: str, mode: str, cfg) -> None:
     args = _case(wkind, ckind, mode, EXACT, seed=hash((wkind, ckind, mode)) % 1000)
-    got, ref = _run(args, None)
+    got, ref = _run(args, None, cfg)
     assert got.shape == ref.shape and got.dtype == ref.dtype
     assert _rel(got, ref) < TOL
 
 
+@CONFIGS
 @pytest.mark.parametrize("q_norm", [None, 1e-6])
-def test_window_only_layers_and_the_query_norm(q_norm: float | None) -> None:
-    got, ref = _run(_case("plain", None, "none", EXACT, seed=5), q_norm)
+def test_window_only_layers_and_the_query_norm(q_norm: float | None, cfg) -> None:
+    got, ref = _run(_case("plain", None, "none", EXACT, seed=5), q_norm, cfg)
     assert _rel(got, ref) < TOL
 
 
-def test_bf16_within_its_rounding() -> None:
-    got, ref = _run(_case("v4_fp8", "v4_fp8", "picks", torch.bfloat16, seed=7), 1e-6)
+@CONFIGS
+def test_bf16_within_its_rounding(cfg) -> None:
+    got, ref = _run(_case("v4_fp8", "v4_fp8", "picks", torch.bfloat16, seed=7), 1e-6, cfg)
     assert _rel(got, ref) < 2e-2
 
 
-def test_float32() -> None:
-    got, ref = _run(_case("fp8_b32", "nvfp4", "dense", torch.float32, seed=8), None)
+@CONFIGS
+def test_float32(cfg) -> None:
+    got, ref = _run(_case("fp8_b32", "nvfp4", "dense", torch.float32, seed=8), None, cfg)
     assert _rel(got, ref) < (2e-2 if ON_GPU else 1e-5)
 
 
-def test_a_token_that_sees_nothing_gets_zeros() -> None:
+@CONFIGS
+def test_a_token_that_sees_nothing_gets_zeros(cfg) -> None:
     """Only the sink in the denominator: the output is exactly zero (no NaN from an empty softmax)."""
     q, cos, sin, fresh, sink, scale, window, entries = _case("plain", "plain", "picks", EXACT, seed=9)
     window.valid[:] = False
     entries.picks[:] = -1
-    got = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries)
+    got = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg)
     assert torch.equal(got, torch.zeros_like(got))
 
 
-def test_work_does_not_depend_on_the_dense_width() -> None:
+@CONFIGS
+def test_work_does_not_depend_on_the_dense_width(cfg) -> None:
     """HCA: the kernel loops to each token's visible count; the reference's static width only pads."""
     args = _case("plain", "plain", "dense", EXACT, seed=10)
-    got = kernel.attend(*args[:6], None, *args[6:])
+    got = kernel.attend(*args[:6], None, *args[6:], config=cfg)
     args[7].where = dataclasses.replace(args[7].where, max_entries=400)
-    again = kernel.attend(*args[:6], None, *args[6:])
+    again = kernel.attend(*args[:6], None, *args[6:], config=cfg)
     assert torch.equal(got, again)
     ref = attn.attend_reference(*args[:6], None, *args[6:])
     assert _rel(got, ref) < TOL
@@ -161,4 +172,32 @@ def test_tile_configs_agree(cfg: kernel.Config) -> None:
     q, cos, sin, fresh, sink, scale, window, entries = _case("v4_fp8", "v4_fp8", "picks", EXACT, seed=12)
     got = kernel.attend(q, cos, sin, fresh, sink, scale, 1e-6, window, entries, config=cfg)
     ref = attn.attend_reference(q, cos, sin, fresh, sink, scale, 1e-6, window, entries)
+    assert _rel(got, ref) < TOL
+
+
+# flash mode: (heads per program, rows per tile, kv splits, D chunk). On the CPU the interpreter takes tiles below
+# tl.dot's GPU minimum: 4-row tiles give the window 4 tiles and the selection 5-8 (every stage of the address
+# pipeline, up to three tiles ahead, carries real rows), 2-head blocks exercise head blocks (combine slots per
+# (token, head block); the interpreter runs programs one after another, so it cannot show a slot collision).
+FLASH_CONFIGS = ([(64, 16, 1, 0), (64, 32, 3, 128), (32, 16, 5, 0), (16, 64, 2, 256)] if ON_GPU else
+                 [(16, 16, 1, 0), (2, 4, 1, 0), (4, 8, 7, 32), (2, 4, 3, 64)])
+
+
+@pytest.mark.parametrize("heads,rows,splits,dchunk", FLASH_CONFIGS)
+@pytest.mark.parametrize("mode,tokens", [("picks", (3, (1, 4, 1))), ("dense", (2, (1, 9)))])
+def test_flash_configs_agree(heads: int, rows: int, splits: int, dchunk: int, mode: str, tokens) -> None:
+    """Flash mode over head blocks, row tiles (deep address pipelines), KV splits (some empty: every split's partial
+    combined by the last to arrive) and D chunks, for decode rows and a short prefill: the same attention."""
+    cfg = kernel.Config(heads, rows, 1, 8 if ON_GPU else 1, 1, splits, mode="flash", dchunk=dchunk)
+    args = _case("v4_fp8", "v4_fp8", mode, EXACT, seed=13, rows_tokens=tokens)
+    got, ref = _run(args, 1e-6, cfg)
+    assert _rel(got, ref) < TOL
+
+
+@pytest.mark.parametrize("cfg", [kernel.Config(16, 16, 2, 1, 1, 0, mode="flash"),
+                                 kernel.Config(16, 16, 2, 1, 1, 0, mode="flash", dchunk=64)],
+                         ids=["auto", "auto-chunked"])
+def test_flash_mode_reads_each_token_rows_in_one_launch(cfg) -> None:
+    """kv_splits 0 picks the splits from the grid (1 here: few rows per token) and dsplit is ignored."""
+    got, ref = _run(_case("fp8_b32", "nvfp4", "picks", EXACT, seed=14), None, cfg)
     assert _rel(got, ref) < TOL

@@ -128,6 +128,53 @@ def test_one_launch_decode_gemm(block: int, act: int) -> None:
             assert int(fp8_gemv._COUNTERS.get(x.device).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("wdtype", ["fp8", "bf16"])
+def test_decode_split_k_finished_in_the_kernel(wdtype: str) -> None:
+    """Decode rows of the general kernel (float32 x: the compressors' bf16 weights, FP8 weights without the GEMV) add
+    their split-K partials in the last program to arrive, in split order: the same bits as the separate sum launch,
+    deterministic, counters left zeroed."""
+    g = torch.Generator().manual_seed(5)
+    N, K = 96, 2048
+    if wdtype == "fp8":
+        q, s = fp8_weight(N, K, 128, g)
+    else:
+        q, s = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16).to(DEV), None
+    for M, G in ((1, 1), (5, 1), (3, 2)):
+        x = torch.randn(M, G, K // G if G > 1 else K, generator=g).to(DEV)
+        w = q if G == 1 else q[:, : K // G].repeat(G, 1).contiguous()
+        ws = s if G == 1 or s is None else s[:, : (K // G) // 128].repeat(G, 1).contiguous()
+        cfg = fp8_gemm._config(M, N, x.shape[-1], G, 128, False, True)
+        assert cfg["splits"] > 1, (M, G)
+        fused = fp8_gemm.general(x, w, ws, 128, 0, torch.float32, {"finish": True})
+        two = fp8_gemm.general(x, w, ws, 128, 0, torch.float32, {"finish": False})
+        assert torch.equal(fused, two)
+        assert torch.equal(fused, fp8_gemm.general(x, w, ws, 128, 0, torch.float32, {"finish": True}))
+        ref = grouped_linear_reference(x, w, ws, 128, 0)
+        tol = 1e-4 if GPU and wdtype == "bf16" else F32_TOL  # GPU: x as two bf16 halves on the tensor cores
+        assert rel(fused, ref) < tol, rel(fused, ref)
+        if GPU:
+            assert int(fp8_gemm._COUNTERS.get(x.device).abs().sum()) == 0
+
+
+@pytest.mark.parametrize("block", [32, 128])
+def test_decode_gemm_with_prequantized_activations(block: int) -> None:
+    """Large W8A8 weights: the activations quantized by act_quant first, the split-K still finished in the kernel. The
+    same values as the in-register quantization (both are kernels/quant's rounding), so the outputs agree bit for bit
+    up to the order of the scale products; and the automatic choice takes this path above MAX_WEIGHT_BYTES."""
+    g = torch.Generator().manual_seed(block)
+    for M, G, N, K in ((1, 1, 96, 1024), (7, 1, 200, 768), (3, 2, 48, 512)):
+        q, s = fp8_weight(G * N, K, block, g)
+        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
+        pre = fp8_gemv.run(x, q, s, block, block, torch.float32, prequant=True)
+        inreg = fp8_gemv.run(x, q, s, block, block, torch.float32, prequant=False)
+        assert torch.equal(pre, fp8_gemv.run(x, q, s, block, block, torch.float32, prequant=True))
+        assert rel(pre, inreg) < 1e-6, rel(pre, inreg)
+        assert rel(pre, grouped_linear_reference(x.float(), q, s, block, block)) < 1e-2
+    assert fp8_gemv.prequantize(torch.empty(fp8_gemv.MAX_WEIGHT_BYTES + 1, dtype=torch.uint8), block)
+    assert not fp8_gemv.prequantize(torch.empty(16, dtype=torch.uint8), block)
+    assert not fp8_gemv.prequantize(torch.empty(fp8_gemv.MAX_WEIGHT_BYTES + 1, dtype=torch.uint8), 0)
+
+
 @pytest.mark.parametrize("block", [32, 128])
 def test_grouped_linear_matches_reference(block: int) -> None:
     g = torch.Generator().manual_seed(11)

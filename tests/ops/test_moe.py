@@ -127,11 +127,98 @@ def test_bf16():
     check(6, 64, 32, 8, 2, torch.bfloat16, 32, True, 1.0)
 
 
+@pytest.mark.parametrize("dtype,split", [(torch.float32, 1), (torch.float32, 2), (torch.bfloat16, 1),
+                                         (torch.float64, 2)])
+def test_shared_output_added_and_rounded_in_the_combine(dtype, split):
+    """The layer's output in one pass: the shared expert's [T, D] (x's dtype) added to the routed sum in the combine and
+    the result rounded once to x's dtype, as the reference adds and rounds; with split-K partials too."""
+    if ON_GPU and dtype == torch.float64:
+        pytest.skip("float64 runs under the CPU interpreter only")
+    T, D, I, E, k = 5, 96, 64, 6, 3
+    experts = make_experts(E, D, I, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(T, D, generator=gen).to(DEV, dtype)
+    shared = (torch.randn(T, D, generator=gen) * 4).to(DEV, dtype)
+    weights, ids = routing(T, k, E, seed=6)
+    cfg = mk.MoeConfig(16, mk.GemmConfig(32, 32, split_k=split), mk.GemmConfig(32, 32, split_k=split))
+    out = mk.experts_forward(x, experts, weights, ids, 1.0, 32, True, cfg, shared=shared, out_dtype=dtype)
+    ref = moe.experts_reference(x, experts, weights, ids, 1.0, 32, True, shared, dtype)
+    plain = moe.experts_reference(x, experts, weights, ids, 1.0, 32, True)
+    assert out.dtype == dtype and ref.dtype == dtype
+    assert torch.equal(ref, (plain + shared.to(plain.dtype)).to(dtype))
+    assert rel_err(out.to(plain.dtype), ref.to(plain.dtype)) <= max(TOL[dtype], torch.finfo(dtype).eps)
+    # the shared term is really in: without it the result is far off
+    assert rel_err(out.to(plain.dtype), plain) > 0.1
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The decode bodies (ops/kernels/moe_decode.py): swap (W @ x^T on tensor cores) and fma (no tensor cores, 1-8 rows)
+# ------------------------------------------------------------------------------------------------------------
+
+G = mk.GemmConfig
+BODIES = {
+    "swap": mk.MoeConfig(16, G(32, 64), G(32, 64), body="swap"),
+    "fma-m1": mk.MoeConfig(1, G(32, 64), G(32, 64), body="fma"),  # one row per block: no capacity padding
+    "fma-m4": mk.MoeConfig(4, G(16, 32), G(64, 64), body="fma"),
+}
+SPLIT = {"gate_up": G(32, 32, split_k=3), "down": G(32, 32, split_k=2)}  # 3 / 2 K shares over D=96 / I=64
+
+
+CASES = ["one-token", "ragged", "tails", "split-k", "h-quant-in-down"]
+
+
+# fma-m1 skips "tails": fma-m4's 64-wide down N tile covers them (the interpreter is slow on one-row blocks)
+@pytest.mark.parametrize("body,case", [(b, c) for b in BODIES for c in CASES if (b, c) != ("fma-m1", "tails")])
+def test_decode_bodies(body, case):
+    cfg = BODIES[body]
+    if case == "one-token":  # T=1: 2 of 8 experts hit, the rest of the blocks exit
+        check(1, 64, 32, 8, 2, torch.float32, 32, True, 1.0, config=cfg)
+    elif case == "ragged":  # a 20-row run (several blocks for fma, 2 for swap), the rest scattered, some idle
+        check(20, 64, 32, 8, 2, torch.float64, 32, False, 1.0, config=cfg, skew=3)
+    elif case == "tails":  # D=96 / I=64 against 64-wide K tiles and 32/64-wide N tiles; no FP8, no clamp
+        check(7, 96, 64, 6, 3, torch.float32, 0, True, 0.0, config=cfg)
+    elif case == "split-k":  # float partials summed in order by the SwiGLU and combine kernels
+        check(5, 96, 64, 6, 3, torch.float64, 32, True, 2.0, config=dataclasses.replace(cfg, **SPLIT), skew=2)
+    else:  # act_group 64 > the gate-up N tile: h FP8-simulated on the down kernel's A-tile load
+        check(6, 128, 64, 4, 2, torch.float32, 64, False, 1.0, config=cfg)
+
+
+@pytest.mark.parametrize("body", ["swap", "fma-m4"])
+def test_decode_bodies_bf16_and_poisoned_buffers(body, monkeypatch):
+    check(6, 64, 32, 8, 2, torch.bfloat16, 32, True, 1.0, config=BODIES[body])
+
+    def poisoned(shape, dtype, device):
+        if dtype.is_floating_point:
+            return torch.full(shape, float("nan"), dtype=dtype, device=device)
+        return torch.full(shape, 2**30, dtype=dtype, device=device)
+
+    monkeypatch.setattr(mk, "_empty", poisoned)
+    check(9, 64, 32, 8, 2, torch.float32, 32, False, 1.0, config=BODIES[body], skew=1)
+
+
+def test_decode_config():
+    # V4-Flash, E=256, k=6: swap keeps 16-row blocks; fma takes the mean rows per expert hit, a power of two <= 8
+    for t in (1, 8, 32, 64):
+        swap, fma = (mk.decode_config(6 * t, 256, 4096, 2048, b) for b in ("swap", "fma"))
+        assert (swap.body, swap.block_m, fma.body) == ("swap", 16, "fma")
+        assert fma.block_m == (2 if t == 64 else 1)
+        assert fma.gate_up.block_n % (32 * fma.gate_up.num_warps) == 0  # a weight row per thread
+    assert mk.decode_config(6, 256, body="swap").gate_up.split_k == 4  # T=1: 6 experts, K split
+    assert mk.decode_config(6 * 512, 16, body="fma").block_m == 8
+    assert mk.decode_config(6, 256, body="dot") == mk.select_config(6, 256)
+    with pytest.raises(ValueError):
+        mk.MoeConfig(8, G(32, 64), G(32, 64), body="swap")  # the dot's N would be 8
+    with pytest.raises(ValueError):
+        mk.MoeConfig(16, G(32, 64), G(32, 64), body="nope")
+    # the decode tiles (larger than this problem): masks only
+    check(3, 64, 32, 8, 2, torch.float32, 32, True, 1.0, config=mk.decode_config(6, 8, 64, 32, "fma"))
+
+
 def test_act_group_that_does_not_tile_falls_back_to_the_reference():
     check(3, 96, 96, 4, 2, torch.float32, 48, True, 1.0)
 
 
-@pytest.mark.parametrize("M,BM", [(300, 16), (5000, 128)])
+@pytest.mark.parametrize("M,BM", [(300, 16), (5000, 128), (300, 1), (300, 4)])
 def test_align_sorts_and_pads_by_expert(M, BM):
     E = 12
     gen = torch.Generator().manual_seed(3)
@@ -175,7 +262,7 @@ def test_entry_point_dispatches_to_the_kernel(monkeypatch):
     weights, ids = routing(4, 2, 8, 0)
     calls = []
     forward = mk.experts_forward
-    monkeypatch.setattr(mk, "experts_forward", lambda *a: calls.append(1) or forward(*a, SMALL))
+    monkeypatch.setattr(mk, "experts_forward", lambda *a, **kw: calls.append(1) or forward(*a, SMALL, **kw))
     out = moe.experts_forward(x, experts, weights, ids, 1.0, 32, True, backend="triton")
     assert calls and torch.equal(out, forward(x, experts, weights, ids, 1.0, 32, True, SMALL))
     moe.experts_forward(x, experts, weights, ids, 1.0, 32, True)  # the reference backend does not call it
@@ -209,12 +296,22 @@ def test_v4_flash_shapes_bf16(T):
 
 
 @gpu_only
-@pytest.mark.parametrize("T", [1, 8, 512])
-def test_ptx_dequant_matches_the_portable_one(T):
+@pytest.mark.parametrize("body", ["swap", "fma"])
+@pytest.mark.parametrize("T", [1, 8, 64])
+def test_v4_flash_decode_bodies_bf16(body, T):
+    # E=256, k=6 as released: T=1 hits 6 experts (split K), T=64 ~1.5 rows per expert hit (fma: 2-row blocks)
+    cfg = mk.decode_config(T * 6, 256, 4096, 2048, body, device=DEV)
+    check(T, 4096, 2048, 256, 6, torch.bfloat16, 128, True, 10.0, config=cfg, experts=_flash_experts(256))
+
+
+@gpu_only
+@pytest.mark.parametrize("T,body", [(1, "dot"), (8, "dot"), (512, "dot"), (1, "swap"), (64, "swap"), (1, "fma"),
+                                    (64, "fma")])
+def test_ptx_dequant_matches_the_portable_one(T, body):
     experts = _flash_experts()
     x = torch.randn(T, 4096, device=DEV, dtype=torch.bfloat16)
     weights, ids = routing(T, 6, 16, 4)
-    cfg = mk.select_config(T * 6, 16, 4096, 2048, DEV)
+    cfg = mk.decode_config(T * 6, 16, 4096, 2048, body, device=DEV)
     bits, asm = (mk.experts_forward(x, experts, weights, ids, 10.0, 128, False, dataclasses.replace(cfg, dequant=d))
                  for d in ("bits", "asm"))
     # the same bf16 weights (the PTX path's 2^-32 offset is undone exactly): equal up to accumulation order
@@ -222,12 +319,13 @@ def test_ptx_dequant_matches_the_portable_one(T):
 
 
 @gpu_only
-@pytest.mark.parametrize("T", [1, 8])  # T=1 splits K
-def test_cuda_graph_replay(T):
+@pytest.mark.parametrize("T,body", [(1, "dot"), (8, "dot"), (1, "swap"), (8, "fma")])  # T=1 splits K
+def test_cuda_graph_replay(T, body):
     experts = _flash_experts()
     x = torch.randn(T, 4096, device=DEV, dtype=torch.bfloat16)
     weights, ids = routing(T, 6, 16, 5)
-    fwd = lambda: mk.experts_forward(x, experts, weights, ids, 10.0, 128, True)
+    cfg = None if body == "dot" else mk.decode_config(T * 6, 16, 4096, 2048, body, device=DEV)
+    fwd = lambda: mk.experts_forward(x, experts, weights, ids, 10.0, 128, True, cfg)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -245,10 +343,23 @@ def test_cuda_graph_replay(T):
     assert torch.equal(out, fwd())
 
 
-_FLASH: list[moe.ExpertWeights] = []
+_FLASH: dict[int, moe.ExpertWeights] = {}
 
 
-def _flash_experts() -> moe.ExpertWeights:
-    if not _FLASH:  # quantizing 16 V4-Flash experts takes a while: once per session
-        _FLASH.append(make_experts(16, 4096, 2048, seed=7))
-    return _FLASH[0]
+def _flash_experts(E: int = 16) -> moe.ExpertWeights:
+    """E V4-Flash experts, quantized once per session (E > 16: weights drawn on the GPU, the CPU would take minutes)."""
+    if E not in _FLASH:
+        if E <= 16:
+            _FLASH[E] = make_experts(E, 4096, 2048, seed=7)
+        else:
+            gen = torch.Generator(device=DEV).manual_seed(7)
+
+            def stack(out_f: int, in_f: int) -> tuple[torch.Tensor, torch.Tensor]:
+                qs = [quant.fp4_quantize_weight(torch.randn(out_f, in_f, device=DEV, generator=gen) * in_f ** -0.5)
+                      for _ in range(E)]
+                return (torch.stack([q.view(torch.uint8) for q, _ in qs]),
+                        torch.stack([s.view(torch.uint8) for _, s in qs]))
+
+            (w1, s1), (w3, s3), (w2, s2) = stack(2048, 4096), stack(2048, 4096), stack(4096, 2048)
+            _FLASH[E] = moe.ExpertWeights(w1, w2, w3, s1, s2, s3, 128)
+    return _FLASH[E]

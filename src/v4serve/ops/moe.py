@@ -75,13 +75,23 @@ def _expert_out(xe: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.
 
 
 def experts_reference(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
-                      limit: float, act_group: int, weight_before_w2: bool) -> torch.Tensor:
-    """Routed experts, plain torch. x [T, D]; weights/ids [T, k]. Returns [T, D] at accumulation precision.
+                      limit: float, act_group: int, weight_before_w2: bool, shared: torch.Tensor | None = None,
+                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Routed experts, plain torch. x [T, D]; weights/ids [T, k]. Returns [T, D] at accumulation precision, plus
+    `shared` (widened) when given, rounded to `out_dtype` when given.
 
     On the CPU it loops over the experts that received tokens. On CUDA it runs every expert on every token with zero
     weight where not routed: static shapes and no host sync, so it can be captured in a CUDA graph (exact: a zero
     weight adds exact zeros, and contributions are added in expert order either way).
     """
+    out = _routed_sum(x, experts, weights, ids, limit, act_group, weight_before_w2)
+    if shared is not None:
+        out = out + shared.to(out.dtype)
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+def _routed_sum(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor, limit: float,
+                act_group: int, weight_before_w2: bool) -> torch.Tensor:
     T = x.shape[0]
     xq = _maybe_quant(x, act_group)
     out = torch.zeros(T, x.shape[1], dtype=acc_dtype(x), device=x.device)
@@ -102,24 +112,40 @@ def experts_reference(x: torch.Tensor, experts: ExpertWeights, weights: torch.Te
 
 def experts_forward(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
                     limit: float, act_group: int, weight_before_w2: bool,
-                    backend: str = kernels.REFERENCE) -> torch.Tensor:
+                    backend: str = kernels.REFERENCE, shared: torch.Tensor | None = None,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """The routed experts of a routing (weights [T, k] float32, expert ids [T, k] int64) -> [T, D] at accumulation
-    precision (float32, or float64 for a float64 x)."""
+    precision (float32, or float64 for a float64 x). `shared` [T, D] (the shared expert's output) is added to the
+    sum, and `out_dtype` rounds the result once: the layer's output in one pass (the kernels add it in their combine)."""
     with family("moe"):
         if backend == kernels.TRITON:
             from .kernels import moe as moe_kernels
 
             if moe_kernels.supports(x, experts):
-                return moe_kernels.experts_forward(x, experts, weights, ids, limit, act_group, weight_before_w2)
-        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2)
+                return moe_kernels.experts_forward(x, experts, weights, ids, limit, act_group, weight_before_w2,
+                                                   shared=shared, out_dtype=out_dtype)
+        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype)
 
 
 def dense_mlp(x: torch.Tensor, w1: tuple, w2: tuple, w3: tuple, limit: float, act_group: int,
-              backend: str = kernels.REFERENCE) -> torch.Tensor:
+              backend: str = kernels.REFERENCE, widen: bool = True) -> torch.Tensor:
     """The shared expert (SwiGLU, optional clamp); each w is (weight, scale, block) in its stored format.
-    Returns x's accumulation dtype."""
+    Returns x's accumulation dtype (`widen`), or w2's output as it is: x's dtype (experts_forward's `shared` widens it
+    inside the routed experts' combine, without a copy of its own).
+
+    Triton at decode (kernels/fp8_swiglu.py): gate, up and the SwiGLU in one launch, then w2's linear. g and u are
+    rounded to x's dtype before the SwiGLU, as here; only exp/division rounding in the float32 SwiGLU may differ."""
     with family("moe"):
+        if backend == kernels.TRITON:
+            from .kernels import fp8_swiglu
+
+            x2 = x.reshape(-1, x.shape[-1])
+            if fp8_swiglu.supports(x2, w1, w3, act_group):
+                h = fp8_swiglu.run(x2, w1[0], w1[1], w3[0], w3[1], w1[2], act_group, limit)
+                y = linear(h.view(*x.shape[:-1], -1), *w2, act_group, backend)
+                return y.to(acc_dtype(x)) if widen else y
         g = linear(x, *w1, act_group, backend)
         u = linear(x, *w3, act_group, backend)
         h = swiglu(g, u, limit).to(x.dtype)
-        return linear(h, *w2, act_group, backend).to(acc_dtype(x))
+        y = linear(h, *w2, act_group, backend)
+        return y.to(acc_dtype(x)) if widen else y

@@ -23,11 +23,12 @@ from .modules import CompressorParams, Norm, param
 
 
 def run_compressor(p: CompressorParams, x: torch.Tensor, ctx: StepContext, layer: int, state, write_pool,
-                   rotate: bool, fmt: str | None, rope_dim: int, backend: str) -> None:
+                   rotate: bool, fmt: str | None, rope_dim: int, backend: str, xw: torch.Tensor | None = None) -> None:
     """Project, pool the completed groups (carrying the partial group in `state`), finish them (norm, RoPE at the
-    group's first position, [Hadamard,] the format's simulation) and store them in their paged rows."""
+    group's first position, [Hadamard,] the format's simulation) and store them in their paged rows. `xw`: x widened
+    already (a CSA layer's two compressors share it)."""
     step = ctx.step
-    xf = wide(x)
+    xf = wide(x) if xw is None else xw
     kv = p.wkv(xf)
     score = p.wgate(xf) if p.wgate is not None else torch.zeros_like(kv)
     plan = ctx.compression(p.ratio)
@@ -89,15 +90,16 @@ class V4Attention(nn.Module):
         entries = None
         if self.ratio:
             L = self.layer
+            xw = wide(x)  # the compressors project x in float32: widened once for both of a CSA layer's compressors
             with family("compressor"):
                 run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], False,
-                               self.numerics.compressed_kv, c.rope_dim, self.backend)
+                               self.numerics.compressed_kv, c.rope_dim, self.backend, xw)
             visible = ctx.visible(self.ratio)
             if self.indexer is None:  # HCA: every visible entry
                 entries = ctx.entry_refs(L)
             else:
                 with family("indexer"):
-                    idx = self._select(x, qr, ctx, visible)
+                    idx = self._select(x, xw, qr, ctx, visible)
                 entries = ctx.entry_refs(L, picks=idx)
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
@@ -106,14 +108,15 @@ class V4Attention(nn.Module):
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
-    def _select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
+    def _select(self, x: torch.Tensor, xw: torch.Tensor, qr: torch.Tensor, ctx: StepContext,
+                visible: torch.Tensor) -> torch.Tensor:
         """The indexer: write this step's index keys, score every visible key, keep the top-k (the keys are read
-        from the pool, paged and in their stored format, by ops.indexer.index_topk)."""
+        from the pool, paged and in their stored format, by ops.indexer.index_topk). xw: x widened."""
         c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
         ix = self.indexer
         with family("compressor"):
             run_compressor(ix.compressor, x, ctx, L, pools.index_state[L], pools.index_keys[L],
-                           self.numerics.index_rotate, self._index_fmt(), 0, self.backend)
+                           self.numerics.index_rotate, self._index_fmt(), 0, self.backend, xw)
         T = step.num_tokens
         cos, sin = ctx.rope(True)
         qi = finish_rows(ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,

@@ -37,6 +37,7 @@ class StepContext:
         dev = step.device
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
         self._compression: dict[int, Compression] = {}
+        self._visible: dict[int, torch.Tensor] = {}
         W = config.window_size
         R = step.num_rows
         pos, row = step.positions, step.token_row
@@ -76,8 +77,11 @@ class StepContext:
         return max(1, -(-self.step.max_context // ratio))
 
     def visible(self, ratio: int) -> torch.Tensor:
-        """Entries each token may see: groups complete at or before its position."""
-        return torch.div(self.step.positions + 1, ratio, rounding_mode="floor")
+        """Entries each token may see: groups complete at or before its position (once per step and ratio: every
+        compressed layer asks, twice)."""
+        if ratio not in self._visible:
+            self._visible[ratio] = torch.div(self.step.positions + 1, ratio, rounding_mode="floor")
+        return self._visible[ratio]
 
     def entries(self, ratio: int, visible: torch.Tensor) -> Entries:
         """Where the compressed entries (and index keys) of a cache of this ratio live (every layer of a ratio uses

@@ -106,13 +106,18 @@ class MoE(nn.Module):
         """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert."""
         if self.tp.data_parallel:
             return self._combine_dep(x, weights, ids)
+        if self.tp.size == 1:  # the shared expert's output added and the sum rounded inside the routed experts' pass
+            shared = self._shared(x, widen=False) if self.config.n_shared_experts else None
+            return self._routed(x, weights, ids, shared, x.dtype)
         y = self._routed(x, weights, ids)
         if self.config.n_shared_experts:
             y = y + self._shared(x)
         return self.tp.all_reduce(y).to(x.dtype)  # under TP each rank holds a slice of every expert's width
 
-    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """This rank's routed experts' share of the output ([T, D] at accumulation precision)."""
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """This rank's routed experts' share of the output ([T, D] at accumulation precision), + `shared`, rounded to
+        `out_dtype` when given (ops.moe.experts_forward)."""
         c, nm = self.config, self.numerics
         ex = self.experts
         if ex.n != self.n_experts:  # EP: picks of other ranks' experts weigh zero here (their owners add them)
@@ -121,14 +126,14 @@ class MoE(nn.Module):
             ids, weights = torch.where(mine, local, torch.zeros_like(local)), weights * mine
         act = c.weight_block if nm.act_quant and self.experts.quantized else 0
         return moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, act,
-                                       nm.weight_before_w2, self.backend)
+                                       nm.weight_before_w2, self.backend, shared, out_dtype)
 
-    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+    def _shared(self, x: torch.Tensor, widen: bool = True) -> torch.Tensor:
         c, nm = self.config, self.numerics
         se = self.shared_experts
         sact = c.weight_block if nm.act_quant and se.w1.quantized else 0
         return moe_ops.dense_mlp(x, *(_stored(m) for m in (se.w1, se.w2, se.w3)),
-                                 c.swiglu_limit if self.shared_clamp else 0.0, sact, self.backend)
+                                 c.swiglu_limit if self.shared_clamp else 0.0, sact, self.backend, widen)
 
     def _combine_dep(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """DEP: x holds this data-parallel rank's own tokens. Every rank's tokens and routings are all-gathered

@@ -8,10 +8,41 @@ sink logit, and writes the output rotated back by the inverse RoPE. K = V: one t
 
 The work per token scales with its own window and selection (the dense loop's bound is read from device memory), never
 with max_model_len; there is no host synchronisation, so a decode step can be captured in a CUDA graph.
+
+Two modes, chosen by Config.mode (the default configs use "heads"; "flash" is selected explicitly until a GPU sweep
+decides):
+
+* "heads" (_attend_kernel): grid (token, head block, D chunk x kv split). Each program re-reads and re-decodes its
+  token's records: once per head block and once per D chunk.
+* "flash" (_flash_kernel), split-KV flash decoding over all heads: grid (head blocks, kv splits, tokens), with heads = 64
+  = H meaning one head block, so each record is fetched from HBM and decoded once per token. A program takes one
+  BN-aligned slice of its token's rows [window | compressed], runs all BH heads over it tile by tile, and stores its
+  partial (m, l, acc). The last split to arrive (ArrivalCounters) combines the NSPLIT partials in a fixed order and
+  applies the inverse RoPE. Design choices:
+  - Registers. The [64, 512] fp32 accumulator is 128 KB: 128 registers per thread at 8 warps, 64 at 16 warps, which is
+    FlashMLA's budget (each warpgroup owns part of the output dims). It stays in registers as D / dchunk (1, 2 or 4)
+    separate [BH, dchunk] accumulators, because Triton cannot update a slice of one tensor. Each tile is decoded once,
+    chunk by chunk: each chunk's fp32 decode transients die at its DT cast, and the DT chunks feed QK^T (summed over
+    chunks into S [BH, BN]) and then P.V (chunk c into acc c). So the transients are [BN, dchunk], not [BN, 512]. The
+    alternatives were rejected: splitting D over programs re-reads each record per part (the "heads" mode's dsplit);
+    keeping acc in global scratch means a 128 KB read-modify-write per tile.
+  - Queries: normalised and rotated once per program, dchunk dims at a time, into a scratch row. Each tile reads
+    [BH, dchunk] slices back from L1/L2, so no [64, 512] query tile stays live across the loop. That is 64 KB of L1/L2
+    reads per tile against BN x 584 B of HBM: more rows per tile amortise it.
+  - Gather chain. The addresses are software-pipelined over four tiles: the sources or picks of tile i+3 and the ring
+    rows or block table of tile i+2 load while tile i computes, and with Config.prefetch the records of tile i+1 are
+    L2-prefetched (prefetch.global.L2 per 128-B line; GPU only). Each dependent load's result is first used one tile
+    after it was issued.
+  - Splits. kv_splits = 0 gives about one wave over the GPU (132 // programs) at decode, 1 for big batches. The
+    partials (BH x (D + 2) fp32 = 128 KB per split per token, mostly L2) cost about as much as a token's 374 KB of
+    records at 3 splits, so big batches want few splits.
+  - Smem (Triton's operand staging): query chunk [BH, dchunk] + trans(K) chunk + K chunk per dot, about 80-130 KB at
+    BH = 64, BN = 16-32, one CTA per SM.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +50,8 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, hi_lo
 
 PLAIN, V4_FP8, FP8_B32, NVFP4 = 0, 1, 2, 3
@@ -26,19 +59,33 @@ FORMATS = {"plain": PLAIN, "v4_fp8": V4_FP8, "fp8_b32": FP8_B32, "nvfp4": NVFP4}
 NO_ENTRIES, PICKED, DENSE = 0, 1, 2
 
 
+HEADS, FLASH = "heads", "flash"
+
+
 @dataclass(frozen=True)
 class Config:
     heads: int  # BH: query heads per program (the M of both dots)
     rows: int  # BN: KV rows per tile
-    dsplit: int  # programs per (token, head block), each owning D / dsplit output dims (also the QK chunk width)
+    dsplit: int  # programs per (token, head block), each owning D / dsplit output dims (also the QK chunk width);
+    # "heads" mode only
     num_warps: int
     num_stages: int
     kv_splits: int = 0  # programs per token's KV rows (0 = by the grid size; the partials combine in the last)
+    mode: str = HEADS  # "heads": the kernel above; "flash": split-KV flash decoding over all heads (_flash_kernel)
+    dchunk: int = 0  # "flash" mode: D / dchunk (1, 2 or 4; else D) chunks of the decode, the dots' D dims and the
+    # output accumulators (0 = D: one full-width chunk)
+    prefetch: int = 0  # "flash" mode on the GPU: 1 = L2-prefetch the next tile's records while this tile computes
 
 
 # Chosen on the H200 (benchmarks/kernels/attention.py); the interpreter gets the smallest legal tiles (and two D
 # chunks, so that the chunked paths run in the tests).
 GPU_CONFIG = Config(heads=16, rows=32, dsplit=2, num_warps=8, num_stages=1)
+# Batched decode over CSA picks: flash mode, 32 heads a program, L2 prefetch (2026-12-01, V4 584-B records, 64 heads x
+# 512, 128 window + 512 picks: T=32 101 us vs 390 us for GPU_CONFIG; T=1 42.5 vs 27.7 us, so single rows keep it).
+# Only where measured: CSA picks, 16..128 query tokens; HCA and prefill chunks keep GPU_CONFIG.
+FLASH_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128,
+                             prefetch=1)
+FLASH_DECODE_TOKENS = (16, 128)
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
 _SMS = 132  # H200 multiprocessors
 _COUNTERS = ArrivalCounters()
@@ -159,7 +206,8 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
                    D: tl.constexpr, RD: tl.constexpr, W: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
                    DC: tl.constexpr, NSPLIT: tl.constexpr, WFMT: tl.constexpr, CFMT: tl.constexpr,
                    CMODE: tl.constexpr, QNORM: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr,
-                   HALF: tl.constexpr, INTERPRET: tl.constexpr):
+                   HALF: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     h = hb * BH + tl.arange(0, BH)
@@ -268,6 +316,275 @@ def _finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot,
     tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + cd[None, :], o.to(QT), mask=h_ok[:, None])
 
 
+# --- "flash" mode: split-KV flash decoding over all heads ------------------------------------------------------------
+
+
+@triton.jit
+def _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, col0, u8_ptr, h16_ptr, val_ptr, stride,
+             FMT: tl.constexpr, FRESH: tl.constexpr, WIDTH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr,
+             DT: tl.constexpr):
+    """Dims [col0, col0 + WIDTH) of a tile's rows -> [BN, WIDTH] in DT: the stored records at pool rows `rows`, or
+    (FRESH) this step's fresh rows where `ring` is false; zeros where `ok` is false."""
+    kv = _decode(rows, ok & ring, col0, u8_ptr, h16_ptr, val_ptr, stride, FMT, WIDTH, D, RD, DT)
+    if FRESH:
+        f = tl.load(fresh_ptr + fresh_row.to(tl.int64)[:, None] * stride_ft + col0 + tl.arange(0, WIDTH)[None, :],
+                    mask=(ok & ~ring)[:, None], other=0.0).to(DT)
+        kv = tl.where(ring[:, None], kv, f)
+    return kv
+
+
+@triton.jit
+def _flash_tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, m_i, l_i, acc0, acc1, acc2, acc3,
+                u8_ptr, h16_ptr, val_ptr, stride, scale_hi, scale_lo,
+                FMT: tl.constexpr, FRESH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, DC: tl.constexpr,
+                BH: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, HALF: tl.constexpr,
+                INTERPRET: tl.constexpr):
+    """One online-softmax step of all the program's heads over a tile of KV rows.
+
+    The tile is decoded once, in NCH = D / DC chunks (1, 2 or 4) that stay in DT for both dots: QK^T sums the chunks'
+    products, P.V updates the chunk's own accumulator acc<c> [BH, DC] (unused accumulators are [1, 1] placeholders).
+    Chunking bounds the decode's fp32 transients to [BN, DC]; all of acc0..3 together cover the D output dims."""
+    NCH: tl.constexpr = D // DC
+    cd = tl.arange(0, DC)
+    k0 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
+                  DC, D, RD, DT)
+    s = _dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
+    if NCH > 1:
+        k1 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                      FRESH, DC, D, RD, DT)
+        s += _dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
+    if NCH > 2:
+        k2 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                      FRESH, DC, D, RD, DT)
+        s += _dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
+                  INTERPRET)
+        k3 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                      FRESH, DC, D, RD, DT)
+        s += _dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
+                  INTERPRET)
+    s = s * scale_hi + s * scale_lo
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(DT)
+    acc0 = acc0 * alpha[:, None] + _dot(p, k0, ACC, HALF, INTERPRET)
+    if NCH > 1:
+        acc1 = acc1 * alpha[:, None] + _dot(p, k1, ACC, HALF, INTERPRET)
+    if NCH > 2:
+        acc2 = acc2 * alpha[:, None] + _dot(p, k2, ACC, HALF, INTERPRET)
+        acc3 = acc3 * alpha[:, None] + _dot(p, k3, ACC, HALF, INTERPRET)
+    return m_new, l_i, acc0, acc1, acc2, acc3
+
+
+@triton.jit
+def _win_src(t, k0, end, W, win_src_ptr, win_ok_ptr, BN: tl.constexpr):
+    """Stage 1 of a window tile's addresses: the sources (ring slot or fresh row) of window positions [k0, k0 + BN)
+    below `end`, and which count."""
+    k = k0 + tl.arange(0, BN)
+    k_in = k < end
+    src = tl.load(win_src_ptr + t * W + k, mask=k_in, other=0).to(tl.int32)  # int32 addresses: fewer registers
+    ok = (tl.load(win_ok_ptr + t * W + k, mask=k_in, other=0) != 0) & k_in
+    return src, ok
+
+
+@triton.jit
+def _win_rows(src, ok, ring_ptr, RW):
+    """Stage 2: the pool rows of the ring slots (ring: which sources are stored rows, not fresh ones)."""
+    ring = src < RW
+    return tl.load(ring_ptr + src, mask=ok & ring, other=0).to(tl.int32), ring
+
+
+@triton.jit
+def _entry_idx(t, j0, end, pick_ptr, pick_stride, CMODE: tl.constexpr, BN: tl.constexpr):
+    """Stage 1 of a compressed tile's addresses: entry indices [j0, j0 + BN) of the token's list below `end` (the
+    CSA picks, -1 = none; HCA: the indices themselves), and which count."""
+    jj = j0 + tl.arange(0, BN)
+    j_in = jj < end
+    if CMODE == 1:
+        j = tl.load(pick_ptr + t * pick_stride + jj, mask=j_in, other=-1)
+        ok = j >= 0
+    else:
+        j = jj
+        ok = j_in
+    return tl.where(ok, j, 0).to(tl.int32), ok
+
+
+@triton.jit
+def _entry_rows(j, ok, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block):
+    """Stage 2: the entries' pool rows through the token's block table (unallocated blocks read the trash block)."""
+    blk = tl.load(bt_ptr + r * bt_stride + (j * ratio) // block_size, mask=ok, other=-1).to(tl.int32)
+    blk = tl.where(blk < 0, trash_block, blk)
+    return blk * epb + j % epb  # pool rows < 2^31 (the byte offsets are formed in int64 by _decode)
+
+
+@triton.jit
+def _prefetch(base_ptr, rows, row_bytes, NL: tl.constexpr):
+    """Ask L2 for the records at pool rows [BN] (every 128-B line of each row_bytes-long record; NL >= lines + 1)."""
+    b = base_ptr.to(tl.pointer_type(tl.uint8))
+    off = tl.minimum(tl.arange(0, NL) * 128, row_bytes - 1)
+    ptrs = b + rows.to(tl.int64)[:, None] * row_bytes + off[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
+@triton.jit
+def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr, part_ptr, cnt_ptr,
+                  win_src_ptr, win_ok_ptr, ring_ptr, wu8_ptr, wh16_ptr, wval_ptr, w_stride,
+                  cu8_ptr, ch16_ptr, cval_ptr, c_stride,
+                  bt_ptr, bt_stride, tok_row_ptr, pick_ptr, pick_stride, vis_ptr,
+                  H, RW, n_picks, ratio, block_size, epb, trash_block,
+                  scale_hi, scale_lo, eps,
+                  stride_qt, stride_qh, stride_ct, stride_ft, stride_ot, stride_oh, w_row_bytes, c_row_bytes,
+                  D: tl.constexpr, RD: tl.constexpr, W: tl.constexpr, BH: tl.constexpr, BN: tl.constexpr,
+                  DC: tl.constexpr, NSPLIT: tl.constexpr, WFMT: tl.constexpr, CFMT: tl.constexpr,
+                  CMODE: tl.constexpr, QNORM: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr,
+                  HALF: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, WNL: tl.constexpr,
+                  CNL: tl.constexpr, WAL: tl.constexpr, CAL: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (head blocks, kv splits, tokens): head blocks fastest, so that when BH < H the programs reading the same
+    records run side by side (the second read hits L2)."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    # the pools' row strides are multiples of WAL / CAL (V4's 584-B record: 8): said so, the record loads vectorise
+    # (Triton only infers divisibility by 16 for integer arguments; else every byte is its own load)
+    w_stride = (w_stride // WAL) * WAL
+    c_stride = (c_stride // CAL) * CAL
+    hb = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    t = tl.program_id(2).to(tl.int64)
+    h = hb * BH + tl.arange(0, BH)
+    h_ok = h < H
+    cd = tl.arange(0, DC)
+    RT = tl.float64 if ACC == tl.float64 else tl.float32
+    QT: tl.constexpr = q_ptr.dtype.element_ty
+    # --- queries, DC dims at a time: (per-head RMS norm,) RoPE, rounded to the model dtype as the reference does;
+    # written to a scratch row that the tiles read back (all splits of a token write the same bits)
+    qrow = q_ptr + t * stride_qt + h[:, None] * stride_qh
+    qp = qp_ptr + t * stride_qt + h[:, None] * stride_qh
+    rms = tl.full((BH,), 1.0, ACC)
+    if QNORM:
+        ss = tl.zeros((BH,), ACC)
+        for ci in tl.static_range(D // DC):
+            qf = tl.load(qrow + ci * DC + cd[None, :], mask=h_ok[:, None], other=0.0).to(ACC)
+            ss += tl.sum(qf * qf, 1)
+        rms = tl.sqrt(ss / D + eps)
+    for ci in tl.static_range(D // DC):
+        qc = tl.load(qrow + ci * DC + cd[None, :], mask=h_ok[:, None], other=0.0)
+        if QNORM:
+            qc = (qc.to(ACC) / rms[:, None]).to(QT)
+        cos, sin = _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, ci * (DC // 2), DC // 2, D, RD, RT)
+        qc = _rotate(qc.to(RT), cos, sin, False, BH, DC).to(QT).to(DT)
+        tl.store(qp + ci * DC + cd[None, :], qc, mask=h_ok[:, None])
+    tl.debug_barrier()  # the scratch row is complete before any thread reads it back
+
+    # --- split pid_s of NSPLIT of the token's rows [window W | compressed n_c], in BN-aligned spans
+    if CMODE == 0:
+        n_c = 0
+    elif CMODE == 1:
+        n_c = n_picks
+    else:
+        n_c = tl.load(vis_ptr + t).to(tl.int32)
+    span = tl.cdiv(tl.cdiv(W + n_c, NSPLIT), BN) * BN
+    lo = pid_s * span
+    hi = tl.minimum(lo + span, W + n_c)
+    m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink, counted once (split 0)
+    l_i = tl.full((BH,), 1.0, ACC) * (pid_s == 0).to(ACC)
+    NCH: tl.constexpr = D // DC  # 1, 2 or 4 output chunks, each with its accumulator (see _flash_tile)
+    acc0 = tl.zeros((BH, DC), ACC)
+    acc1 = tl.zeros((BH, DC) if NCH > 1 else (1, 1), ACC)
+    acc2 = tl.zeros((BH, DC) if NCH > 2 else (1, 1), ACC)
+    acc3 = tl.zeros((BH, DC) if NCH > 2 else (1, 1), ACC)
+    # --- window tiles. The gather chain is software-pipelined over tiles i (records decoded and multiplied now),
+    # i+1 (pool rows known: optionally L2-prefetched), i+2 (ring rows loading) and i+3 (sources loading): each load's
+    # result is first used one tile after it was issued, so the dependent loads overlap the current tile's work
+    wend = tl.minimum(hi, W)
+    src0, ok0 = _win_src(t, lo, wend, W, win_src_ptr, win_ok_ptr, BN)
+    row0, ring0 = _win_rows(src0, ok0, ring_ptr, RW)
+    src1, ok1 = _win_src(t, lo + BN, wend, W, win_src_ptr, win_ok_ptr, BN)
+    row1, ring1 = _win_rows(src1, ok1, ring_ptr, RW)
+    src2, ok2 = _win_src(t, lo + 2 * BN, wend, W, win_src_ptr, win_ok_ptr, BN)
+    for k0 in range(lo, wend, BN):
+        src3, ok3 = _win_src(t, k0 + 3 * BN, wend, W, win_src_ptr, win_ok_ptr, BN)
+        row2, ring2 = _win_rows(src2, ok2, ring_ptr, RW)
+        if PREFETCH:
+            _prefetch(wval_ptr, row1, w_row_bytes, WNL)
+        m_i, l_i, acc0, acc1, acc2, acc3 = _flash_tile(
+            qp, h_ok, row0, ok0, ring0, fresh_ptr, stride_ft, src0 - RW, m_i, l_i, acc0, acc1, acc2, acc3,
+                                    wu8_ptr, wh16_ptr, wval_ptr, w_stride, scale_hi, scale_lo, WFMT, True, D, RD, DC,
+                                    BH, BN, ACC, DT, HALF, INTERPRET)
+        src0, ok0, row0, ring0 = src1, ok1, row1, ring1
+        src1, ok1, row1, ring1 = src2, ok2, row2, ring2
+        src2, ok2 = src3, ok3
+    # --- compressed tiles (CSA picks or every visible HCA entry), pipelined the same way: picks three tiles ahead,
+    # block table two ahead, (prefetch) one ahead
+    if CMODE != 0:
+        r = tl.load(tok_row_ptr + t)
+        j_lo = tl.maximum(lo, W) - W
+        j_hi = hi - W
+        j0_, okj0 = _entry_idx(t, j_lo, j_hi, pick_ptr, pick_stride, CMODE, BN)
+        rowj0 = _entry_rows(j0_, okj0, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
+        j1_, okj1 = _entry_idx(t, j_lo + BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
+        rowj1 = _entry_rows(j1_, okj1, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
+        j2_, okj2 = _entry_idx(t, j_lo + 2 * BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
+        for j0 in range(j_lo, j_hi, BN):
+            j3_, okj3 = _entry_idx(t, j0 + 3 * BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
+            rowj2 = _entry_rows(j2_, okj2, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
+            if PREFETCH:
+                _prefetch(cval_ptr, rowj1, c_row_bytes, CNL)
+            m_i, l_i, acc0, acc1, acc2, acc3 = _flash_tile(
+                qp, h_ok, rowj0, okj0, okj0, fresh_ptr, stride_ft, j0_, m_i, l_i, acc0, acc1, acc2, acc3,
+                                        cu8_ptr, ch16_ptr, cval_ptr, c_stride, scale_hi, scale_lo, CFMT, False, D, RD,
+                                        DC, BH, BN, ACC, DT, HALF, INTERPRET)
+            j0_, okj0, rowj0 = j1_, okj1, rowj1
+            j1_, okj1, rowj1 = j2_, okj2, rowj2
+            j2_, okj2 = j3_, okj3
+    if NSPLIT > 1:  # partial (m, l, acc) to the workspace; the last split of (token, head block) to arrive combines
+        slot = t * tl.num_programs(0) + hb
+        base = part_ptr + (slot * NSPLIT) * (BH * (D + 2))
+        rows = tl.arange(0, BH)[:, None] * (D + 2)
+        own = base + pid_s * (BH * (D + 2)) + rows
+        tl.store(own + cd[None, :], acc0)
+        if NCH > 1:
+            tl.store(own + DC + cd[None, :], acc1)
+        if NCH > 2:
+            tl.store(own + 2 * DC + cd[None, :], acc2)
+            tl.store(own + 3 * DC + cd[None, :], acc3)
+        tl.store(own + D + tl.zeros((BH, 1), tl.int32), m_i[:, None])
+        tl.store(own + D + 1 + tl.zeros((BH, 1), tl.int32), l_i[:, None])
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
+        if arrived == NSPLIT - 1:
+            m_all = tl.full((BH,), float("-inf"), ACC)
+            for sp in tl.static_range(NSPLIT):
+                m_all = tl.maximum(m_all, tl.reshape(tl.load(base + sp * (BH * (D + 2)) + rows + D,
+                                                             cache_modifier=".cg"), (BH,)))
+            l_i = tl.zeros((BH,), ACC)
+            for sp in tl.static_range(NSPLIT):  # fixed order: the sums do not depend on who came last
+                p = base + sp * (BH * (D + 2)) + rows
+                w = tl.exp(tl.reshape(tl.load(p + D, cache_modifier=".cg"), (BH,)) - m_all)
+                l_i += tl.reshape(tl.load(p + D + 1, cache_modifier=".cg"), (BH,)) * w
+            for ci in tl.static_range(D // DC):  # the output DC dims at a time: bounded registers
+                acc_c = tl.zeros((BH, DC), ACC)
+                for sp in tl.static_range(NSPLIT):
+                    p = base + sp * (BH * (D + 2)) + rows
+                    w = tl.exp(tl.reshape(tl.load(p + D, cache_modifier=".cg"), (BH,)) - m_all)
+                    acc_c += tl.load(p + ci * DC + cd[None, :], cache_modifier=".cg") * w[:, None]
+                _finish(acc_c, l_i, cos_ptr, sin_ptr, t, stride_ct, ci, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
+                        D, RD, DC, BH, RT)
+            tl.store(cnt_ptr + slot, 0)  # ready for the next launch / graph replay
+    else:
+        _finish(acc0, l_i, cos_ptr, sin_ptr, t, stride_ct, 0, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD, DC, BH,
+                RT)
+        if NCH > 1:
+            _finish(acc1, l_i, cos_ptr, sin_ptr, t, stride_ct, 1, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
+                    DC, BH, RT)
+        if NCH > 2:
+            _finish(acc2, l_i, cos_ptr, sin_ptr, t, stride_ct, 2, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
+                    DC, BH, RT)
+            _finish(acc3, l_i, cos_ptr, sin_ptr, t, stride_ct, 3, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
+                    DC, BH, RT)
+
+
 def _views(data: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(bytes, bf16 view, values) of one pool's storage; unused views are the storage itself."""
     if kind == "plain":
@@ -286,6 +603,33 @@ def _kv_splits(cfg: Config, programs: int, rows_hint: int) -> int:
     return max(1, min(triton.cdiv(2 * _SMS, programs), rows_hint // (2 * cfg.rows), 16))
 
 
+PART_BUDGET = 1 << 26  # flash mode: partial-accumulator elements per launch (long prefills with explicit kv_splits)
+
+
+def _lines(row_bytes: int) -> int:
+    """Prefetch addresses per record: its 128-B lines (+1: a record need not start on a line), a power of two."""
+    return triton.next_power_of_2(triton.cdiv(row_bytes, 128) + 1)
+
+
+def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) -> int:
+    """Flash mode's programs per token's rows: explicit, or about one wave over the GPU (a program of all 64 heads
+    holds most of an SM's registers), each split keeping >= 2 row tiles, at most 16; one when the combine's arrival
+    counters would not suffice for one launch."""
+    if cfg.kv_splits:
+        n = cfg.kv_splits
+    else:
+        n = max(1, min(_SMS // (tokens * head_blocks), rows_hint // (2 * cfg.rows), 16))
+    return n if head_blocks <= N_COUNTERS else 1
+
+
+def gpu_config(tokens: int, entries) -> Config:
+    """The measured choice on the GPU: flash mode for batched decode over CSA picks, GPU_CONFIG otherwise."""
+    lo, hi = FLASH_DECODE_TOKENS
+    if entries is not None and entries.picks is not None and lo <= tokens <= hi:
+        return FLASH_DECODE_CONFIG
+    return GPU_CONFIG
+
+
 def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:
     if any(k not in FORMATS for k in kinds):
         return False
@@ -300,7 +644,7 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     out = torch.empty_like(q)
     if T == 0:
         return out
-    cfg = config or (INTERPRETER_CONFIG if interpreting() else GPU_CONFIG)
+    cfg = config or (INTERPRETER_CONFIG if interpreting() else gpu_config(T, entries))
     dsplit = cfg.dsplit if D % cfg.dsplit == 0 and D // cfg.dsplit >= 2 * cos.shape[-1] else 1
     W = window.src.shape[1]
     RD = 2 * cos.shape[-1]
@@ -327,6 +671,39 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     s_hi, s_lo = hi_lo(scale)
     per_token = picks.dim() > 1
     HB = triton.cdiv(H, cfg.heads)
+    if cfg.mode == FLASH:
+        dc = cfg.dchunk if cfg.dchunk and cfg.dchunk % 2 == 0 and D % cfg.dchunk == 0 and D // cfg.dchunk in (1, 2, 4) \
+            else D
+        nsplit = _flash_splits(cfg, T, HB, W + (n_picks if cmode == PICKED else 4 * cfg.rows))
+        chunk = TOKEN_CHUNK
+        if nsplit > 1:  # the combine's counters and a bounded partials workspace
+            chunk = max(1, min(TOKEN_CHUNK, N_COUNTERS // HB, PART_BUDGET // (HB * nsplit * cfg.heads * (D + 2))))
+        cnt = _COUNTERS.get(q.device) if nsplit > 1 else out
+        w_bytes, c_bytes = wdata.stride(0) * wdata.element_size(), cdata.stride(0) * cdata.element_size()
+        for lo in range(0, T, chunk):
+            hi = min(T, lo + chunk)
+            qc = q[lo:hi]
+            qp = torch.empty_like(qc)
+            part = (torch.empty((hi - lo) * HB * nsplit * cfg.heads * (D + 2), dtype=acc, device=q.device)
+                    if nsplit > 1 else out)
+            _flash_kernel[(HB, nsplit, hi - lo)](
+                qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi], part, cnt,
+                window.src[lo:hi], window.valid[lo:hi], ring, wu8, wh16, wval, wdata.stride(0),
+                cu8, ch16, cval, cdata.stride(0),
+                bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
+                picks[lo:hi] if per_token or cmode == DENSE else picks, picks.stride(0) if per_token else 0,
+                vis[lo:hi] if cmode == DENSE else vis,
+                H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
+                s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
+                qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1),
+                w_bytes, c_bytes,
+                D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=dc, NSPLIT=nsplit, WFMT=FORMATS[wkind],
+                CFMT=FORMATS[ckind], CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
+                HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
+                PREFETCH=bool(cfg.prefetch) and not interpreting(), WNL=_lines(w_bytes), CNL=_lines(c_bytes),
+                WAL=math.gcd(wdata.stride(0), 16), CAL=math.gcd(cdata.stride(0), 16),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))
+        return out
     nsplit = _kv_splits(cfg, min(T, TOKEN_CHUNK) * HB * dsplit, W + (n_picks if cmode == PICKED else 4 * cfg.rows))
     cnt = _COUNTERS.get(q.device) if nsplit > 1 else out
     for lo in range(0, T, TOKEN_CHUNK):
@@ -348,5 +725,5 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
             D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, NSPLIT=nsplit, WFMT=FORMATS[wkind], CFMT=FORMATS[ckind],
             CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
             HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))
     return out

@@ -15,6 +15,8 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .split_grid import TL_DTYPES
 
 BLOCK_D = 64  # channels per program (an HCA group's tile is 128 positions x 64 channels)
@@ -65,7 +67,9 @@ def _load_cols(t, st, pm, chan0, cols, kv_ptr, sc_ptr, stride_kv, stride_sc, ape
 def _pool_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, off_ptr, slot_ptr,
                  grow_ptr, gentry_ptr, gvalid_ptr, out_ptr, stride_kv, stride_sc,
                  M: tl.constexpr, OVERLAP: tl.constexpr, HD: tl.constexpr, W: tl.constexpr, SL: tl.constexpr,
-                 BD: tl.constexpr, HAS_APE: tl.constexpr, ACC: tl.constexpr, OUT: tl.constexpr):
+                 BD: tl.constexpr, HAS_APE: tl.constexpr, ACC: tl.constexpr, OUT: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid = tl.program_id(0)
     row = tl.load(grow_ptr + pid)
     entry = tl.load(gentry_ptr + pid)
@@ -104,9 +108,10 @@ def _pool_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, 
 @triton.jit
 def _write_state_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, pos_ptr, trow_ptr, start_ptr, len_ptr, slot_ptr,
                         trash_slot, stride_kv, stride_sc, M: tl.constexpr, OVERLAP: tl.constexpr, W: tl.constexpr,
-                        SL: tl.constexpr, BW: tl.constexpr, HAS_APE: tl.constexpr):
+                        SL: tl.constexpr, BW: tl.constexpr, HAS_APE: tl.constexpr, PDL: tl.constexpr = False):
     """Token t's kv and score (+ APE) to its position's state slot when a later step reads it (from the start of its
     row's last group, with overlap the one before too), else to the trash slot."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t)
     r = tl.load(trow_ptr + t)
@@ -145,10 +150,12 @@ def pool_groups(kv, score, ape, step, groups, state_kv, state_score, ratio, over
             kv, score, ape if ape is not None else kv, state_kv, state_score, step.row_start, step.row_len,
             step.row_offset, step.row_slot, groups.row, groups.entry, groups.valid, pooled, kv.stride(0),
             score.stride(0), M=ratio, OVERLAP=overlap, HD=head_dim, W=W, SL=SL, BD=min(BLOCK_D, head_dim),
-            HAS_APE=ape is not None, ACC=TL_DTYPES[acc], OUT=TL_DTYPES[out_dtype], num_warps=4)
+            HAS_APE=ape is not None, ACC=TL_DTYPES[acc], OUT=TL_DTYPES[out_dtype], num_warps=4,
+            **pdl_launch(kv))
     if T:  # after the pooling, which reads the positions these writes may replace
         _write_state_kernel[(T,)](
             kv, score, ape if ape is not None else kv, state_kv, state_score, step.positions, step.token_row,
             step.row_start, step.row_len, step.row_slot, state_kv.shape[0] - 1, kv.stride(0), score.stride(0),
-            M=ratio, OVERLAP=overlap, W=W, SL=SL, BW=min(256, W), HAS_APE=ape is not None, num_warps=2)
+            M=ratio, OVERLAP=overlap, W=W, SL=SL, BW=min(256, W), HAS_APE=ape is not None, num_warps=2,
+            **pdl_launch(kv))
     return pooled

@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil
 from .split_grid import TL_DTYPES, hi_lo
 
@@ -259,7 +261,8 @@ def _finish_kernel(x_ptr, out_ptr, pre_ptr, w_ptr, cos_ptr, sin_ptr, rows_ptr, r
                    D: tl.constexpr, RD: tl.constexpr, SR: tl.constexpr, KR: tl.constexpr, BM: tl.constexpr,
                    NORM: tl.constexpr, ROTATE: tl.constexpr, HB: tl.constexpr, FMT: tl.constexpr, KIND: tl.constexpr,
                    DT: tl.constexpr, PT: tl.constexpr, F64: tl.constexpr, HALF_DOT: tl.constexpr,
-                   STORE_PRE: tl.constexpr):
+                   STORE_PRE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ACC: tl.constexpr = tl.float64 if F64 else tl.float32
     c = tl.arange(0, D)
     if ROTATE:
@@ -412,5 +415,5 @@ def finish_rows(x: torch.Tensor, norm: torch.Tensor | None, eps: float, cos: tor
         D=D, RD=rd, SR=rope_dim, KR=kr, BM=cfg.rows, NORM=norm is not None, ROTATE=bool(rotate),
         HB=min(D, HADAMARD_BLOCK), FMT=SIM[fmt],
         KIND=kind, DT=TL_DTYPES[x.dtype], PT=TL_DTYPES[pt], F64=f64, HALF_DOT=half_dot,
-        STORE_PRE=pre is not None, num_warps=cfg.num_warps)
+        STORE_PRE=pre is not None, num_warps=cfg.num_warps, **pdl_launch(x))
     return out

@@ -20,10 +20,14 @@ import triton
 import triton.language as tl
 
 from . import fp8_gemv, interpreting
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .quant import act_quant, act_simulate
+from .split_grid import N_COUNTERS, ArrivalCounters
 
 _DOT_FP8, _DOT_HALF, _DOT_F32, _DOT_F64 = 0, 1, 2, 3
 _SMS = 132  # H200 multiprocessors: decode splits K until about two waves of programs stream the weight
+_COUNTERS = ArrivalCounters()  # split-K tiles finished in the kernel at decode (kernels/split_grid.py)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -36,13 +40,15 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 @triton.jit
-def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr,
+def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
                  M, N, K, k_per_split,
                  stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn,
-                 stride_ys, stride_ym, stride_yg,
+                 stride_ys, stride_ym, stride_yg, stride_om, stride_og,
                  SB: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, DOT: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                 INTERPRET: tl.constexpr, W_F32: tl.constexpr):
+                 INTERPRET: tl.constexpr, W_F32: tl.constexpr, SPLITS: tl.constexpr = 1,
+                 FINISH: tl.constexpr = False, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -110,12 +116,26 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr,
                         wf = wf * w_scale[:, None].to(tl.float64)
                     acc += tl.dot(x.to(tl.float64), tl.trans(wf))
     y = y_ptr + split * stride_ys + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    if FINISH:  # split-K at decode: the last program to arrive at this output tile adds the partials in split order
+        tl.debug_barrier()  # every thread's partial stores precede the release below
+        tile = g * (n_m * n_n) + pid
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:
+            part = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
+            total = tl.load(part, mask=out_ok, other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLITS):
+                total += tl.load(part + s * stride_ys, mask=out_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + offs_m[:, None] * stride_om + g * stride_og + offs_n[None, :],
+                     total.to(out_ptr.dtype.element_ty), mask=out_ok)
+            tl.store(cnt_ptr + tile, 0)  # ready for the next launch / graph replay
 
 
 @triton.jit
-def _sum_splits_kernel(p_ptr, y_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+def _sum_splits_kernel(p_ptr, y_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """y = sum over splits of the partials, in split order (deterministic)."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < total
     acc = tl.load(p_ptr + offs, mask=ok, other=0.0)
@@ -154,7 +174,8 @@ def _dot_mode(x: torch.Tensor, a_fp8: bool) -> int:
 
 def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
          out_dtype: torch.dtype) -> torch.Tensor:
-    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]: decode rows in one launch (fp8_gemv), the rest here."""
+    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]: decode rows in fp8_gemv (one launch; two for large W8A8 weights),
+    the rest here."""
     if scale is not None and fp8_gemv.supports(x3, weight, block, act_group):
         return fp8_gemv.run(x3, weight, scale, block, act_group, out_dtype)
     return general(x3, weight, scale, block, act_group, out_dtype)
@@ -191,17 +212,21 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     scale_t = scale if scale is not None else weight
     xs_t = xs if xs is not None else x3
     grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]), G, splits)
+    # decode rows: the split-K partials are added by the last program to arrive at each tile (no second launch)
+    finish = splits > 1 and cfg.get("finish", M <= 64) and grid[0] * G <= N_COUNTERS
+    cnt = _COUNTERS.get(x3.device) if finish else y
     _gemm_kernel[grid](
-        x3, xs_t, weight, scale_t, part, M, N, K, k_per_split,
+        x3, xs_t, weight, scale_t, part, y, cnt, M, N, K, k_per_split,
         x3.stride(0), x3.stride(1), xs_t.stride(0) if xs is not None else 0, xs_t.stride(1) if xs is not None else 0,
         weight.stride(0), scale_t.stride(0) if scale is not None else 0,
-        part.stride(0), part.stride(1), part.stride(2),
+        part.stride(0), part.stride(1), part.stride(2), y.stride(0), y.stride(1), SPLITS=splits, FINISH=finish,
         SB=sb, W_FP8=w_fp8, A_FP8=a_fp8, DOT=_dot_mode(x3, a_fp8), BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=8,
         INTERPRET=interpreting(), W_F32=weight.dtype == torch.float32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if splits > 1:
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x3))
+    if splits > 1 and not finish:
         total = M * G * N
-        _sum_splits_kernel[(triton.cdiv(total, 1024),)](part, y, total, SPLITS=splits, BLOCK=1024)
+        _sum_splits_kernel[(triton.cdiv(total, 1024),)](part, y, total, SPLITS=splits, BLOCK=1024,
+                                                           **pdl_launch(y))
     return y
 
 

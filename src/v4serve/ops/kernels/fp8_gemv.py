@@ -4,7 +4,8 @@ At decode a linear is a weight stream: a 4-32 MB FP8 matrix read once for a hand
 quantization, GEMM, split-K sum) cost more than streaming the small weights, so this kernel
 
 * quantizes the activations in registers, per 1 x block as kernels/quant.py does (same scales, same e4m3 rounding), one
-  scale block of K at a time as it meets them: no quantized copy of x is written;
+  scale block of K at a time as it meets them: no quantized copy of x is written (weights over MAX_WEIGHT_BYTES take
+  them from kernels/quant.act_quant instead, one small launch before: the same values);
 * splits K across programs until about two waves of them stream the weight, and finishes in the last program to
   arrive at each output tile (per-tile arrival counters, acq_rel): it adds the partial sums in split order, so the
   result does not depend on timing, and re-zeroes its counter for the next launch or graph replay.
@@ -20,12 +21,17 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from .quant import e4m3_round, pow2_ceil
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
+from .pdl import prefetch as pdl_prefetch
+from .pdl import prefetch_rows
+from .quant import act_quant, e4m3_round, pow2_ceil
 from .split_grid import ArrivalCounters
 
 _SMS = 132  # H200 multiprocessors
-# Measured on the H200 (benchmarks/kernels/fp8_gemm.py, 2026-11-30): one launch wins below ~16 MB of weight, where
-# launches dominate; larger weights stream faster through fp8_gemm's general kernel fed by pre-quantized activations.
+# Measured on the H200 (benchmarks/kernels/fp8_gemm.py, 2026-11-30 and 2026-12-01): in-register activation
+# quantization wins below ~16 MB of weight, where launches dominate; larger weights stream faster with the activations
+# quantized before (their split-K still finished here, not by a third launch).
 MAX_WEIGHT_BYTES = 16 << 20
 _COUNTERS = ArrivalCounters()
 
@@ -34,17 +40,40 @@ def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int)
     """Decode rows of half-precision x over an FP8 weight, with the activation quantization of the weight's block (or
     none); everything else takes fp8_gemm's general kernel."""
     M = x3.shape[0]
-    small = weight.numel() <= MAX_WEIGHT_BYTES or interpreting()
-    return (0 < M <= 64 and small and weight.dtype == torch.float8_e4m3fn
-            and x3.dtype in (torch.bfloat16, torch.float16) and act_group in (0, block) and (x3.is_cuda or interpreting()))
+    return (0 < M <= 64 and weight.dtype == torch.float8_e4m3fn and x3.dtype in (torch.bfloat16, torch.float16)
+            and act_group in (0, block) and (x3.is_cuda or interpreting()))
+
+
+def prequantize(weight: torch.Tensor, act_group: int) -> bool:
+    """Large W8A8 weights take the activations quantized by one small launch before (kernels/quant.act_quant): the
+    in-register quantization stalls their weight stream (H200, benchmarks/kernels/fp8_gemm.py: wq_b 32 MB at M=1
+    19.1 us in-register vs 13.8 us with the separate quantization)."""
+    return bool(act_group) and weight.numel() > MAX_WEIGHT_BYTES
 
 
 @triton.jit
-def _decode_gemm_kernel(x_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
+def e8m0_to_f32(b):
+    """e8m0 scale bytes -> 2**(b-127) as float32."""
+    return ((b.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def quantize_rows(x):
+    """One activation block [BM, SB] quantized as kernels/quant.py does, per row: amax floored at 1e-4, power-of-two
+    scale, e4m3 RNE. Returns (the e4m3 values, the float32 scales [BM])."""
+    xf = x.to(tl.float32)
+    x_scale = pow2_ceil(tl.maximum(tl.max(tl.abs(xf), 1), 1e-4) / 448.0)
+    xq = e4m3_round(tl.minimum(tl.maximum(xf / x_scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
+    return xq, x_scale
+
+
+@triton.jit
+def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                         M, N, K, k_per_split,
-                        stride_xm, stride_xg, stride_wn, stride_wsn, stride_ym, stride_yg,
-                        SB: tl.constexpr, A_FP8: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr):
+                        stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,
+                        SB: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
+                        PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -53,9 +82,12 @@ def _decode_gemm_kernel(x_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
     w_rows = g * N + offs_n
     m_ok = offs_m < M
     n_ok = offs_n < N
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
     k_lo = split * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
+    # the weight is never written by a predecessor: its rows may stream into L2 before the wait (kernels/pdl.py)
+    prefetch_rows(w_ptr + tl.where(n_ok, w_rows, g * N) * stride_wn + k_lo, (k_hi - k_lo) // 16 * 16, PREFETCH)
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         for sub in tl.static_range(BK // SB):  # one scale block of K at a time
             kb0 = k0 + sub * SB
@@ -66,12 +98,14 @@ def _decode_gemm_kernel(x_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                         mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
                         mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            wsb = tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB, mask=n_ok & kb_ok, other=127)
-            w_scale = ((wsb.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(b-127)
-            if A_FP8:  # the activation block quantized here: amax floored at 1e-4, power-of-two scale, e4m3 RNE
-                xf = x.to(tl.float32)
-                x_scale = pow2_ceil(tl.maximum(tl.max(tl.abs(xf), 1), 1e-4) / 448.0)
-                xq = e4m3_round(tl.minimum(tl.maximum(xf / x_scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
+            w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB, mask=n_ok & kb_ok,
+                                          other=127))
+            if A_PRE:  # x already in e4m3 with its per-block scales (kernels/quant.act_quant): large weights
+                x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb0 // SB, mask=m_ok & kb_ok,
+                                  other=1.0)
+                acc += tl.dot(x, tl.trans(w)) * x_scale[:, None] * w_scale[None, :]
+            elif A_FP8:  # the activation block quantized here: amax floored at 1e-4, power-of-two scale, e4m3 RNE
+                xq, x_scale = quantize_rows(x)
                 part = tl.dot(xq, tl.trans(w))
                 acc += part * x_scale[:, None] * w_scale[None, :]
             else:  # W8A16: the weight tile dequantized to x's dtype (exact) for a half-precision dot
@@ -114,13 +148,18 @@ def config(M: int, N: int, K: int, G: int, sb: int) -> dict:
 
 
 def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
-        out_dtype: torch.dtype, cfg: dict | None = None) -> torch.Tensor:
-    """x3 [M, G, K] (M <= 64) -> y [M, G, N] with W [G*N, K] FP8 and its e8m0 block scales."""
+        out_dtype: torch.dtype, cfg: dict | None = None, prequant: bool | None = None) -> torch.Tensor:
+    """x3 [M, G, K] (M <= 64) -> y [M, G, N] with W [G*N, K] FP8 and its e8m0 block scales. `prequant` (default: by
+    the weight's size, `prequantize`) quantizes the activations in a launch of their own first."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
     y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
+    pre = prequantize(weight, act_group) if prequant is None else bool(prequant and act_group)
+    xs = x3
+    if pre:
+        x3, xs = act_quant(x3, block)  # e4m3 [M, G, K], float32 scales [M, G, K / block]
     cfg = {**config(M, N, K, G, block), **(cfg or {})}
     bk = cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
@@ -132,8 +171,10 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     if n_tiles * G > cnt.numel():
         raise ValueError(f"{n_tiles * G} output tiles exceed the {cnt.numel()} arrival counters")
     _decode_gemm_kernel[(n_tiles, G, splits)](
-        x3, weight, scale, part, y, cnt, M, N, K, k_per_split,
-        x3.stride(0), x3.stride(1), weight.stride(0), scale.stride(0), y.stride(0), y.stride(1),
-        SB=block, A_FP8=act_group == block, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
-        INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        x3, xs, weight, scale, part, y, cnt, M, N, K, k_per_split,
+        x3.stride(0), x3.stride(1), xs.stride(0), xs.stride(1), weight.stride(0), scale.stride(0), y.stride(0),
+        y.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"], BN=cfg["BN"], BK=bk,
+        SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
+        **pdl_launch(y))
     return y

@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 
 from ..indexer import Entries, KeyPool
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .split_grid import FLOATS, TL_DTYPES, runs_here
 
 FORMATS = {"plain": 0, "mxfp4": 1, "fp8_row": 2}
@@ -147,7 +149,8 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
                    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, CB: tl.constexpr,
                    FORMAT: tl.constexpr, CAND: tl.constexpr, PUBLISH: tl.constexpr, QFP8: tl.constexpr,
                    RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr,
-                   ROUND_BF16: tl.constexpr):
+                   ROUND_BF16: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     NBT: tl.constexpr = BLOCK_E // CB  # candidate blocks per tile
     pid_t = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -225,7 +228,8 @@ def _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND: tl.con
 @triton.jit
 def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_ct, stride_ot,
                    K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
-                   ID_BITS: tl.constexpr, BLOCK: tl.constexpr):
+                   ID_BITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
     STAGES: tl.constexpr = (32 + ID_BITS + 7) // 8
     TOP: tl.constexpr = 8 * STAGES  # key bits, rounded up to whole digits
@@ -382,7 +386,8 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
         H=H, H_PAD=max(triton.next_power_of_2(H), 16 // block_t if on_gpu else 1), D=D, RATIO=entries.ratio,
         BLOCK_SIZE=entries.block_size, BLOCK_T=block_t, BLOCK_E=block_e, CB=cb, FORMAT=FORMATS[keys.codec.kind],
         CAND=cand, PUBLISH=publish, QFP8=qfp8, RAW_FP8=raw_fp8, KEY=TL_DTYPES[key_dt], DOT=dot, ACC=TL_DTYPES[acc],
-        ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_launch(scores))
 
 
 def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids: int, *,
@@ -402,7 +407,7 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
     _select_kernel[(T,)](scores, visible, cand_t, out, candidates.shape[1] if cand else 0, scores.stride(0),
                          cand_t.stride(0), out.stride(0), K=K, K_PAD=triton.next_power_of_2(K), CAND=cand,
                          CB=block if cand else 1, DIV=per, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
-                         num_warps=cfg.select_warps)
+                         num_warps=cfg.select_warps, **pdl_launch(scores))
 
 
 def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int, *,

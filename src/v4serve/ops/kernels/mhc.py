@@ -36,6 +36,8 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
 from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, runs_here
 from .split_grid import TL_DTYPES as _TL
@@ -123,8 +125,11 @@ def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d,
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
     f_pp = fn_ptr + offs_pp[:, None] * sf_r
     f_c = fn_ptr + (2 * N + offs_c)[:, None] * sf_r
-    for i in tl.static_range(N):
-        for d0 in range(d_lo, d_hi, BLOCK_D):
+    # D chunks outside, the n streams unrolled inside: a chunk's 3n loads are independent and issue together (with the
+    # streams outside, each stream's chunk loop was its own basic block, one memory latency after another: a decode
+    # program's 4 chunks cost 4 round trips)
+    for d0 in range(d_lo, d_hi, BLOCK_D):
+        for i in tl.static_range(N):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             k = (i * D + offs_d).to(tl.int64)[None, :] * sf_k
             xp = x_rows + i * sx_n + offs_d[None, :] * sx_d
@@ -231,7 +236,8 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
                    BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
                    HAS_CPRE: tl.constexpr,
                    HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, X3: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t = tl.program_id(0)
     pid_d = tl.program_id(1)
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -279,8 +285,9 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
 @triton.jit
 def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d, sx_t, sx_n, sx_d, sp_t, sp_n,
                     sc_t, sc_j, sc_k, N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                    ACC: tl.constexpr):
+                    ACC: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, k, d] = post[t, k] f[t, d] + sum_j comb[t, j, k] x[t, j, d] (out contiguous [T, N, D])."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_k = tl.arange(0, N)
@@ -405,7 +412,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
         cpre.stride(0), cpre.stride(1), *neps, *heps, *eps2,
         N=n, ITERS=int(iters), PP=pp, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, BLOCK_DC=block_dc, SPLIT_D=split_d,
         EVEN_D=d % cfg.block_d == 0, HAS_CPRE=has_cpre, HAS_NORM=has_norm, ACC=_TL[acc], COLL=_TL[coll],
-        X3=bool(x3), INTERPRET=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        X3=bool(x3), INTERPRET=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **pdl_launch(x))
     return y, pre, post, comb
 
 
@@ -425,5 +433,5 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     _hc_post_kernel[grid](f, x, post, comb, out, t, d, f.stride(0), f.stride(1), x.stride(0), x.stride(1),
                           x.stride(2), post.stride(0), post.stride(1), comb.stride(0), comb.stride(1),
                           comb.stride(2), N=n, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, ACC=_TL[acc],
-                          num_warps=cfg.num_warps)
+                          num_warps=cfg.num_warps, **pdl_launch(x))
     return out

@@ -16,6 +16,7 @@ each K tile is two dots, (A even columns) x (low nibbles) + (A odd columns) x (h
 bf16 on CUDA dequantizes in PTX on 32-bit words (`_fp4_asm`, 2.5 instructions per value: decode is bound by this
 issue rate as much as by HBM); float32/float64 and the interpreter use plain bit arithmetic (`_fp4_bits`).
 FP8 simulation (e4m3, 1 x act_group, power-of-two scales) is bit-identical to `quant.fp8_simulate`.
+`MoeConfig.body` picks the GEMMs' inner product: "dot" (here), or the decode bodies "swap" / "fma" (moe_decode.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import triton
 import triton.language as tl
 
 from ..linear import scale_bytes, stored_format
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil
 
 # ------------------------------------------------------------------------------------------------------------
@@ -94,21 +97,44 @@ def _fp4_asm(packed, sbyte):
 
 
 @triton.jit
-def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
-              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
-    """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix -> (even, odd) K columns [BK/2, BN] in DT."""
+def _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK: tl.constexpr):
+    """The e8m0 bytes [BN, BK/32] of rows offs_n, K columns [k0, k0 + BK) (none past K: 127 = 1.0)."""
+    grp = k0 // 32 + tl.arange(0, BK // 32)
+    gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
+    return tl.load(s_ptr + offs_n[:, None] * stride_sn + grp[None, :], mask=gmask, other=127)
+
+
+@triton.jit
+def _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+    """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix with their e8m0 bytes sb -> (even, odd) K columns
+    [BN, BK/32, 16] in DT (bf16 scaled by 2^-ASM_SHIFT when ASM): per 32-group, its 16 bytes' low and high nibbles."""
     NG: tl.constexpr = BK // 32
     grp = k0 // 32 + tl.arange(0, NG)
     byte = tl.arange(0, 16)
     gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
     p = tl.load(w_ptr + offs_n[:, None, None] * stride_n + grp[None, :, None] * 16 + byte[None, None, :],
                 mask=gmask[:, :, None], other=0)
-    sb = tl.load(s_ptr + offs_n[:, None] * stride_sn + grp[None, :], mask=gmask, other=127)
     if ASM:
-        lo, hi = _fp4_asm(p, sb)
+        return _fp4_asm(p, sb)
     else:
-        lo, hi = _fp4_bits(p, sb, DT)
-    return tl.trans(tl.reshape(lo, (BN, BK // 2))), tl.trans(tl.reshape(hi, (BN, BK // 2)))
+        return _fp4_bits(p, sb, DT)
+
+
+@triton.jit
+def _fp4_rows(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
+              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+    """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix -> (even, odd) K columns [BN, BK/2] in DT."""
+    sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK)
+    lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM)
+    return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
+
+
+@triton.jit
+def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
+              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+    """`_fp4_rows` transposed: (even, odd) K columns [BK/2, BN], the B operand of x @ W^T."""
+    lo, hi = _fp4_rows(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn, BN, BK, DT, ASM)
+    return tl.trans(lo), tl.trans(hi)
 
 
 @triton.jit
@@ -146,19 +172,22 @@ def _block_coords(pid, NB, num_n, GROUP_M: tl.constexpr):
 def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x_ptr, xq_ptr, T, D, stride_x,
                      stride_xq,
                      BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                     QUANT_X: tl.constexpr, G: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-    """Program 0 sorts; programs 1.. (QUANT_X) FP8-simulate x, BR rows each (one launch for both)."""
+                     QUANT_X: tl.constexpr, G: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    """Program 0 sorts; programs 1.. (QUANT_X) FP8-simulate x, one [BR, BC] tile each (one launch for both: a tile per
+    program, so that a decode row's D is spread over programs rather than walked by one, a memory latency a chunk)."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid = tl.program_id(0)
     if pid == 0:
         _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, BM, E_PAD, CHUNK)
     elif QUANT_X:
-        rows = (pid - 1) * BR + tl.arange(0, BR)
-        for c0 in range(0, D, BC):
-            cols = c0 + tl.arange(0, BC)
-            mask = (rows < T)[:, None] & (cols < D)[None, :]
-            x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-            y = _fp8_sim(x.to(tl.float32), BR, BC, G).to(x.dtype)
-            tl.store(xq_ptr + rows[:, None] * stride_xq + cols[None, :], y, mask=mask)
+        n_chunks = tl.cdiv(D, BC)
+        rows = ((pid - 1) // n_chunks) * BR + tl.arange(0, BR)
+        cols = ((pid - 1) % n_chunks) * BC + tl.arange(0, BC)
+        mask = (rows < T)[:, None] & (cols < D)[None, :]
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        y = _fp8_sim(x.to(tl.float32), BR, BC, G).to(x.dtype)
+        tl.store(xq_ptr + rows[:, None] * stride_xq + cols[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -231,9 +260,10 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                     SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                     CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                    F32: tl.constexpr):
+                    F32: tl.constexpr, PDL: tl.constexpr = False):
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel`."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(I, BN), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -261,13 +291,24 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
         w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM)
         acc_u = _dot(a_ev, w_ev, acc_u, PREC, ACC, F32)
         acc_u = _dot(a_od, w_od, acc_u, PREC, ACC, F32)
+    _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h, stride_ps,
+                 stride_pg, BM, BN, SPLIT, G, QUANT_H, WEIGHT_H, CLAMP, ASM, ACC, DT)
+
+
+@triton.jit
+def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h, stride_ps,
+                 stride_pg, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
+                 QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ASM: tl.constexpr,
+                 ACC: tl.constexpr, DT: tl.constexpr):
+    """Gate-up accumulators [BM, BN] -> the SwiGLU epilogue, or (SPLIT > 1) float partials of the real rows in
+    [SPLIT, 2, P, I] for `_swiglu_kernel`."""
     if ASM:
         acc_g *= 4294967296.0  # 2^ASM_SHIFT
         acc_u *= 4294967296.0
     if SPLIT == 1:
         _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
                       BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT)
-    else:  # partials of the real rows only: [SPLIT, 2, P, I]
+    else:
         p = part_ptr + tl.program_id(1) * stride_ps + rows[:, None].to(tl.int64) * I + offs_n[None, :]
         mask = valid[:, None] & (offs_n < I)[None, :]
         tl.store(p, acc_g, mask=mask)
@@ -277,8 +318,10 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
 @triton.jit
 def _swiglu_kernel(part_ptr, h_ptr, rw_ptr, sorted_ptr, block_expert_ptr, M, I, limit, stride_ps, stride_pg,
                    stride_h, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
-                   QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr):
+                   QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """Split-K gate-up: sum the SPLIT partials in order (deterministic), then the SwiGLU epilogue."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_m = tl.program_id(0)
     if tl.load(block_expert_ptr + pid_m) < 0:
         return
@@ -303,9 +346,10 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_ys,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                  G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                 F32: tl.constexpr):
+                 F32: tl.constexpr, PDL: tl.constexpr = False):
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(D, BN), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -326,6 +370,12 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
         w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM)
         acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
         acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
+    _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
+
+
+@triton.jit
+def _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM: tl.constexpr):
+    """Down accumulators [BM, BN] -> the real rows of y [SPLIT, M, D] (this program's K share)."""
     if ASM:
         acc *= 4294967296.0  # 2^ASM_SHIFT
     y_ptrs = (y_ptr + tl.program_id(1) * stride_ys + tl.where(valid, a_idx, 0).to(tl.int64)[:, None] * stride_y
@@ -334,11 +384,13 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
 
 
 @triton.jit
-def _combine_kernel(y_ptr, rw_ptr, out_ptr, D, TOPK, stride_y, stride_ys, stride_out,
+def _combine_kernel(y_ptr, rw_ptr, add_ptr, out_ptr, D, TOPK, stride_y, stride_ys, stride_add, stride_out,
                     BD: tl.constexpr, SPLIT: tl.constexpr, APPLY_W: tl.constexpr, DT: tl.constexpr,
-                    ACC: tl.constexpr):
+                    ACC: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr = False):
     """out[t] = sum over slots, in slot order, of y[t*k + s] (its split-K partials summed first and rounded to x's
-    dtype, like the reference's per-expert output) (* weight[t, s]): deterministic."""
+    dtype, like the reference's per-expert output) (* weight[t, s]), then + add[t] (the shared expert's output,
+    widened): deterministic; stored in out's dtype."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     mask = cols < D
@@ -351,7 +403,9 @@ def _combine_kernel(y_ptr, rw_ptr, out_ptr, D, TOPK, stride_y, stride_ys, stride
         if APPLY_W:
             y *= tl.load(rw_ptr + t * TOPK + s).to(ACC)
         acc += y
-    tl.store(out_ptr + t * stride_out + cols, acc, mask=mask)
+    if ADD:
+        acc += tl.load(add_ptr + t * stride_add + cols, mask=mask, other=0.0).to(ACC)
+    tl.store(out_ptr + t * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -367,6 +421,9 @@ class GemmConfig:
     split_k: int = 1  # K shares per tile (float partials summed in order): CTAs for the few-expert decode steps
 
 
+BODIES = ("dot", "swap", "fma")
+
+
 @dataclass(frozen=True)
 class MoeConfig:
     """block_m is shared by both GEMMs (h is laid out in the sorted, padded row order)."""
@@ -375,6 +432,13 @@ class MoeConfig:
     down: GemmConfig
     group_m: int = 1
     dequant: str = "auto"  # "bits" (portable), "asm" (bf16 on CUDA, PTX), "auto" = asm where it applies
+    body: str = "dot"  # the K-tile product: "dot" (x @ W^T), "swap" (W @ x^T), "fma" (no tensor cores): moe_decode.py
+
+    def __post_init__(self) -> None:
+        if self.body not in BODIES:
+            raise ValueError(f"unknown MoE body {self.body!r}: one of {BODIES}")
+        if self.body == "swap" and self.block_m < 16:
+            raise ValueError("the swap body needs block_m >= 16 (the dot's N)")
 
 
 # Decode (a few rows per expert) is bound by the FP4 weight stream and, behind it, by the dequant's instruction
@@ -406,6 +470,31 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
     gu = replace(gu, split_k=_split(hit * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms))
     dn = replace(dn, split_k=_split(hit * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms))
     return replace(DECODE, gate_up=gu, down=dn)
+
+
+def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 2048, body: str = "swap",
+                  block_m: int | None = None, device: torch.device | None = None) -> MoeConfig:
+    """A decode config for one body (benchmarks, tests); "dot" is `select_config`'s. swap: 16-row blocks (the dot's
+    N), 128 x 128 weight tiles. fma: block_m = the mean rows per expert hit rounded up to a power of two (<= 8)
+    unless given; N tiles of 32 rows per warp (a thread owns a weight row: the K sums stay in-thread) and K tiles
+    shrinking as block_m grows (each row of x is broadcast over a thread's K values: registers). Split-K as
+    `select_config`, by the number of row blocks."""
+    if body == "dot":
+        return select_config(rows, num_experts, dim, inter, device)
+    hit = max(1, min(num_experts, rows))
+    if block_m is None:
+        block_m = 16 if body == "swap" else min(8, triton.next_power_of_2(triton.cdiv(rows, hit)))
+    if body == "swap":
+        gu, dn = GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3)
+    else:
+        bk = 64 if block_m <= 2 else 32
+        gu = GemmConfig(512, bk, 16, 3) if block_m >= 8 else GemmConfig(256, bk, 8, 3)
+        dn = GemmConfig(256, bk, 8, 3)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
+    blocks = hit * triton.cdiv(triton.cdiv(rows, hit), block_m)  # used row blocks, about
+    gu = replace(gu, split_k=_split(blocks * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms))
+    dn = replace(dn, split_k=_split(blocks * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms))
+    return MoeConfig(block_m, gu, dn, body=body)
 
 
 def _interpreting() -> bool:
@@ -463,11 +552,12 @@ def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor
         T, D = x.shape
         xq = _empty((T, D), x.dtype, x.device)
         bc = max(act_group, 128)
-        grid += triton.cdiv(T, br)
+        grid += triton.cdiv(T, br) * triton.cdiv(D, bc)
     _prologue_kernel[(grid,)](ids, sorted_ids, block_expert, cursor, M, NB, None if xq is None else x, xq, T, D,
                               0 if xq is None else x.stride(0), 0 if xq is None else xq.stride(0), BM=block_m,
                               E_PAD=e_pad, CHUNK=max(16, min(1024 if big else 128, triton.next_power_of_2(M))),
-                              QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, num_warps=8 if big else 4)
+                              QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, num_warps=8 if big else 4,
+                              **pdl_launch(ids))
     return sorted_ids, block_expert, xq
 
 
@@ -477,19 +567,29 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return _prologue(ids, num_experts, block_m)[:2]
 
 
+def _body(body: str, gemm: GemmConfig) -> dict:
+    return {} if body == "dot" else {"BODY": body, "STAGES": gemm.num_stages}
+
+
 def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.Tensor, limit: float,
-                    act_group: int, weight_before_w2: bool, config: MoeConfig | None = None) -> torch.Tensor:
-    """sum_s weights[:, s] * expert_{ids[:, s]}(x) -> [T, D] in float32 (float64 for a float64 x)."""
+                    act_group: int, weight_before_w2: bool, config: MoeConfig | None = None,
+                    shared: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """sum_s weights[:, s] * expert_{ids[:, s]}(x) (+ `shared` [T, D], widened) -> [T, D] in float32 (float64 for a
+    float64 x), or `out_dtype` (rounded once, after the sum)."""
     if not _quant_ok(act_group):  # groups that do not tile (not a power of two): the plain-torch body
         from ..moe import experts_reference
-        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2)
+        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype)
     T, D = x.shape
     E, I = experts.w1.shape[0], experts.w1.shape[1]
     k = ids.shape[1]
     M = T * k
     acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
-    out = _empty((T, D), acc_t, x.device)
+    out = _empty((T, D), out_dtype or acc_t, x.device)
     if M == 0:
+        if shared is not None:
+            out.copy_(shared.to(acc_t))
+        elif T:
+            out.zero_()
         return out
     cfg = config or select_config(M, E, D, I, x.device)
     G, BM = act_group, cfg.block_m
@@ -517,17 +617,21 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     quant_h = G > 0 and I % G == 0 and (gu.block_n % G == 0 or S > 1)
     h = _empty((P, I), x.dtype, x.device)
     part = _empty((S, 2, P, I), acc_t, x.device) if S > 1 else h
-    _gate_up_kernel[(NB * triton.cdiv(I, gu.block_n), S)](
+    gate_up_kernel, down_kernel = _gate_up_kernel, _down_kernel
+    if cfg.body != "dot":  # moe_decode.py: the same arguments, plus the body and the K loop's stage count
+        from . import moe_decode
+        gate_up_kernel, down_kernel = moe_decode.gate_up_kernel, moe_decode.down_kernel
+    gate_up_kernel[(NB * triton.cdiv(I, gu.block_n), S)](
         xa, w1, w3, s1, s3, h, part, rw, sorted_ids, block_expert, M, NB, D, I, k, float(limit),
         xa.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), h.stride(0), 2 * P * I, P * I,
         BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
         WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
-        num_warps=gu.num_warps, num_stages=gu.num_stages)
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg.body, gu), **pdl_launch(x))
     if S > 1:
         _swiglu_kernel[(NB, triton.cdiv(I, bne))](
             part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
             BM=BM, BN=bne, SPLIT=S, G=max(G, 1), QUANT_H=quant_h, WEIGHT_H=weight_before_w2, CLAMP=limit > 0,
-            ACC=acc_tl, num_warps=4)
+            ACC=acc_tl, num_warps=4, **pdl_launch(x))
 
     # 3. down, one row per (token, slot), rounded to x's dtype like the reference's per-expert output (split-K:
     # float partials, summed and rounded by the combine)
@@ -535,16 +639,20 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     S = dn.split_k
     quant_h_in_tile = G > 0 and not quant_h
     y = _empty((S, M, D), x.dtype if S == 1 else acc_t, x.device)
-    _down_kernel[(NB * triton.cdiv(D, dn.block_n), S)](
+    down_kernel[(NB * triton.cdiv(D, dn.block_n), S)](
         h, w2, s2, y, sorted_ids, block_expert, M, NB, D, I,
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
         BM=BM, BN=dn.block_n, BK=max(dn.block_k, G) if quant_h_in_tile else dn.block_k, GROUP_M=cfg.group_m,
         SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
-        num_warps=dn.num_warps, num_stages=dn.num_stages)
+        num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **pdl_launch(x))
 
     # 4. combine the k rows of each token in slot order
     bd = min(1024, triton.next_power_of_2(D))
-    _combine_kernel[(T, triton.cdiv(D, bd))](y, rw, out, D, k, y.stride(1), y.stride(0), out.stride(0), BD=bd,
-                                             SPLIT=S, APPLY_W=not weight_before_w2, DT=_TL[x.dtype], ACC=acc_tl,
-                                             num_warps=4)
+    add = shared if shared is not None else out
+    if add.stride(-1) != 1:
+        add = add.contiguous()
+    _combine_kernel[(T, triton.cdiv(D, bd))](y, rw, add, out, D, k, y.stride(1), y.stride(0), add.stride(0),
+                                             out.stride(0), BD=bd, SPLIT=S, APPLY_W=not weight_before_w2,
+                                             DT=_TL[x.dtype], ACC=acc_tl, ADD=shared is not None, num_warps=4,
+                                             **pdl_launch(x))
     return out

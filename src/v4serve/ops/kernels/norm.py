@@ -11,6 +11,8 @@ import triton.language as tl
 
 from . import interpreting
 from .finish import cast_rounded, rms_inv, widen
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .split_grid import hi_lo
 
 MAX_D = 16384
@@ -18,7 +20,8 @@ MAX_D = 16384
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps_hi, eps_lo, D: tl.constexpr, BD: tl.constexpr,
-                     HAS_W: tl.constexpr, F64: tl.constexpr):
+                     HAS_W: tl.constexpr, F64: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ACC: tl.constexpr = tl.float64 if F64 else tl.float32
     r = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BD)
@@ -50,5 +53,5 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
         _rms_norm_kernel[(x2.shape[0],)](
             x2, weight if weight is not None else x2, out, x2.stride(0), out.stride(0), eps_hi, eps_lo,
             D=D, BD=triton.next_power_of_2(D), HAS_W=weight is not None, F64=x.dtype == torch.float64,
-            num_warps=min(16, max(1, triton.next_power_of_2(D) // 512)))
+            num_warps=min(16, max(1, triton.next_power_of_2(D) // 512)), **pdl_launch(out))
     return out.view(x.shape)

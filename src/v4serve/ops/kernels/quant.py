@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 
 from . import interpreting
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 
 FP8_MAX = 448.0
 
@@ -41,8 +43,9 @@ def e4m3_round(v):
 
 @triton.jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_qm, stride_sm,
-                      GROUP: tl.constexpr, PAIRS: tl.constexpr, SIMULATE: tl.constexpr):
+                      GROUP: tl.constexpr, PAIRS: tl.constexpr, SIMULATE: tl.constexpr, PDL: tl.constexpr = False):
     """One program quantizes PAIRS (row, group) pairs: a [PAIRS, GROUP] tile, amax per tile row."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     p = tl.program_id(0) * PAIRS + tl.arange(0, PAIRS)
     ok = p < n_pairs
     row, grp = p // n_groups, p % n_groups
@@ -70,7 +73,8 @@ def _launch(x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, gr
     pairs = min(pairs, triton.next_power_of_2(n_pairs))
     _act_quant_kernel[(triton.cdiv(n_pairs, pairs),)](
         x2, out, scales if scales is not None else out, n_pairs, n_groups, x2.stride(0), out.stride(0),
-        scales.stride(0) if scales is not None else 0, GROUP=group, PAIRS=pairs, SIMULATE=simulate)
+        scales.stride(0) if scales is not None else 0, GROUP=group, PAIRS=pairs, SIMULATE=simulate,
+        **pdl_launch(out))
 
 
 def _rows(x: torch.Tensor, group: int) -> torch.Tensor:

@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
 from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, runs_here
 from .split_grid import TL_DTYPES as _TL
@@ -144,7 +146,9 @@ def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, 
                    K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_D: tl.constexpr,
                    EPI_T: tl.constexpr, EVEN_D: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                   HASH: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr):
+                   HASH: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t = tl.program_id(0)
     pid_e = tl.program_id(1)
     pid_d = tl.program_id(2)
@@ -271,5 +275,5 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
         BLOCK_E=block_e, BLOCK_D=cfg.block_d, SPLIT_D=split_d, EPI_T=min(cfg.epi_t, cfg.block_t),
         EVEN_D=d % cfg.block_d == 0, SCORE=SCORE_FUNCS[score_func],
         HAS_BIAS=has_bias, HASH=hashed, NORM=bool(norm), ACC=_TL[acc], DOT=_TL[x.dtype] if same_half else _TL[acc],
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return w_out, id_out

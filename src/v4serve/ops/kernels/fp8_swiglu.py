@@ -1,0 +1,182 @@
+"""The shared expert's gate and up projections with their SwiGLU, in ONE decode launch (M <= 64 rows).
+
+h = silu(min(g, limit)) * clamp(u, -limit, limit) with g = x W1^T, u = x W3^T (limit 0: no clamp), written in x's
+dtype: the input of the down projection (w2), which the one-launch decode GEMV (fp8_gemv) then runs. Two launches for
+the shared expert instead of three GEMVs plus the elementwise SwiGLU.
+
+Each program streams the same [BN, K-slice] tile of both weights (two separate tensors of identical shape and block
+scales, as the two `Linear` modules store them) against one x tile, into two float32 accumulators:
+
+* the activations are quantized in registers once per 1 x block for both dots, by fp8_gemv's own `quantize_rows`
+  (bit-identical to kernels/quant.py and to fp8_gemv), W8A16 when there is no activation quantization;
+* split-K as fp8_gemv: each program writes both partial tiles to a float32 workspace and the last program to arrive
+  at an output tile (per-tile arrival counters, acq_rel) adds them in split order and runs the epilogue; with
+  the same tiles and splits, g and u are the very sums fp8_gemv computes for w1 and w3 alone (paired_config: fp8_gemv's
+  tiles, half its splits on the GPU);
+* the epilogue rounds g and u to x's dtype and back before the SwiGLU (the rounding points of the reference, whose
+  linears return x's dtype), computes the SwiGLU in float32 as ops/moe.swiglu does (silu(g) = g / (1 + exp(-g))), and
+  rounds h once to x's dtype. So h equals ops/moe.swiglu of fp8_gemv's w1 and w3 outputs, up to the float32 exp (and
+  division) of the SwiGLU: bit-exact under the interpreter (tests/ops/test_shared_expert.py); on the GPU, where
+  tl.exp is the fast exp2-based one, within one ulp of x's dtype (what the GPU tests assert).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import interpreting
+from .fp8_gemv import config, e8m0_to_f32, quantize_rows
+from .fp8_gemv import supports as gemv_supports
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
+from .split_grid import ArrivalCounters
+
+_COUNTERS = ArrivalCounters()
+
+
+def supports(x2: torch.Tensor, w1: tuple, w3: tuple, act_group: int) -> bool:
+    """Decode rows (x [M, K], M <= 64) over two FP8 weights (weight, scale, block) of the same shape, scales and
+    block, where fp8_gemv takes each of them."""
+    (q1, s1, b1), (q3, s3, b3) = w1, w3
+    return (x2.dim() == 2 and s1 is not None and s3 is not None and b1 == b3 and q1.shape == q3.shape
+            and q3.dtype == q1.dtype and s1.shape == s3.shape and q1.shape[1] == x2.shape[1]
+            and q1.device == x2.device == q3.device and gemv_supports(x2, q1, b1, act_group))
+
+
+@triton.jit
+def bf16_rne(v):
+    """float32 v rounded to the nearest bfloat16 value (ties to even), as float32: Triton's interpreter casts float32
+    to bfloat16 by truncation; the hardware cast (and torch) round to nearest even, as this does."""
+    bits = v.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def to_out(v, out_ptr, HAND_RNE: tl.constexpr):
+    """float32 v -> the output dtype, rounded to nearest even (by hand for bf16 under the interpreter)."""
+    if HAND_RNE:
+        v = bf16_rne(v)
+    return v.to(out_ptr.dtype.element_ty)
+
+
+@triton.jit
+def swiglu_rounded(g, u, limit, out_ptr, CLAMP: tl.constexpr, HAND_RNE: tl.constexpr):
+    """The epilogue: g and u rounded to the output dtype (the reference's linears return it), the clamped SwiGLU in
+    float32, h in the output dtype."""
+    g = to_out(g, out_ptr, HAND_RNE).to(tl.float32)
+    u = to_out(u, out_ptr, HAND_RNE).to(tl.float32)
+    if CLAMP:
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+        g = tl.minimum(g, limit)
+    return to_out(g / (1.0 + tl.exp(-g)) * u, out_ptr, HAND_RNE)
+
+
+@triton.jit
+def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, cnt_ptr,
+                        M, N, K, k_per_split, limit,
+                        stride_xm, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,
+                        SB: tl.constexpr, A_FP8: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
+                        HAND_RNE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_m = tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(K, k_lo + k_per_split)
+    for k0 in range(k_lo, k_hi, BK):
+        for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+            kb0 = k0 + sub * SB
+            offs_k = kb0 + tl.arange(0, SB)
+            k_ok = offs_k < k_hi
+            kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
+            wk_ok = n_ok[:, None] & k_ok[None, :]
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w1 = tl.load(w1_ptr + offs_n[:, None] * stride_w1n + offs_k[None, :], mask=wk_ok, other=0.0)
+            w3 = tl.load(w3_ptr + offs_n[:, None] * stride_w3n + offs_k[None, :], mask=wk_ok, other=0.0)
+            s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=n_ok & kb_ok, other=127))
+            s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=n_ok & kb_ok, other=127))
+            if A_FP8:  # one quantization of the activation block serves both dots
+                xq, x_scale = quantize_rows(x)
+                part_g = tl.dot(xq, tl.trans(w1))
+                acc_g += part_g * x_scale[:, None] * s1[None, :]
+                part_u = tl.dot(xq, tl.trans(w3))
+                acc_u += part_u * x_scale[:, None] * s3[None, :]
+            else:  # W8A16: the weight tiles dequantized to x's dtype (exact) for half-precision dots
+                wf1 = (w1.to(tl.float32) * s1[:, None]).to(x_ptr.dtype.element_ty)
+                wf3 = (w3.to(tl.float32) * s3[:, None]).to(x_ptr.dtype.element_ty)
+                if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
+                    xf = x.to(tl.float32)
+                    acc_g += tl.dot(xf, tl.trans(wf1.to(tl.float32)), input_precision="ieee")
+                    acc_u += tl.dot(xf, tl.trans(wf3.to(tl.float32)), input_precision="ieee")
+                else:
+                    acc_g += tl.dot(x, tl.trans(wf1))
+                    acc_u += tl.dot(x, tl.trans(wf3))
+    h = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :]
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLITS == 1:
+        tl.store(h, swiglu_rounded(acc_g, acc_u, limit, h_ptr, CLAMP, HAND_RNE), mask=out_ok)
+    else:
+        slot = offs_m[:, None] * BN + tl.arange(0, BN)[None, :]
+        tile_part = part_ptr + pid_n * (SPLITS * 2 * BM * BN)  # per split: the g tile, then the u tile
+        tl.store(tile_part + split * (2 * BM * BN) + slot, acc_g)
+        tl.store(tile_part + split * (2 * BM * BN) + BM * BN + slot, acc_u)
+        tl.debug_barrier()  # every thread's stores precede the release below
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLITS - 1:  # the last of this tile's programs: add the partials in split order
+            total_g = tl.zeros((BM, BN), dtype=tl.float32)
+            total_u = tl.zeros((BM, BN), dtype=tl.float32)
+            for s in tl.static_range(SPLITS):
+                total_g += tl.load(tile_part + s * (2 * BM * BN) + slot, cache_modifier=".cg")
+                total_u += tl.load(tile_part + s * (2 * BM * BN) + BM * BN + slot, cache_modifier=".cg")
+            tl.store(h, swiglu_rounded(total_g, total_u, limit, h_ptr, CLAMP, HAND_RNE), mask=out_ok)
+            tl.store(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
+
+
+def paired_config(M: int, N: int, K: int, block: int) -> dict:
+    """fp8_gemv's tiles with half its K splits on the GPU: a program streams two weights, and fewer, longer programs
+    measured faster (H200, benchmarks/kernels/fp8_gemm.py --shared-expert: V4 M=1 12.7 us vs 14.5 us, M=64 23.7 vs
+    29.8 us). The interpreter keeps fp8_gemv's choice."""
+    cfg = config(M, N, K, 1, block)
+    if not interpreting():
+        cfg["splits"] = max(1, cfg["splits"] // 2)
+    return cfg
+
+
+def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, s3: torch.Tensor, block: int,
+        act_group: int, limit: float, cfg: dict | None = None) -> torch.Tensor:
+    """x2 [M, K] (M <= 64) -> h [M, N] in x's dtype, for W1 and W3 [N, K] FP8 with their e8m0 block scales.
+    `cfg` overrides fp8_gemv's tile choice (benchmarks, tests)."""
+    M, K = x2.shape
+    N = w1.shape[0]
+    h = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if w1.stride(-1) != 1 or w3.stride(-1) != 1:
+        w1, w3 = w1.contiguous(), w3.contiguous()
+    cfg = {**paired_config(M, N, K, block), **(cfg or {})}
+    bk = cfg["BK"]
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
+    splits = triton.cdiv(K, k_per_split)
+    n_tiles = triton.cdiv(N, cfg["BN"])
+    part = (torch.empty(n_tiles * splits * 2 * cfg["BM"] * cfg["BN"], dtype=torch.float32, device=x2.device)
+            if splits > 1 else h)
+    cnt = _COUNTERS.get(x2.device)
+    if n_tiles > cnt.numel():
+        raise ValueError(f"{n_tiles} output tiles exceed the {cnt.numel()} arrival counters")
+    _swiglu_gemv_kernel[(n_tiles, splits)](
+        x2, w1, w3, s1, s3, part, h, cnt, M, N, K, k_per_split, float(limit),
+        x2.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
+        SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
+        INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x2))
+    return h
