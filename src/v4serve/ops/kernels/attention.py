@@ -14,8 +14,8 @@ decides):
 
 * "heads" (_attend_kernel): grid (token, head block, D chunk x kv split). Each program re-reads and re-decodes its
   token's records: once per head block and once per D chunk.
-* "flash" (_flash_kernel), split-KV flash decoding over all heads: grid (head blocks, kv splits, tokens), with heads = 64
-  = H meaning one head block, so each record is fetched from HBM and decoded once per token. A program takes one
+* "flash" (_flash_kernel), split-KV flash decoding over all heads: grid (head blocks, kv splits, tokens), with
+  heads = 64 = H meaning one head block, so each record is fetched from HBM and decoded once per token. A program takes one
   BN-aligned slice of its token's rows [window | compressed], runs all BH heads over it tile by tile, and stores its
   partial (m, l, acc). The last split to arrive (ArrivalCounters) combines the NSPLIT partials in a fixed order and
   applies the inverse RoPE. Design choices:
@@ -196,6 +196,22 @@ def _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, pair0, NPAIRS: tl.constexpr, D
 
 
 @triton.jit
+def _split_rows(vis_ptr, t, n_picks, pid_s, W: tl.constexpr, CMODE: tl.constexpr, NSPLIT: tl.constexpr,
+                BN: tl.constexpr):
+    """Split pid_s's share [lo, hi) of token t's rows [window W | compressed n_c] (n_c: none, its picks, or its
+    visible entries), in BN-aligned spans."""
+    if CMODE == 0:
+        n_c = 0
+    elif CMODE == 1:
+        n_c = n_picks
+    else:
+        n_c = tl.load(vis_ptr + t).to(tl.int32)
+    span = tl.cdiv(tl.cdiv(W + n_c, NSPLIT), BN) * BN
+    lo = pid_s * span
+    return lo, tl.minimum(lo + span, W + n_c)
+
+
+@triton.jit
 def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr, part_ptr, cnt_ptr,
                    win_src_ptr, win_ok_ptr, ring_ptr, wu8_ptr, wh16_ptr, wval_ptr, w_stride,
                    cu8_ptr, ch16_ptr, cval_ptr, c_stride,
@@ -232,15 +248,7 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
 
     # --- this program's share of the token's rows [window W | compressed n_c]: split pid_s of NSPLIT (decode
     # splits a token's rows over programs so that enough gathers are in flight; the last to arrive combines)
-    if CMODE == 0:
-        n_c = 0
-    elif CMODE == 1:
-        n_c = n_picks
-    else:
-        n_c = tl.load(vis_ptr + t).to(tl.int32)
-    span = tl.cdiv(tl.cdiv(W + n_c, NSPLIT), BN) * BN
-    lo = pid_s * span
-    hi = tl.minimum(lo + span, W + n_c)
+    lo, hi = _split_rows(vis_ptr, t, n_picks, pid_s, W, CMODE, NSPLIT, BN)
     m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink: a logit in the denominator only,
     l_i = tl.full((BH,), 1.0, ACC) * (pid_s == 0).to(ACC)  # counted once (split 0); m starts finite everywhere
     acc = tl.zeros((BH, DC), ACC)
@@ -478,15 +486,7 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
     tl.debug_barrier()  # the scratch row is complete before any thread reads it back
 
     # --- split pid_s of NSPLIT of the token's rows [window W | compressed n_c], in BN-aligned spans
-    if CMODE == 0:
-        n_c = 0
-    elif CMODE == 1:
-        n_c = n_picks
-    else:
-        n_c = tl.load(vis_ptr + t).to(tl.int32)
-    span = tl.cdiv(tl.cdiv(W + n_c, NSPLIT), BN) * BN
-    lo = pid_s * span
-    hi = tl.minimum(lo + span, W + n_c)
+    lo, hi = _split_rows(vis_ptr, t, n_picks, pid_s, W, CMODE, NSPLIT, BN)
     m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink, counted once (split 0)
     l_i = tl.full((BH,), 1.0, ACC) * (pid_s == 0).to(ACC)
     NCH: tl.constexpr = D // DC  # 1, 2 or 4 output chunks, each with its accumulator (see _flash_tile)
@@ -671,6 +671,19 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     s_hi, s_lo = hi_lo(scale)
     per_token = picks.dim() > 1
     HB = triton.cdiv(H, cfg.heads)
+
+    def row_args(lo: int, hi: int, qc: torch.Tensor, qp: torch.Tensor, part: torch.Tensor, cnt: torch.Tensor) -> tuple:
+        """The arguments both kernels take for tokens [lo, hi), in their order."""
+        return (qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi], part, cnt,
+                window.src[lo:hi], window.valid[lo:hi], ring, wu8, wh16, wval, wdata.stride(0),
+                cu8, ch16, cval, cdata.stride(0),
+                bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
+                picks[lo:hi] if per_token or cmode == DENSE else picks, picks.stride(0) if per_token else 0,
+                vis[lo:hi] if cmode == DENSE else vis,
+                H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
+                s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
+                qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1))
+
     if cfg.mode == FLASH:
         dc = cfg.dchunk if cfg.dchunk and cfg.dchunk % 2 == 0 and D % cfg.dchunk == 0 and D // cfg.dchunk in (1, 2, 4) \
             else D
@@ -687,16 +700,7 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
             part = (torch.empty((hi - lo) * HB * nsplit * cfg.heads * (D + 2), dtype=acc, device=q.device)
                     if nsplit > 1 else out)
             _flash_kernel[(HB, nsplit, hi - lo)](
-                qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi], part, cnt,
-                window.src[lo:hi], window.valid[lo:hi], ring, wu8, wh16, wval, wdata.stride(0),
-                cu8, ch16, cval, cdata.stride(0),
-                bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
-                picks[lo:hi] if per_token or cmode == DENSE else picks, picks.stride(0) if per_token else 0,
-                vis[lo:hi] if cmode == DENSE else vis,
-                H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
-                s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
-                qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1),
-                w_bytes, c_bytes,
+                *row_args(lo, hi, qc, qp, part, cnt), w_bytes, c_bytes,
                 D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=dc, NSPLIT=nsplit, WFMT=FORMATS[wkind],
                 CFMT=FORMATS[ckind], CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
                 HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
@@ -713,16 +717,9 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
         part = (torch.empty((hi - lo) * HB * dsplit * nsplit * cfg.heads * (D // dsplit + 2), dtype=acc,
                             device=q.device) if nsplit > 1 else out)
         _attend_kernel[(hi - lo, HB, dsplit * nsplit)](
-            qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi], part, cnt,
-            window.src[lo:hi], window.valid[lo:hi], ring, wu8, wh16, wval, wdata.stride(0),
-            cu8, ch16, cval, cdata.stride(0),
-            bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
-            picks[lo:hi] if per_token or cmode == DENSE else picks, picks.stride(0) if per_token else 0,
-            vis[lo:hi] if cmode == DENSE else vis,
-            H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
-            s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
-            qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1),
-            D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, NSPLIT=nsplit, WFMT=FORMATS[wkind], CFMT=FORMATS[ckind],
+            *row_args(lo, hi, qc, qp, part, cnt),
+            D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, NSPLIT=nsplit, WFMT=FORMATS[wkind],
+            CFMT=FORMATS[ckind],
             CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
             HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))

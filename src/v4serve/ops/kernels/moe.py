@@ -164,6 +164,19 @@ def _block_coords(pid, NB, num_n, GROUP_M: tl.constexpr):
     return first_m + (pid % per_group) % size, (pid % per_group) // size
 
 
+@triton.jit
+def _expert_block(block_expert_ptr, sorted_ptr, NB, n_cols, M, BM: tl.constexpr, BN: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """This program's block of sorted rows and its column tile: (the block's expert, -1 for an idle block; its first
+    row and its rows' positions in the sorted order, their assignment indices and validity; the column offsets)."""
+    pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(n_cols, BN), GROUP_M)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    first = pid_m * BM
+    rows = first + tl.arange(0, BM)
+    a_idx = tl.load(sorted_ptr + rows)
+    return expert, first, rows, a_idx, a_idx < M, pid_n * BN + tl.arange(0, BN)
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Kernels
 # ------------------------------------------------------------------------------------------------------------
@@ -264,16 +277,12 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel`."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(I, BN), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM,
+                                                             BN, GROUP_M)
     if expert < 0:
         return
     DT = x_ptr.dtype.element_ty
-    rows = pid_m * BM + tl.arange(0, BM)
-    a_idx = tl.load(sorted_ptr + rows)
-    valid = a_idx < M
     tok = tl.where(valid, a_idx // TOPK, 0).to(tl.int64)
-    offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)
     w1_ptr += expert * stride_we
     w3_ptr += expert * stride_we
@@ -350,15 +359,11 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(D, BN), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM,
+                                                             BN, GROUP_M)
     if expert < 0:
         return
     DT = h_ptr.dtype.element_ty
-    rows = pid_m * BM + tl.arange(0, BM)
-    a_idx = tl.load(sorted_ptr + rows)
-    valid = a_idx < M
-    offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)
     w2_ptr += expert * stride_we
     s2_ptr += expert * stride_se

@@ -20,7 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .moe import _a_tile, _block_coords, _dot, _down_out, _fp4_groups, _fp4_scales, _gate_up_out, _k_range
+from .moe import _a_tile, _dot, _down_out, _expert_block, _fp4_groups, _fp4_scales, _gate_up_out, _k_range
 from .pdl import enter as pdl_enter
 
 
@@ -82,16 +82,12 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_pt
     """`moe._gate_up_kernel` with the swap / fma body: x W1^T and x W3^T for BM sorted rows of one expert x BN
     columns over this program's K share, the x tile loaded once per K tile for both."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(I, BN), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    expert, first, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM,
+                                                             BN, GROUP_M)
     if expert < 0:
         return
     DT = x_ptr.dtype.element_ty
-    rows = pid_m * BM + tl.arange(0, BM)
-    a_idx = tl.load(sorted_ptr + rows)
-    valid = a_idx < M
     tok = tl.where(valid, a_idx // TOPK, 0).to(tl.int64)
-    offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)
     w1_ptr += expert * stride_we
     w3_ptr += expert * stride_we
@@ -118,7 +114,7 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_pt
             w1_ev, w1_od = _fma_w(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, BK, DT, ASM, ACC)
             w3_ev, w3_od = _fma_w(w3_ptr, sb3, offs_n, I, k0, D, stride_wn, BK, DT, ASM, ACC)
             for m in tl.static_range(BM):
-                a_m = tl.load(sorted_ptr + pid_m * BM + m)
+                a_m = tl.load(sorted_ptr + first + m)
                 t_m = tl.where(a_m < M, a_m // TOPK, 0).to(tl.int64)
                 x_ev, x_od = _fma_x(x_ptr + t_m * stride_x + k0 + offs_k, kmask & (a_m < M), BK, DT, ACC, False, G)
                 acc_g = _fma_add(acc_g, w1_ev, w1_od, x_ev, x_od, r, m)
@@ -139,15 +135,11 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                 F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
     """`moe._down_kernel` with the swap / fma body: h W2^T for BM sorted rows of one expert x BN columns."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(D, BN), GROUP_M)
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    expert, first, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM,
+                                                             BN, GROUP_M)
     if expert < 0:
         return
     DT = h_ptr.dtype.element_ty
-    rows = pid_m * BM + tl.arange(0, BM)
-    a_idx = tl.load(sorted_ptr + rows)
-    valid = a_idx < M
-    offs_n = pid_n * BN + tl.arange(0, BN)
     offs_k = tl.arange(0, BK)
     w2_ptr += expert * stride_we
     s2_ptr += expert * stride_se
@@ -165,7 +157,7 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
         else:
             w_ev, w_od = _fma_w(w2_ptr, sb, offs_n, D, k0, I, stride_wn, BK, DT, ASM, ACC)
             for m in tl.static_range(BM):
-                h_row = h_ptr + (pid_m * BM + m).to(tl.int64) * stride_h + k0 + offs_k
+                h_row = h_ptr + (first + m).to(tl.int64) * stride_h + k0 + offs_k
                 x_ev, x_od = _fma_x(h_row, kmask, BK, DT, ACC, QUANT_A, G)
                 acc = _fma_add(acc, w_ev, w_od, x_ev, x_od, r, m)
         sb = nsb
