@@ -15,8 +15,8 @@ decides):
 * "heads" (_attend_kernel): grid (token, head block, D chunk x kv split). Each program re-reads and re-decodes its
   token's records: once per head block and once per D chunk.
 * "flash" (_flash_kernel), split-KV flash decoding over all heads: grid (head blocks, kv splits, tokens), with
-  heads = 64 = H meaning one head block, so each record is fetched from HBM and decoded once per token. A program takes one
-  BN-aligned slice of its token's rows [window | compressed], runs all BH heads over it tile by tile, and stores its
+  heads = 64 = H meaning one head block, so each record is fetched from HBM and decoded once per token. A program takes
+  one BN-aligned slice of its token's rows [window | compressed], runs all BH heads over it tile by tile, and stores its
   partial (m, l, acc). The last split to arrive (ArrivalCounters) combines the NSPLIT partials in a fixed order and
   applies the inverse RoPE. Design choices:
   - Registers. The [64, 512] fp32 accumulator is 128 KB: 128 registers per thread at 8 warps, 64 at 16 warps, which is
