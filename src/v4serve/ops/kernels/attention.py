@@ -82,10 +82,12 @@ class Config:
 GPU_CONFIG = Config(heads=16, rows=32, dsplit=2, num_warps=8, num_stages=1)
 # Batched decode over CSA picks: flash mode, 32 heads a program, L2 prefetch (2026-12-01, V4 584-B records, 64 heads x
 # 512, 128 window + 512 picks: T=32 101 us vs 390 us for GPU_CONFIG; T=1 42.5 vs 27.7 us, so single rows keep it).
-# Only where measured: CSA picks, 16..128 query tokens; HCA and prefill chunks keep GPU_CONFIG.
+# Only where measured: CSA picks over V4's records, 16..128 query tokens; HCA, prefill chunks and the other formats keep
+# GPU_CONFIG.
 FLASH_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128,
                              prefetch=1)
 FLASH_DECODE_TOKENS = (16, 128)
+FLASH_DECODE_FORMATS = ("v4_fp8",)
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
 _SMS = 132  # H200 multiprocessors
 _COUNTERS = ArrivalCounters()
@@ -622,10 +624,12 @@ def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) ->
     return n if head_blocks <= N_COUNTERS else 1
 
 
-def gpu_config(tokens: int, entries) -> Config:
-    """The measured choice on the GPU: flash mode for batched decode over CSA picks, GPU_CONFIG otherwise."""
+def gpu_config(tokens: int, window, entries) -> Config:
+    """The measured choice on the GPU: flash mode for batched decode over CSA picks in the formats it was timed on
+    (V4's 584-B records), GPU_CONFIG otherwise."""
     lo, hi = FLASH_DECODE_TOKENS
-    if entries is not None and entries.picks is not None and lo <= tokens <= hi:
+    if (entries is not None and entries.picks is not None and lo <= tokens <= hi
+            and window.pool.codec.kind in FLASH_DECODE_FORMATS and entries.pool.codec.kind in FLASH_DECODE_FORMATS):
         return FLASH_DECODE_CONFIG
     return GPU_CONFIG
 
@@ -644,7 +648,7 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     out = torch.empty_like(q)
     if T == 0:
         return out
-    cfg = config or (INTERPRETER_CONFIG if interpreting() else gpu_config(T, entries))
+    cfg = config or (INTERPRETER_CONFIG if interpreting() else gpu_config(T, window, entries))
     dsplit = cfg.dsplit if D % cfg.dsplit == 0 and D // cfg.dsplit >= 2 * cos.shape[-1] else 1
     W = window.src.shape[1]
     RD = 2 * cos.shape[-1]
