@@ -22,18 +22,17 @@ from .context import StepContext
 from .modules import CompressorParams, Norm, param
 
 
-def run_compressor(p: CompressorParams, x: torch.Tensor, ctx: StepContext, layer: int, state, write_pool,
-                   rotate: bool, fmt: str | None, rope_dim: int, backend: str, xw: torch.Tensor | None = None) -> None:
-    """Project, pool the completed groups (carrying the partial group in `state`), finish them (norm, RoPE at the
-    group's first position, [Hadamard,] the format's simulation) and store them in their paged rows. `xw`: x widened
-    already (a CSA layer's two compressors share it)."""
+def run_compressor(p: CompressorParams, xw: torch.Tensor, out_dtype: torch.dtype, ctx: StepContext, layer: int,
+                   state, write_pool, rotate: bool, fmt: str | None, rope_dim: int, backend: str) -> None:
+    """Project x (`xw`: widened to the accumulation dtype, as the compressors project; a CSA layer's two compressors
+    share it), pool the completed groups (carrying the partial group in `state`) into `out_dtype`, finish them (norm,
+    RoPE at the group's first position, [Hadamard,] the format's simulation) and store them in their paged rows."""
     step = ctx.step
-    xf = wide(x) if xw is None else xw
-    kv = p.wkv(xf)
-    score = p.wgate(xf) if p.wgate is not None else torch.zeros_like(kv)
+    kv = p.wkv(xw)
+    score = p.wgate(xw) if p.wgate is not None else torch.zeros_like(kv)
     plan = ctx.compression(p.ratio)
     pooled = comp.pool_groups(kv, score, p.ape, step, plan.groups, state.kv, state.score, p.ratio, p.overlap,
-                              p.head_dim, x.dtype, backend)
+                              p.head_dim, out_dtype, backend)
     finish_rows(pooled, p.norm.weight, p.norm.eps, plan.cos, plan.sin, rotate, fmt, rope_dim, write_pool, plan.rows,
                 backend)
 
@@ -92,8 +91,8 @@ class V4Attention(nn.Module):
             L = self.layer
             xw = wide(x)  # the compressors project x in float32: widened once for both of a CSA layer's compressors
             with family("compressor"):
-                run_compressor(self.compressor, x, ctx, L, pools.state[L], pools.compressed[L], False,
-                               self.numerics.compressed_kv, c.rope_dim, self.backend, xw)
+                run_compressor(self.compressor, xw, x.dtype, ctx, L, pools.state[L], pools.compressed[L], False,
+                               self.numerics.compressed_kv, c.rope_dim, self.backend)
             visible = ctx.visible(self.ratio)
             if self.indexer is None:  # HCA: every visible entry
                 entries = ctx.entry_refs(L)
@@ -115,8 +114,8 @@ class V4Attention(nn.Module):
         c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
         ix = self.indexer
         with family("compressor"):
-            run_compressor(ix.compressor, x, ctx, L, pools.index_state[L], pools.index_keys[L],
-                           self.numerics.index_rotate, self._index_fmt(), 0, self.backend, xw)
+            run_compressor(ix.compressor, xw, x.dtype, ctx, L, pools.index_state[L], pools.index_keys[L],
+                           self.numerics.index_rotate, self._index_fmt(), 0, self.backend)
         T = step.num_tokens
         cos, sin = ctx.rope(True)
         qi = finish_rows(ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,

@@ -52,7 +52,7 @@ import triton.language as tl
 from . import interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, hi_lo
+from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, hi_lo, last_to_arrive
 
 PLAIN, V4_FP8, FP8_B32, NVFP4 = 0, 1, 2, 3
 FORMATS = {"plain": PLAIN, "v4_fp8": V4_FP8, "fp8_b32": FP8_B32, "nvfp4": NVFP4}
@@ -293,9 +293,7 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
         tl.store(own + cd[None, :], acc)
         tl.store(own + DC + tl.zeros((BH, 1), tl.int32), m_i[:, None])
         tl.store(own + DC + 1 + tl.zeros((BH, 1), tl.int32), l_i[:, None])
-        tl.debug_barrier()  # every thread's stores precede the release below
-        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == NSPLIT - 1:
+        if last_to_arrive(cnt_ptr + slot, NSPLIT):
             rows = tl.arange(0, BH)[:, None] * (DC + 2)
             m_all = tl.full((BH,), float("-inf"), ACC)
             for sp in tl.static_range(NSPLIT):
@@ -553,9 +551,7 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
             tl.store(own + 3 * DC + cd[None, :], acc3)
         tl.store(own + D + tl.zeros((BH, 1), tl.int32), m_i[:, None])
         tl.store(own + D + 1 + tl.zeros((BH, 1), tl.int32), l_i[:, None])
-        tl.debug_barrier()  # every thread's stores precede the release below
-        arrived = tl.atomic_add(cnt_ptr + slot, 1, sem="acq_rel", scope="gpu")
-        if arrived == NSPLIT - 1:
+        if last_to_arrive(cnt_ptr + slot, NSPLIT):
             m_all = tl.full((BH,), float("-inf"), ACC)
             for sp in tl.static_range(NSPLIT):
                 m_all = tl.maximum(m_all, tl.reshape(tl.load(base + sp * (BH * (D + 2)) + rows + D,

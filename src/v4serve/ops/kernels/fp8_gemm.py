@@ -23,7 +23,7 @@ from . import fp8_gemv, interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import act_quant, act_simulate
-from .split_grid import N_COUNTERS, ArrivalCounters
+from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 
 _DOT_FP8, _DOT_HALF, _DOT_F32, _DOT_F64 = 0, 1, 2, 3
 _SMS = 132  # H200 multiprocessors: decode splits K until about two waves of programs stream the weight
@@ -119,10 +119,8 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
     out_ok = m_ok[:, None] & n_ok[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
     if FINISH:  # split-K at decode: the last program to arrive at this output tile adds the partials in split order
-        tl.debug_barrier()  # every thread's partial stores precede the release below
         tile = g * (n_m * n_n) + pid
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
+        if last_to_arrive(cnt_ptr + tile, SPLITS):
             part = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
             total = tl.load(part, mask=out_ok, other=0.0, cache_modifier=".cg")
             for s in tl.static_range(1, SPLITS):

@@ -26,7 +26,7 @@ from .pdl import launch as pdl_launch
 from .pdl import prefetch as pdl_prefetch
 from .pdl import prefetch_rows
 from .quant import act_quant, e4m3_round, pow2_ceil
-from .split_grid import ArrivalCounters
+from .split_grid import ArrivalCounters, last_to_arrive
 
 _SMS = 132  # H200 multiprocessors
 # Measured on the H200 (benchmarks/kernels/fp8_gemm.py, 2026-11-30 and 2026-12-01): in-register activation
@@ -68,6 +68,22 @@ def quantize_rows(x):
 
 
 @triton.jit
+def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + one scale block's x [BM, SB] @ w [BN, SB]^T: FP8 x FP8 on the tensor cores with both scales applied to the
+    block's product (FP8: x in e4m3), or W8A16, the weight tile dequantized to x's dtype (exact) for a half-precision
+    dot."""
+    if FP8:
+        acc += tl.dot(x, tl.trans(w)) * x_scale[:, None] * w_scale[None, :]
+    else:
+        wf = (w.to(tl.float32) * w_scale[:, None]).to(x.dtype)
+        if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
+            acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(tl.float32)), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(wf))
+    return acc
+
+
+@triton.jit
 def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                         M, N, K, k_per_split,
                         stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,
@@ -103,17 +119,11 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
             if A_PRE:  # x already in e4m3 with its per-block scales (kernels/quant.act_quant): large weights
                 x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb0 // SB, mask=m_ok & kb_ok,
                                   other=1.0)
-                acc += tl.dot(x, tl.trans(w)) * x_scale[:, None] * w_scale[None, :]
             elif A_FP8:  # the activation block quantized here: amax floored at 1e-4, power-of-two scale, e4m3 RNE
-                xq, x_scale = quantize_rows(x)
-                part = tl.dot(xq, tl.trans(w))
-                acc += part * x_scale[:, None] * w_scale[None, :]
-            else:  # W8A16: the weight tile dequantized to x's dtype (exact) for a half-precision dot
-                wf = (w.to(tl.float32) * w_scale[:, None]).to(x_ptr.dtype.element_ty)
-                if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
-                    acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(tl.float32)), input_precision="ieee")
-                else:
-                    acc += tl.dot(x, tl.trans(wf))
+                x, x_scale = quantize_rows(x)
+            else:  # W8A16: no activation scale
+                x_scale = w_scale
+            acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET)
     y = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
     if SPLITS == 1:
@@ -123,9 +133,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
         slot = (offs_m[:, None] * BN + tl.arange(0, BN)[None, :])
         tile_part = part_ptr + tile * (SPLITS * BM * BN)
         tl.store(tile_part + split * (BM * BN) + slot, acc)
-        tl.debug_barrier()  # every thread's stores precede the release below
-        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:  # the last of this tile's programs: add the partials in split order
+        if last_to_arrive(cnt_ptr + tile, SPLITS):  # the last of this tile's programs: add the partials in split order
             total = tl.zeros((BM, BN), dtype=tl.float32)
             for s in tl.static_range(SPLITS):
                 total += tl.load(tile_part + s * (BM * BN) + slot, cache_modifier=".cg")

@@ -27,11 +27,11 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from .fp8_gemv import config, e8m0_to_f32, quantize_rows
+from .fp8_gemv import block_dot, config, e8m0_to_f32, quantize_rows
 from .fp8_gemv import supports as gemv_supports
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .split_grid import ArrivalCounters
+from .split_grid import ArrivalCounters, last_to_arrive
 
 _COUNTERS = ArrivalCounters()
 
@@ -106,21 +106,11 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
             s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=n_ok & kb_ok, other=127))
             s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=n_ok & kb_ok, other=127))
             if A_FP8:  # one quantization of the activation block serves both dots
-                xq, x_scale = quantize_rows(x)
-                part_g = tl.dot(xq, tl.trans(w1))
-                acc_g += part_g * x_scale[:, None] * s1[None, :]
-                part_u = tl.dot(xq, tl.trans(w3))
-                acc_u += part_u * x_scale[:, None] * s3[None, :]
-            else:  # W8A16: the weight tiles dequantized to x's dtype (exact) for half-precision dots
-                wf1 = (w1.to(tl.float32) * s1[:, None]).to(x_ptr.dtype.element_ty)
-                wf3 = (w3.to(tl.float32) * s3[:, None]).to(x_ptr.dtype.element_ty)
-                if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
-                    xf = x.to(tl.float32)
-                    acc_g += tl.dot(xf, tl.trans(wf1.to(tl.float32)), input_precision="ieee")
-                    acc_u += tl.dot(xf, tl.trans(wf3.to(tl.float32)), input_precision="ieee")
-                else:
-                    acc_g += tl.dot(x, tl.trans(wf1))
-                    acc_u += tl.dot(x, tl.trans(wf3))
+                x, x_scale = quantize_rows(x)
+            else:  # W8A16: no activation scale
+                x_scale = s1
+            acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET)
+            acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET)
     h = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
     if SPLITS == 1:
@@ -130,9 +120,7 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
         tile_part = part_ptr + pid_n * (SPLITS * 2 * BM * BN)  # per split: the g tile, then the u tile
         tl.store(tile_part + split * (2 * BM * BN) + slot, acc_g)
         tl.store(tile_part + split * (2 * BM * BN) + BM * BN + slot, acc_u)
-        tl.debug_barrier()  # every thread's stores precede the release below
-        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:  # the last of this tile's programs: add the partials in split order
+        if last_to_arrive(cnt_ptr + pid_n, SPLITS):  # the last of this tile's programs: add the partials in split order
             total_g = tl.zeros((BM, BN), dtype=tl.float32)
             total_u = tl.zeros((BM, BN), dtype=tl.float32)
             for s in tl.static_range(SPLITS):

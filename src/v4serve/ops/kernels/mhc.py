@@ -39,7 +39,7 @@ from . import interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
-from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, runs_here
+from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, last_to_arrive, runs_here
 from .split_grid import TL_DTYPES as _TL
 
 _COUNTERS = ArrivalCounters()
@@ -257,9 +257,7 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
         tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
         tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
         tl.store(rows + PP + NN, ss)
-        tl.debug_barrier()  # every thread's stores precede the release below
-        arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLIT_D - 1:
+        if last_to_arrive(cnt_ptr + pid_t, SPLIT_D):
             acc_pp = tl.zeros([BLOCK_T, PP], ACC)
             acc_c = tl.zeros([BLOCK_T, NN], ACC)
             ss = tl.zeros([BLOCK_T], ACC)

@@ -277,8 +277,8 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel`."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM,
-                                                             BN, GROUP_M)
+    expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM, BN,
+                                                          GROUP_M)
     if expert < 0:
         return
     DT = x_ptr.dtype.element_ty
@@ -359,8 +359,8 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM,
-                                                             BN, GROUP_M)
+    expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM, BN,
+                                                          GROUP_M)
     if expert < 0:
         return
     DT = h_ptr.dtype.element_ty
@@ -590,12 +590,8 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     M = T * k
     acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
     out = _empty((T, D), out_dtype or acc_t, x.device)
-    if M == 0:
-        if shared is not None:
-            out.copy_(shared.to(acc_t))
-        elif T:
-            out.zero_()
-        return out
+    if M == 0:  # no routed token (T = 0, or k = 0): the shared output alone
+        return out.copy_(shared) if shared is not None else out.zero_()
     cfg = config or select_config(M, E, D, I, x.device)
     G, BM = act_group, cfg.block_m
     use_asm = cfg.dequant == "asm" or (cfg.dequant == "auto" and x.dtype == torch.bfloat16 and x.is_cuda

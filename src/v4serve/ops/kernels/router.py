@@ -28,7 +28,7 @@ import triton.language as tl
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
-from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, runs_here
+from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, last_to_arrive, runs_here
 from .split_grid import TL_DTYPES as _TL
 
 SCORE_FUNCS = {"sqrtsoftplus": 0, "softmax": 1, "sigmoid": 2}
@@ -163,9 +163,7 @@ def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, 
         # split grid: partial logits to scratch [SPLIT_D, T_pad, E_PAD]; the last arrival finishes the token block
         t_pad = tl.num_programs(0) * BLOCK_T
         tl.store(part_ptr + (pid_d * t_pad + offs_t[:, None]) * E_PAD + offs_e[None, :], acc)
-        tl.debug_barrier()  # every thread's stores precede the release below
-        arrived = tl.atomic_add(cnt_ptr + pid_t, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(1) * SPLIT_D - 1:
+        if last_to_arrive(cnt_ptr + pid_t, tl.num_programs(1) * SPLIT_D):
             offs_all = tl.arange(0, E_PAD)
             t0 = pid_t * BLOCK_T
             for r0 in range(t0, tl.minimum(t0 + BLOCK_T, T), EPI_T):  # the rows that exist, EPI_T at a time

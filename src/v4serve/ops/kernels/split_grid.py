@@ -1,11 +1,13 @@
 """Shared pieces of the kernels that split one launch over many programs and finish in the last one to arrive
-(router, mHC): the per-device arrival counters, and fp64-exact float scalars for the interpreter's fp64 runs."""
+(router, mHC, attention, the decode GEMMs): the per-device arrival counters and the arrival itself, and fp64-exact
+float scalars for the interpreter's fp64 runs."""
 
 from __future__ import annotations
 
 import struct
 
 import torch
+import triton
 import triton.language as tl
 
 from . import interpreting
@@ -32,6 +34,15 @@ class ArrivalCounters:
         if buf is None:
             buf = self._buffers[idx] = torch.zeros(N_COUNTERS, dtype=torch.int32, device=device)
         return buf
+
+
+@triton.jit
+def last_to_arrive(counter_ptr, n):
+    """After this program's partial stores: count its arrival at `counter_ptr` (acq_rel, gpu scope). True for the last
+    of the `n` programs sharing the counter, which then sees every other program's stores; it re-zeroes the counter
+    once done, for the next launch or graph replay."""
+    tl.debug_barrier()  # every thread's stores precede the release
+    return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == n - 1
 
 
 def hi_lo(v: float) -> tuple[float, float]:
