@@ -105,6 +105,35 @@ if [[ $what == verify ]]; then  # the fast path's tests at real shapes (every ke
     | grep -E "agreement|passed|failed|FAILED|Error" | tail -15
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
+if [[ $what == host ]]; then  # the kernel families changed last, at real shapes; then where a graphed step's time goes
+  timeout ${OPS_TIMEOUT:-150} python3 -m pytest ${OPS_TESTS:-tests/ops/test_mhc.py tests/ops/test_shared_expert.py \
+    tests/ops/test_linear.py} -q \
+    -p no:cacheprovider -o addopts="" --durations=8 2>&1 | tee "$OUT/ops_tests.log" | grep -E "passed|failed|FAILED|Error|s call" | tail -25
+  rc=${PIPESTATUS[0]}
+  for b in ${BATCHES:-1 32}; do
+    timeout 130 python3 benchmarks/step_timeline.py "${1:-v4-flash-e16}" --batch $b --out "$OUT" 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/timeline-b$b.log" | tail -40
+  done
+fi
+if [[ $what == inputs ]]; then  # the packed step inputs (graph = eager, chunked prefill), the host timeline, the mHC
+  # prefill grid's loop orders and the mHC tests
+  timeout 170 python3 -m pytest tests/gpu/test_cuda.py -k "graph_decode or chunked" -q -s -p no:cacheprovider \
+    -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "identical|passed|failed|FAILED|Error" | tail -12
+  rc=${PIPESTATUS[0]}
+  timeout 110 python3 benchmarks/step_timeline.py v4-flash-e16 --batch 1 --out "$OUT" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/timeline-b1.log" | head -24
+  timeout 70 python3 benchmarks/kernels/mhc.py --precision 2>&1 | grep -v Warning | tee "$OUT/mhc_orders.log" | tail -9
+  timeout 80 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/mhc_tests.log" | grep -E "^E .*error|passed|failed|FAILED" | tail -12
+  timeout 110 python3 benchmarks/step_timeline.py v4-flash-e16 --batch 32 --out "$OUT" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/timeline-b32.log" | head -24
+fi
+if [[ $what == mhc ]]; then  # the mHC prefill grid's agreement with and without the bf16x3 GEMM, then the GPU mHC tests
+  timeout 60 python3 benchmarks/kernels/mhc.py --precision 2>&1 | grep -v Warning | tee "$OUT/mhc_orders.log" | tail -3
+  timeout 80 python3 -m pytest tests/ops/test_mhc.py -k gpu -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/mhc_tests.log" | grep -E "^E .*error|passed|failed|FAILED" | tail -12
+  rc=${PIPESTATUS[0]}
+fi
 if [[ $what == measure ]]; then  # the 43-layer step profile with its costliest kernels, then graphed-only runs: PDL off
   # (A/B) and batch 32
   timeout 200 python3 benchmarks/profile_step.py "${1:-v4-flash-e16}" --batch 1 --context 2048 --steps 2 --prefill 0 \

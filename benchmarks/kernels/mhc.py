@@ -14,6 +14,9 @@ kernels per call of either body are counted with the profiler.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
+import itertools
 
 import common
 import torch
@@ -46,13 +49,14 @@ def _scaled(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
-def validate(t: int) -> dict:
+def validate(t: int, config: mk.PreConfig | None = None) -> dict:
     x, fn, base, scale, w, f = _inputs(t, seed=t)
-    got = _pre(mk.hc_pre, x, fn, base, scale, w)
+    got = _pre(functools.partial(mk.hc_pre, config=config), x, fn, base, scale, w)
     ref = _pre(mhc.hc_pre_reference, x, fn, base, scale, w)
     coef = max(((g - r).abs() / r.abs()).max().item() for g, r in zip(got[1:], ref[1:]))
     out = mk.hc_post(f, x, got[2], got[3])
-    repeat = all(all(torch.equal(a, b) for a, b in zip(_pre(mk.hc_pre, x, fn, base, scale, w), got))
+    repeat = all(all(torch.equal(a, b) for a, b in zip(_pre(functools.partial(mk.hc_pre, config=config), x, fn, base,
+                                                              scale, w), got))
                  for _ in range(10))
     return {"y_err": _scaled(got[0], ref[0]), "coef_rel_err": coef,
             "post_out_err": _scaled(out, mhc.hc_expand(f, x, got[2], got[3])), "bitwise_repeatable": repeat}
@@ -146,7 +150,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="only the hc_pre decode variants (T = 1, 32)")
+    ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) with each "
+                    "pipeline depth, with and without the bf16x3 GEMM")
     a = ap.parse_args()
+    if a.precision:
+        for stages, x3 in itertools.product((1, 2), (True, False)):
+            cfg = dataclasses.replace(mk.default_pre_config(4096, D, on_gpu=True), num_stages=stages, bf16x3=x3)
+            print(f"T=4096 num_stages={stages} bf16x3={x3}: {validate(4096, cfg)}", flush=True)
+        return
     ceil = common.measure_ceilings()
     hbm = ceil["hbm_bytes_per_s"]
     print(common.describe(ceil), flush=True)

@@ -196,6 +196,22 @@ def test_plain_float_weight_with_wider_activations(wdtype: torch.dtype) -> None:
     assert rel(out, linear_reference(x, w, None, 0, 0)) < F32_TOL
 
 
+@pytest.mark.parametrize("kind", ["w8a8", "bf16-head"])
+def test_zero_rows(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose rows want no logits runs the head on zero rows: an empty output, no launch, no tile config (the
+    GPU's config divides by the tile count). The GPU's config path is taken here as well."""
+    g = torch.Generator().manual_seed(6)
+    if kind == "w8a8":
+        w, s = fp8_weight(256, 256, 128, g)
+        x, act = torch.randn(0, 256, generator=g).bfloat16().to(DEV), 128
+    else:
+        w, s = torch.randn(300, 64, generator=g).bfloat16().to(DEV), None
+        x, act = torch.randn(0, 64, generator=g).to(DEV), 0
+    monkeypatch.setattr(fp8_gemm, "interpreting", lambda: False)
+    out = fp8_gemm.linear(x, w, s, 128 if s is not None else 0, act)
+    assert out.shape == (0, w.shape[0]) and out.dtype == x.dtype
+
+
 def test_linear_module_keeps_stored_tensors_and_dispatches() -> None:
     g = torch.Generator().manual_seed(9)
     q, s = fp8_weight(64, 128, 32, g)

@@ -45,11 +45,12 @@ def _device_for(local_rank: int, device: torch.device) -> torch.device:
 
 
 def _to(step: Any, device: torch.device) -> Any:
-    """A StepInput with every tensor on `device`."""
+    """A StepInput with every tensor on `device`, each its own copy (a step's tensors are views of one packed buffer,
+    which pickling would otherwise send once per view)."""
     moved = {f.name: getattr(step, f.name) for f in dataclasses.fields(step)}
     for k, v in moved.items():
         if isinstance(v, torch.Tensor):
-            moved[k] = v.to(device)
+            moved[k] = v.to(device, copy=True)
     return type(step)(**moved)
 
 

@@ -15,6 +15,7 @@ import torch
 from ..cache.manager import SlotOp
 from ..cache.pool import KVPools
 from ..models.step import RowSpec, StepInput, build_step
+from ..transfer import to_device
 from .request import Request
 from .sampler import SamplingBatch, sample
 from .scheduler import SchedulerOutput
@@ -24,7 +25,7 @@ def apply_slot_ops(pools: KVPools, ops: list[SlotOp], device: torch.device) -> N
     """The scheduler's slot operations on one rank's pools (tensor-parallel workers replay them too)."""
     for op in ops:
         if op.kind == "reset":
-            pools.reset_slots(torch.tensor([op.dst], device=device))
+            pools.reset_slots(to_device(torch.tensor([op.dst]), device))
         elif op.kind == "copy":
             pools.copy_slot(op.dst, op.src)
         else:
@@ -63,7 +64,8 @@ class ModelRunner:
     def apply_ops(self, ops: list[SlotOp]) -> None:
         apply_slot_ops(self.pools, ops, self.device)
 
-    def build(self, sched: SchedulerOutput, decoder_floor) -> StepInput:
+    def specs(self, sched: SchedulerOutput, decoder_floor) -> list[RowSpec]:
+        """The step's rows in plain Python (and which logits each row wants, for sampling)."""
         specs = []
         self._logits_from = []
         for row in sched.rows:
@@ -76,6 +78,10 @@ class ModelRunner:
                 blocks=req.cache.blocks, window_floor=req.cache.window_floor, cached_len=req.cache.cached_len,
                 decoder_floor=floor,
                 logits="all" if want_all else ("last" if row.sample else "none"), logits_from=max(row.start, floor)))
+        return specs
+
+    def build(self, sched: SchedulerOutput, decoder_floor, specs: list[RowSpec] | None = None) -> StepInput:
+        specs = specs if specs is not None else self.specs(sched, decoder_floor)
         # on the GPU every step sizes its compressed gathers by max_model_len, as the captured graphs do, so eager
         # and graphed steps run the same kernels on the same shapes (identical outputs)
         ctx = self.max_model_len if self.device.type == "cuda" else max(r.start + r.num_tokens for r in sched.rows)
@@ -87,12 +93,13 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput, decoder_floor) -> RunnerOutput:
         self.apply_ops(sched.slot_ops)
-        step = self.build(sched, decoder_floor)
+        specs = self.specs(sched, decoder_floor)
         masks = self._submit_masks(sched)  # before the model step, which the fill then overlaps
         logits = None
         if self.graphs is not None:
-            logits = self.graphs.run(sched, step)
+            logits = self.graphs.run(sched, specs, self.step_hook)
         if logits is None:
+            step = self.build(sched, decoder_floor, specs)
             if self.peers is not None:
                 self.peers.step(sched.slot_ops, step)
             logits = self.model(step, self.pools).logits
@@ -172,7 +179,7 @@ class ModelRunner:
                 cursor += 1
         sampled: list[SampledToken] = []
         if sample_rows:
-            idx = torch.tensor([i for _, i in sample_rows], device=logits.device)
+            idx = [i for _, i in sample_rows]
             reqs = [r for r, _ in sample_rows]
             batch = SamplingBatch.build(
                 [r.params for r in reqs], vocab_size=self.vocab_size, device=logits.device,
@@ -185,8 +192,10 @@ class ModelRunner:
                 bitmask, rows = masks.result()
                 batch.bitmask = bitmask.to(logits.device, non_blocking=True)
                 if rows != list(range(len(reqs))):  # not every row is constrained: which rows the bitmask has
-                    batch.bitmask_rows = torch.tensor(rows, dtype=torch.int64, device=logits.device)
-            out = sample(logits[idx], batch)
+                    batch.bitmask_rows = to_device(torch.tensor(rows, dtype=torch.int64), logits.device)
+            # every row samples its only logits row (decode steps): no gather
+            rows = logits if idx == list(range(logits.shape[0])) else logits[to_device(torch.tensor(idx), logits.device)]
+            out = sample(rows, batch)
             ids = out.token_ids.tolist()
             lps = out.logprobs.tolist()
             tops = out.top_ids.tolist() if out.top_ids is not None else None

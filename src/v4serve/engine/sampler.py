@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from v4serve.engine.sampling_params import SamplingParams
+from v4serve.transfer import to_device
 
 from ..ops.profiling import profiled
 
@@ -147,24 +148,17 @@ class SamplingBatch:
         fresh = iter(fresh_seeds(sum(s is None for s in row_seeds)))
         row_seeds = [(s if s is not None else next(fresh)) & MASK62 for s in row_seeds]
 
-        def floats(values: list[float]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.float32, device=device)
-
-        def ints(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
         top_k = [min(p.effective_top_k, vocab_size) or vocab_size for p in params]
+        # two host tensors, two copies that do not wait for the GPU (the per-row values as views of them)
+        f = to_device(torch.tensor([[1.0 if p.greedy else p.temperature for p in params], [p.top_p for p in params],
+                                    [p.min_p for p in params], [p.presence_penalty for p in params],
+                                    [p.frequency_penalty for p in params], [p.repetition_penalty for p in params]],
+                                   dtype=torch.float32).view(6, rows), device)
+        i = to_device(torch.tensor([top_k, row_seeds, counters, [int(p.greedy) for p in params]],
+                                   dtype=torch.int64).view(4, rows), device)
         batch = cls(
-            temperature=floats([1.0 if p.greedy else p.temperature for p in params]),
-            greedy=torch.tensor([p.greedy for p in params], dtype=torch.bool, device=device),
-            top_k=ints(top_k),
-            top_p=floats([p.top_p for p in params]),
-            min_p=floats([p.min_p for p in params]),
-            presence_penalty=floats([p.presence_penalty for p in params]),
-            frequency_penalty=floats([p.frequency_penalty for p in params]),
-            repetition_penalty=floats([p.repetition_penalty for p in params]),
-            seeds=ints(row_seeds),
-            steps=ints(counters),
+            temperature=f[0], greedy=i[3] != 0, top_k=i[0], top_p=f[1], min_p=f[2], presence_penalty=f[3],
+            frequency_penalty=f[4], repetition_penalty=f[5], seeds=i[1], steps=i[2],
             num_logprobs=max((p.logprobs or 0 for p in params), default=0),
             all_greedy=all(p.greedy for p in params),
             use_top_k=any(k < vocab_size for k in top_k),
@@ -201,7 +195,7 @@ def token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.d
     width = max((len(r) for r in rows), default=0)
     # pad with an extra column V that is dropped afterwards
     padded = torch.tensor([[*r, *([vocab_size] * (width - len(r)))] for r in rows], dtype=torch.int64)
-    padded = padded.reshape(len(rows), width).to(device)
+    padded = to_device(padded.reshape(len(rows), width), device)
     counts = torch.zeros(len(rows), vocab_size + 1, dtype=torch.int32, device=device)
     counts.scatter_add_(1, padded, torch.ones_like(padded, dtype=torch.int32))
     return counts[:, :vocab_size]

@@ -92,33 +92,79 @@ class RowSpec:
     logits_from: int = 0
 
 
-def build_step(rows: list[RowSpec], device: torch.device | str = "cpu", max_context: int | None = None) -> StepInput:
+@dataclass(frozen=True)
+class StepLayout:
+    """Where each field of a step sits in one packed int64 tensor: token fields [T] x 3, row fields [R] x 7, the
+    logits indices [L], then the block table [R, width] row-major. One host tensor, one copy to the device."""
+
+    tokens: int
+    rows: int
+    logits: int
+    width: int
+
+    ROW_FIELDS = ("row_slot", "row_start", "row_len", "row_offset", "window_floor", "cached_len", "decoder_floor")
+
+    @property
+    def flat(self) -> int:
+        """Length of the part before the block table."""
+        return 3 * self.tokens + len(self.ROW_FIELDS) * self.rows + self.logits
+
+    @property
+    def size(self) -> int:
+        return self.flat + self.rows * self.width
+
+    def unpack(self, packed: torch.Tensor, max_context: int) -> StepInput:
+        """A StepInput whose tensors are views of `packed` (laid out as this layout says)."""
+        T, R = self.tokens, self.rows
+        tok = packed[:3 * T].view(3, T)
+        rows = packed[3 * T:3 * T + len(self.ROW_FIELDS) * R].view(len(self.ROW_FIELDS), R)
+        fields = dict(zip(self.ROW_FIELDS, rows))
+        return StepInput(token_ids=tok[0], positions=tok[1], token_row=tok[2], **fields,
+                         logits_index=packed[self.flat - self.logits:self.flat],
+                         block_table=packed[self.flat:self.size].view(R, self.width), max_context=int(max_context))
+
+
+def pack_step(rows: list[RowSpec], width: int | None = None, pin: bool = False) -> tuple[torch.Tensor, StepLayout]:
+    """The step of `rows` as one host int64 tensor and its layout; `width`: block-table columns (default the widest
+    row's block count), padded with -1. `pin`: in page-locked memory from torch's caching host allocator, so that a
+    non-blocking copy to the GPU neither waits nor lets the buffer be reused before the copy ran."""
     toks: list[int] = []
     pos: list[int] = []
     trow: list[int] = []
     lidx: list[int] = []
+    lens: list[int] = []
+    offs: list[int] = []
     for r, row in enumerate(rows):
-        base = len(toks)
+        base, n = len(toks), len(row.token_ids)
         toks += row.token_ids
-        pos += range(row.start, row.start + len(row.token_ids))
-        trow += [r] * len(row.token_ids)
+        pos += range(row.start, row.start + n)
+        trow += [r] * n
         if row.logits == "all":
-            lidx += range(base + max(0, row.logits_from - row.start), base + len(row.token_ids))
-        elif row.logits == "last" and row.token_ids:
-            lidx.append(base + len(row.token_ids) - 1)
-    lens = [len(r.token_ids) for r in rows]
-    offs = [sum(lens[:i]) for i in range(len(rows))]
-    nb = max([len(r.blocks) for r in rows] + [1])
-    table = [r.blocks + [-1] * (nb - len(r.blocks)) for r in rows]
+            lidx += range(base + max(0, row.logits_from - row.start), base + n)
+        elif row.logits == "last" and n:
+            lidx.append(base + n - 1)
+        lens.append(n)
+        offs.append(base)
+    nb = width if width is not None else max([len(r.blocks) for r in rows] + [1])
+    table: list[int] = []
+    for r, row in enumerate(rows):
+        if len(row.blocks) > nb:
+            raise ValueError(f"row {r} has {len(row.blocks)} blocks, more than the table's {nb} columns")
+        table += row.blocks
+        table += [-1] * (nb - len(row.blocks))
+    layout = StepLayout(len(toks), len(rows), len(lidx), nb)
+    # one conversion of one list (per-row tensor writes cost more than the whole list at decode sizes)
+    packed = torch.tensor(
+        toks + pos + trow + [r.slot for r in rows] + [r.start for r in rows] + lens + offs
+        + [r.window_floor for r in rows] + [r.cached_len for r in rows] + [r.decoder_floor for r in rows] + lidx
+        + table, dtype=torch.int64)
+    if pin:
+        packed = packed.pin_memory()
+    return packed, layout
+
+
+def build_step(rows: list[RowSpec], device: torch.device | str = "cpu", max_context: int | None = None) -> StepInput:
+    """The StepInput of `rows` on `device`: one host tensor (pinned for a GPU), one non-blocking copy."""
+    packed, layout = pack_step(rows, pin=torch.device(device).type == "cuda")
     ctx = max_context if max_context is not None else max([r.start + len(r.token_ids) for r in rows] + [1])
-
-    def t(x: list[int]) -> torch.Tensor:
-        return torch.tensor(x, dtype=torch.int64, device=device)
-
-    return StepInput(
-        token_ids=t(toks), positions=t(pos), token_row=t(trow), row_slot=t([r.slot for r in rows]),
-        row_start=t([r.start for r in rows]), row_len=t(lens), row_offset=t(offs),
-        block_table=torch.tensor(table, dtype=torch.int64, device=device).view(len(rows), nb),
-        window_floor=t([r.window_floor for r in rows]), cached_len=t([r.cached_len for r in rows]),
-        decoder_floor=t([r.decoder_floor for r in rows]), logits_index=t(lidx), max_context=int(ctx),
-    )
+    return layout.unpack(packed.to(device, non_blocking=True), ctx)

@@ -185,6 +185,8 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     choice (benchmarks)."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
+    if M == 0:  # e.g. the head of a prefill chunk that samples nothing (no tiles: no config either)
+        return torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     w_fp8 = weight.dtype == torch.float8_e4m3fn
     half = x3.dtype in (torch.bfloat16, torch.float16)
     a_fp8 = bool(act_group) and half and w_fp8 and act_group == block
@@ -203,8 +205,6 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
     splits = triton.cdiv(K, k_per_split)
     y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
-    if M == 0:
-        return y
     acc_t = torch.float64 if x3.dtype == torch.float64 else torch.float32
     part = torch.empty(splits, M, G, N, dtype=acc_t, device=x3.device) if splits > 1 else y.unsqueeze(0)
     scale_t = scale if scale is not None else weight
