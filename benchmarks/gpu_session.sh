@@ -116,7 +116,7 @@ if [[ $what == host ]]; then  # the kernel families changed last, at real shapes
   done
 fi
 if [[ $what == inputs ]]; then  # the packed step inputs (graph = eager, chunked prefill), the host timeline, the mHC
-  # prefill grid's loop orders and the mHC tests
+  # prefill grid's precision variants and the mHC tests
   timeout 170 python3 -m pytest tests/gpu/test_cuda.py -k "graph_decode or chunked" -q -s -p no:cacheprovider \
     -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "identical|passed|failed|FAILED|Error" | tail -12
   rc=${PIPESTATUS[0]}
@@ -133,6 +133,17 @@ if [[ $what == mhc ]]; then  # the mHC prefill grid's agreement with and without
   timeout 80 python3 -m pytest tests/ops/test_mhc.py -k gpu -q -p no:cacheprovider -o addopts="" 2>&1 \
     | tee "$OUT/mhc_tests.log" | grep -E "^E .*error|passed|failed|FAILED" | tail -12
   rc=${PIPESTATUS[0]}
+fi
+if [[ $what == verify-ops ]]; then  # tests/ops at real shapes, a file at a time (the whole directory needs ~20 min of
+  # Triton compiles); FILES overrides the order, FILE_TIMEOUT the limit of each
+  for f in ${FILES:-test_moe test_shared_expert test_linear test_router test_indexer test_mhc test_norm test_quant \
+      test_compressor test_attention test_finish}; do
+    timeout ${FILE_TIMEOUT:-75} python3 -m pytest tests/ops/$f.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+      > "$OUT/ops-$f.log"
+    code=$?
+    echo "$f: exit $code: $(tail -1 "$OUT/ops-$f.log")"; grep -E "^FAILED" "$OUT/ops-$f.log" | head -5
+    [[ $code == 0 ]] || rc=1
+  done
 fi
 if [[ $what == measure ]]; then  # the 43-layer step profile with its costliest kernels, then graphed-only runs: PDL off
   # (A/B) and batch 32

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import floors  # noqa: E402
+from decoding import start_decoding  # noqa: E402
 
 from v4serve.engine.config import EngineConfig  # noqa: E402
 from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
@@ -183,14 +184,7 @@ def main() -> int:
                      "kernels": args.kernels}
 
     def fill(eng: LLMEngine) -> None:
-        V = eng.model_config.vocab_size
-        sp = SamplingParams(max_tokens=args.steps + 16, temperature=0, ignore_eos=True)
-        for _ in range(args.batch):
-            eng.add_request(torch.randint(0, V, (args.context,), generator=g).tolist(), sp)
-        while eng.scheduler.waiting or any(r.in_prefill or r.num_computed == 0 for r in eng.scheduler.running):
-            eng.step()
-        for _ in range(2):
-            eng.step()
+        start_decoding(eng, args.batch, args.context, args.steps + 16, g)
         sync(dev)
 
     def timed_steps(eng: LLMEngine, n: int) -> float:

@@ -21,11 +21,13 @@ from collections import defaultdict
 
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+from decoding import start_decoding  # noqa: E402
 
 from v4serve.engine.config import EngineConfig  # noqa: E402
 from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
-from v4serve.engine.sampling_params import SamplingParams  # noqa: E402
 
 
 def wrap(totals: dict[str, float], name: str, obj: object, attr: str) -> None:
@@ -78,15 +80,7 @@ def main() -> int:
     eng = LLMEngine(args.model, EngineConfig(
         device=args.device, max_num_seqs=args.batch, max_model_len=args.context + 512, kv_cache_memory=args.kv_cache_memory,
         max_num_batched_tokens=max(args.context, 2048), cuda_graph_sizes=(args.batch,), enable_prefix_caching=False))
-    V = eng.model_config.vocab_size
-    g = torch.Generator().manual_seed(0)
-    sp = SamplingParams(max_tokens=3 * args.steps + 64, temperature=0, ignore_eos=True)
-    for _ in range(args.batch):
-        eng.add_request(torch.randint(0, V, (args.context,), generator=g).tolist(), sp)
-    while eng.scheduler.waiting or any(r.in_prefill or r.num_computed == 0 for r in eng.scheduler.running):
-        eng.step()
-    for _ in range(3):
-        eng.step()
+    start_decoding(eng, args.batch, args.context, 3 * args.steps + 64, torch.Generator().manual_seed(0), warm_steps=3)
     sync(dev)
 
     totals: dict[str, float] = defaultdict(float)
