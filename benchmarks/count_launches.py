@@ -37,7 +37,7 @@ FREE = {"aten::view", "aten::as_strided", "aten::slice", "aten::select", "aten::
         "aten::alias", "aten::detach", "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::unflatten",
         "aten::flatten", "aten::view_as", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
         "aten::result_type", "aten::is_nonzero", "aten::item", "aten::_local_scalar_dense", "aten::numpy_T",
-        "aten::split", "aten::unbind", "aten::chunk", "aten::narrow", "aten::squeeze_", "aten::unsqueeze_",
+        "aten::split", "aten::split_with_sizes", "aten::unbind", "aten::chunk", "aten::narrow", "aten::squeeze_", "aten::unsqueeze_",
         "aten::contiguous", "aten::to", "aten::_to_copy", "aten::new_empty", "aten::dim", "aten::size",
         "aten::stride", "aten::is_same_size", "aten::_unsafe_view", "aten::broadcast_tensors", "aten::as_strided_",
         "aten::set_", "aten::resize_", "aten::_nested_tensor_from_mask_left_aligned", "aten::view_as_real"}

@@ -17,7 +17,7 @@ import torch
 from v4serve.ops import backend, quant
 from v4serve.ops.kernels import fp8_gemm, fp8_gemv
 from v4serve.ops.kernels import quant as kquant
-from v4serve.ops.linear import Linear, grouped_linear_reference, linear, linear_reference
+from v4serve.ops.linear import Linear, RowStack, grouped_linear_reference, linear, linear_reference
 
 GPU = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -252,3 +252,40 @@ def test_real_shapes_on_gpu(M: int, NK: tuple[int, int]) -> None:
             out = fp8_gemm.linear(x, q, s, block, act)
             ref = linear_reference(x.float(), q, s, block, act)  # float32 reference of the same quantized values
             assert rel(out, ref) < 1e-2, (M, N, K, block, act)
+
+
+@pytest.mark.parametrize("kernels", [backend.REFERENCE, backend.TRITON])
+def test_row_stack_is_one_gemm_over_the_same_weights(kernels: str) -> None:
+    """Projections of one input (the compressors' wkv / wgate): after stack() their weights are row blocks of one
+    tensor (each Linear keeps a view: nothing held twice) and one GEMM gives every output as a column view, equal to
+    the projections run one by one (bf16 weights under float32 math, as the compressors)."""
+    g = torch.Generator().manual_seed(12)
+    with backend.use(kernels):
+        mods = [Linear(64, n) for n in (48, 48, 16, 16)]
+    for m in mods:
+        m.set_weight(torch.randn(m.out_features, 64, generator=g).bfloat16().to(DEV), None, 0)
+    x = torch.randn(5, 64, generator=g).to(DEV)
+    alone = [m(x) for m in mods]
+    stack = RowStack(mods)
+    assert stack(x)[0].shape == (5, 48) and stack.weight is None  # not stacked yet: one by one
+    before = sum(m.weight.numel() for m in mods)
+    assert stack.stack()
+    assert all(m.weight.untyped_storage().data_ptr() == stack.weight.untyped_storage().data_ptr() for m in mods)
+    assert sum(m.weight.numel() for m in mods) == before == stack.weight.numel()
+    outs = stack(x)
+    assert [o.shape[1] for o in outs] == [48, 48, 16, 16]
+    for got, want in zip(outs, alone):
+        assert rel(got, want) < F32_TOL
+    assert all(torch.equal(m(x), o) for m, o in zip(mods, alone))  # each Linear alone reads its view
+
+
+def test_row_stack_leaves_quantized_weights_alone() -> None:
+    g = torch.Generator().manual_seed(13)
+    mods = [Linear(256, 256), Linear(256, 128)]
+    w, s = fp8_weight(256, 256, 128, g)
+    mods[0].set_weight(w, s, 128)
+    mods[1].set_weight(torch.randn(128, 256, generator=g).bfloat16().to(DEV), None, 0)
+    stack = RowStack(mods)
+    assert not stack.stack() and stack.weight is None and mods[0].weight is w
+    x = torch.randn(2, 256, generator=g).bfloat16().to(DEV)
+    assert all(torch.equal(o, m(x)) for o, m in zip(stack(x), mods))

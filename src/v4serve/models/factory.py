@@ -81,5 +81,8 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
         if hasattr(net, "bind_tokenizer"):  # V4.1 Engram hashes with the checkpoint's own tokenizer
             net.bind_tokenizer(folder)
     apply_numerics(net, nm, config)
+    for m in net.modules():  # projections of one input as one weight (ops/linear.py RowStack)
+        if hasattr(m, "stack_projections"):
+            m.stack_projections()
     net.eval()
     return LoadedModel(net, config, model, folder)

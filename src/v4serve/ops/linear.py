@@ -143,3 +143,34 @@ class Linear(nn.Module):
     def extra_repr(self) -> str:
         fmt = stored_format(self.weight) if self.weight is not None else "unset"
         return f"in={self.in_features}, out={self.out_features}, format={fmt}, act_group={self.act_group}"
+
+
+class RowStack:
+    """Plain-float linears that read the same input, run as one GEMM: `stack()` (after loading) moves their weights
+    into row blocks of one tensor (each Linear keeps a view of its block, so nothing is held twice) and a call returns
+    each projection as a column view of the one output. Until then, or when the weights cannot share a tensor
+    (quantized, other dtypes or devices, FP8 activations), each runs on its own."""
+
+    def __init__(self, linears: list[Linear]):
+        self.linears = linears
+        self.weight: torch.Tensor | None = None  # the stacked weight, once stack() succeeded
+
+    def stack(self) -> bool:
+        ws = [m.weight for m in self.linears]
+        first = self.linears[0]
+        if len(ws) < 2 or any(w is None or m.quantized or m.act_group or w.dtype != ws[0].dtype
+                              or w.device != ws[0].device or m.in_features != first.in_features
+                              or m.backend != first.backend for m, w in zip(self.linears, ws)):
+            return False
+        self.weight = torch.cat(ws)
+        row = 0
+        for m in self.linears:
+            m.weight = self.weight[row:row + m.out_features]
+            row += m.out_features
+        return True
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.weight is None:
+            return [m(x) for m in self.linears]
+        y = linear(x, self.weight, None, 0, 0, self.linears[0].backend)
+        return list(y.split([m.out_features for m in self.linears], dim=-1))

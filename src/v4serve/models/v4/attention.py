@@ -14,7 +14,7 @@ from ...ops import backend
 from ...ops.attention import attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
-from ...ops.linear import Linear
+from ...ops.linear import Linear, RowStack
 from ...ops.precision import wide
 from ...ops.profiling import family
 from ..numerics import Numerics
@@ -22,19 +22,31 @@ from .context import StepContext
 from .modules import CompressorParams, Norm, param
 
 
-def run_compressor(p: CompressorParams, xw: torch.Tensor, out_dtype: torch.dtype, ctx: StepContext, layer: int,
-                   state, write_pool, rotate: bool, fmt: str | None, rope_dim: int, backend: str) -> None:
-    """Project x (`xw`: widened to the accumulation dtype, as the compressors project; a CSA layer's two compressors
-    share it), pool the completed groups (carrying the partial group in `state`) into `out_dtype`, finish them (norm,
-    RoPE at the group's first position, [Hadamard,] the format's simulation) and store them in their paged rows."""
-    step = ctx.step
-    kv = p.wkv(xw)
-    score = p.wgate(xw) if p.wgate is not None else torch.zeros_like(kv)
+def run_compressor(p: CompressorParams, kv: torch.Tensor, score: torch.Tensor | None, out_dtype: torch.dtype,
+                   ctx: StepContext, layer: int, state, write_pool, rotate: bool, fmt: str | None, rope_dim: int,
+                   backend: str) -> None:
+    """From this step's projections (`kv`, `score`: x widened to the accumulation dtype through wkv and wgate; None
+    for an ungated compressor), pool the completed groups (carrying the partial group in `state`) into `out_dtype`,
+    finish them (norm, RoPE at the group's first position, [Hadamard,] the format's simulation) and store them in
+    their paged rows."""
+    score = score if score is not None else torch.zeros_like(kv)
     plan = ctx.compression(p.ratio)
-    pooled = comp.pool_groups(kv, score, p.ape, step, plan.groups, state.kv, state.score, p.ratio, p.overlap,
+    pooled = comp.pool_groups(kv, score, p.ape, ctx.step, plan.groups, state.kv, state.score, p.ratio, p.overlap,
                               p.head_dim, out_dtype, backend)
     finish_rows(pooled, p.norm.weight, p.norm.eps, plan.cos, plan.sin, rotate, fmt, rope_dim, write_pool, plan.rows,
                 backend)
+
+
+def compressor_linears(*compressors: CompressorParams) -> list[Linear]:
+    """wkv (and wgate) of each compressor, in order: one RowStack projects x through all of them."""
+    return [m for p in compressors for m in (p.wkv, p.wgate) if m is not None]
+
+
+def split_projections(outs: list[torch.Tensor], *compressors: CompressorParams
+                      ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """A RowStack's outputs over compressor_linears(*compressors) -> (kv, score) of each compressor."""
+    it = iter(outs)
+    return [(next(it), next(it) if p.wgate is not None else None) for p in compressors]
 
 
 def add_projections(m: nn.Module, c: ModelConfig) -> None:
@@ -70,8 +82,16 @@ class V4Attention(nn.Module):
                 self.indexer.compressor = CompressorParams(c.dim, c.index_head_dim, 4, True, True, True, c.norm_eps)
         else:
             self.ratio = 0  # MTP blocks attend over their window only
+        # a CSA layer's two compressors (a HCA layer's one) project the same x: one GEMM once stacked
+        self.compressors = [m for m in (self.compressor, getattr(self.indexer, "compressor", None)) if m is not None]
+        self.compress_proj = RowStack(compressor_linears(*self.compressors)) if self.compressors else None
         self.backend = backend.current()
         self.tp = parallel.current()
+
+    def stack_projections(self) -> None:
+        """After loading: the compressors' projections as one weight (models/factory.py)."""
+        if self.compress_proj is not None:
+            self.compress_proj.stack()
 
     # ------------------------------------------------------------------------------------------------
     def _index_fmt(self) -> str | None:
@@ -89,16 +109,17 @@ class V4Attention(nn.Module):
         entries = None
         if self.ratio:
             L = self.layer
-            xw = wide(x)  # the compressors project x in float32: widened once for both of a CSA layer's compressors
+            # the compressors project x in float32: widened once, one GEMM for both of a CSA layer's compressors
+            projs = split_projections(self.compress_proj(wide(x)), *self.compressors)
             with family("compressor"):
-                run_compressor(self.compressor, xw, x.dtype, ctx, L, pools.state[L], pools.compressed[L], False,
-                               self.numerics.compressed_kv, c.rope_dim, self.backend)
+                run_compressor(self.compressor, *projs[0], x.dtype, ctx, L, pools.state[L], pools.compressed[L],
+                               False, self.numerics.compressed_kv, c.rope_dim, self.backend)
             visible = ctx.visible(self.ratio)
             if self.indexer is None:  # HCA: every visible entry
                 entries = ctx.entry_refs(L)
             else:
                 with family("indexer"):
-                    idx = self._select(x, xw, qr, ctx, visible)
+                    idx = self._select(x, projs[1], qr, ctx, visible)
                 entries = ctx.entry_refs(L, picks=idx)
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
@@ -107,14 +128,15 @@ class V4Attention(nn.Module):
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
-    def _select(self, x: torch.Tensor, xw: torch.Tensor, qr: torch.Tensor, ctx: StepContext,
-                visible: torch.Tensor) -> torch.Tensor:
+    def _select(self, x: torch.Tensor, proj: tuple[torch.Tensor, torch.Tensor | None], qr: torch.Tensor,
+                ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
         """The indexer: write this step's index keys, score every visible key, keep the top-k (the keys are read
-        from the pool, paged and in their stored format, by ops.indexer.index_topk). xw: x widened."""
+        from the pool, paged and in their stored format, by ops.indexer.index_topk). proj: its compressor's (kv,
+        score) projections of x."""
         c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
         ix = self.indexer
         with family("compressor"):
-            run_compressor(ix.compressor, xw, x.dtype, ctx, L, pools.index_state[L], pools.index_keys[L],
+            run_compressor(ix.compressor, *proj, x.dtype, ctx, L, pools.index_state[L], pools.index_keys[L],
                            self.numerics.index_rotate, self._index_fmt(), 0, self.backend)
         T = step.num_tokens
         cos, sin = ctx.rope(True)

@@ -24,7 +24,7 @@ from ...ops import compressor as comp
 from ...ops.attention import EntryRefs, attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
-from ...ops.linear import Linear
+from ...ops.linear import Linear, RowStack
 from ...ops.precision import wide
 from ...ops.profiling import family
 from ...ops.rope import apply_rope
@@ -57,6 +57,8 @@ class V41Attention(nn.Module):
             if self.compressor is not None:
                 self.indexer.wk = Linear(hd, c.index_head_dim)
                 self.indexer.k_norm = Norm(c.index_head_dim, c.norm_eps)
+        self.compress_proj = RowStack([self.compressor.wkv, self.compressor.wgate]) \
+            if self.compressor is not None and self.compressor.wgate is not None else None
         cand = c.candidate_source_layer
         self.publishes_candidates = self.indexer is not None and layer == cand
         self.uses_candidates = self.indexer is not None and 0 <= cand < layer
@@ -116,13 +118,13 @@ class V41Attention(nn.Module):
         """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""
         p, step, pools, L, c = self.compressor, ctx.step, ctx.pools, self.layer, self.config
         xf = wide(x)
-        kv = p.wkv(xf)
         plan = ctx.compression(p.ratio)
         if p.wgate is None:  # ratio 1: every position is its own entry
-            pooled = kv.to(x.dtype)
-        else:
+            pooled = p.wkv(xf).to(x.dtype)
+        else:  # wkv and wgate in one GEMM
+            kv, score = self.compress_proj(xf)
             state = pools.state[L]
-            pooled = comp.pool_groups(kv, p.wgate(xf), None, step, plan.groups, state.kv, state.score, p.ratio,
+            pooled = comp.pool_groups(kv, score, None, step, plan.groups, state.kv, state.score, p.ratio,
                                       False, p.head_dim, x.dtype, self.backend)
         latent = finish_rows(pooled, p.norm.weight, p.norm.eps, None, None, False, None, 0, backend=self.backend)
         finish_rows(latent, None, 0.0, plan.cos, plan.sin, False, self.numerics.compressed_kv, c.rope_dim,
@@ -130,6 +132,11 @@ class V41Attention(nn.Module):
         ix = self.indexer
         finish_rows(ix.wk(wide(latent)).to(x.dtype), ix.k_norm.weight, ix.k_norm.eps, plan.cos, plan.sin, False,
                     self._index_fmt(), 0, pools.index_keys[L], plan.rows, self.backend)
+
+    def stack_projections(self) -> None:
+        """After loading: wkv and wgate as one weight (models/factory.py)."""
+        if self.compress_proj is not None:
+            self.compress_proj.stack()
 
     def _index_fmt(self) -> str | None:
         return "mxfp4" if self.numerics.index_fp4 else None

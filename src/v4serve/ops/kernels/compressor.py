@@ -143,7 +143,8 @@ def pool_groups(kv, score, ape, step, groups, state_kv, state_score, ratio, over
     SL = (2 if overlap else 1) * ratio
     dev = kv.device
     acc = torch.float64 if torch.float64 in (kv.dtype, state_kv.dtype) else torch.float32
-    kv, score = kv.contiguous(), score.contiguous()
+    # row strides are the kernel's arguments: column views of a stacked projection stay as they are
+    kv, score = (t if t.stride(-1) == 1 else t.contiguous() for t in (kv, score))
     pooled = torch.empty(G, head_dim, dtype=out_dtype, device=dev)
     if G:
         _pool_kernel[(G, head_dim // min(BLOCK_D, head_dim))](
