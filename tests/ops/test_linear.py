@@ -287,5 +287,6 @@ def test_row_stack_leaves_quantized_weights_alone() -> None:
     mods[1].set_weight(torch.randn(128, 256, generator=g).bfloat16().to(DEV), None, 0)
     stack = RowStack(mods)
     assert not stack.stack() and stack.weight is None and mods[0].weight is w
+    assert not RowStack(mods[1:]).stack() and not RowStack([]).stack()  # nothing to stack
     x = torch.randn(2, 256, generator=g).bfloat16().to(DEV)
     assert all(torch.equal(o, m(x)) for o, m in zip(stack(x), mods))

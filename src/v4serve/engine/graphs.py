@@ -16,7 +16,8 @@ from dataclasses import replace
 import torch
 
 from ..cache.pool import KVPools
-from ..models.step import RowSpec, StepInput, StepLayout, pack_step
+from ..models.step import RowSpec, StepInput, pack_step
+from ..transfer import staged
 
 log = logging.getLogger("v4serve.graphs")
 
@@ -77,8 +78,8 @@ class DecodeGraphs:
         if any(len(r.token_ids) != 1 or r.logits != "last" for r in rows) \
                 or any(r.request.params.prompt_logprobs is not None for r in sched.rows):
             return None
-        b = self.bucket(R)
-        if b is None or max(len(r.blocks) for r in rows) > self.max_blocks:
+        b, widest = self.bucket(R), max(len(r.blocks) for r in rows)
+        if b is None or widest > self.max_blocks:
             return None
         extras = replace(self.steps[b], engram_prev_ids=None)  # what the hook adds, for the first R rows
         if step_hook is not None:
@@ -86,13 +87,14 @@ class DecodeGraphs:
         if extras.engram_rows is not None or (extras.engram_prev_ids is None) != (self.engram is None):
             return None  # inputs the graphs were not captured with
         # the table's columns that may hold blocks: this step's, and -1 over any an earlier step used
-        used = max(max(len(r.blocks) for r in rows), self.width[b])
-        packed, layout = pack_step(rows + [self.pad] * (b - R), width=used, pin=self.device.type == "cuda")
+        used = max(widest, self.width[b])
+        packed, layout = pack_step(rows + [self.pad] * (b - R), width=used)
+        packed = staged(packed, self.device)
         static, step = self.static[b], self.steps[b]
         static[:layout.flat].copy_(packed[:layout.flat], non_blocking=True)  # same layout: T = R = L = b
         if used:
             step.block_table[:, :used].copy_(packed[layout.flat:].view(b, used), non_blocking=True)
-        self.width[b] = max(len(r.blocks) for r in rows)
+        self.width[b] = widest
         if self.engram is not None:
             self.engram[:R].copy_(extras.engram_prev_ids, non_blocking=True)
             if R < b:

@@ -12,6 +12,7 @@ from ..config import ConfigError, ModelConfig, load_config
 from ..dist import parallel
 from ..dist.parallel import TensorParallel
 from ..ops import backend
+from ..ops.linear import RowStack
 from ..presets import get_preset, is_preset
 from .loading import apply_numerics, load_checkpoint, load_random
 from .numerics import numerics_for
@@ -81,8 +82,9 @@ def build_model(model: str, *, seed: int = 0, numerics: str = "deepseek", dtype:
         if hasattr(net, "bind_tokenizer"):  # V4.1 Engram hashes with the checkpoint's own tokenizer
             net.bind_tokenizer(folder)
     apply_numerics(net, nm, config)
-    for m in net.modules():  # projections of one input as one weight (ops/linear.py RowStack)
-        if hasattr(m, "stack_projections"):
-            m.stack_projections()
+    for m in net.modules():  # projections of one input as one weight, now that the weights are loaded
+        for v in vars(m).values():
+            if isinstance(v, RowStack):
+                v.stack()
     net.eval()
     return LoadedModel(net, config, model, folder)

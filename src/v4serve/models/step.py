@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..transfer import to_device
+
 
 @dataclass
 class StepInput:
@@ -124,10 +126,9 @@ class StepLayout:
                          block_table=packed[self.flat:self.size].view(R, self.width), max_context=int(max_context))
 
 
-def pack_step(rows: list[RowSpec], width: int | None = None, pin: bool = False) -> tuple[torch.Tensor, StepLayout]:
+def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tensor, StepLayout]:
     """The step of `rows` as one host int64 tensor and its layout; `width`: block-table columns (default the widest
-    row's block count), padded with -1. `pin`: in page-locked memory from torch's caching host allocator, so that a
-    non-blocking copy to the GPU neither waits nor lets the buffer be reused before the copy ran."""
+    row's block count), padded with -1."""
     toks: list[int] = []
     pos: list[int] = []
     trow: list[int] = []
@@ -158,13 +159,11 @@ def pack_step(rows: list[RowSpec], width: int | None = None, pin: bool = False) 
         toks + pos + trow + [r.slot for r in rows] + [r.start for r in rows] + lens + offs
         + [r.window_floor for r in rows] + [r.cached_len for r in rows] + [r.decoder_floor for r in rows] + lidx
         + table, dtype=torch.int64)
-    if pin:
-        packed = packed.pin_memory()
     return packed, layout
 
 
 def build_step(rows: list[RowSpec], device: torch.device | str = "cpu", max_context: int | None = None) -> StepInput:
-    """The StepInput of `rows` on `device`: one host tensor (pinned for a GPU), one non-blocking copy."""
-    packed, layout = pack_step(rows, pin=torch.device(device).type == "cuda")
+    """The StepInput of `rows` on `device`: one host tensor, one non-blocking copy."""
+    packed, layout = pack_step(rows)
     ctx = max_context if max_context is not None else max([r.start + len(r.token_ids) for r in rows] + [1])
-    return layout.unpack(packed.to(device, non_blocking=True), ctx)
+    return layout.unpack(to_device(packed, device), ctx)

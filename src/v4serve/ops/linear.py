@@ -156,9 +156,11 @@ class RowStack:
         self.weight: torch.Tensor | None = None  # the stacked weight, once stack() succeeded
 
     def stack(self) -> bool:
+        if len(self.linears) < 2:
+            return False
         ws = [m.weight for m in self.linears]
         first = self.linears[0]
-        if len(ws) < 2 or any(w is None or m.quantized or m.act_group or w.dtype != ws[0].dtype
+        if any(w is None or m.quantized or m.act_group or w.dtype != ws[0].dtype
                               or w.device != ws[0].device or m.in_features != first.in_features
                               or m.backend != first.backend for m, w in zip(self.linears, ws)):
             return False

@@ -19,7 +19,7 @@ from ...ops.precision import wide
 from ...ops.profiling import family
 from ..numerics import Numerics
 from .context import StepContext
-from .modules import CompressorParams, Norm, param
+from .modules import CompressorParams, Norm, compressor_linears, param, split_projections
 
 
 def run_compressor(p: CompressorParams, kv: torch.Tensor, score: torch.Tensor | None, out_dtype: torch.dtype,
@@ -35,18 +35,6 @@ def run_compressor(p: CompressorParams, kv: torch.Tensor, score: torch.Tensor | 
                               p.head_dim, out_dtype, backend)
     finish_rows(pooled, p.norm.weight, p.norm.eps, plan.cos, plan.sin, rotate, fmt, rope_dim, write_pool, plan.rows,
                 backend)
-
-
-def compressor_linears(*compressors: CompressorParams) -> list[Linear]:
-    """wkv (and wgate) of each compressor, in order: one RowStack projects x through all of them."""
-    return [m for p in compressors for m in (p.wkv, p.wgate) if m is not None]
-
-
-def split_projections(outs: list[torch.Tensor], *compressors: CompressorParams
-                      ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """A RowStack's outputs over compressor_linears(*compressors) -> (kv, score) of each compressor."""
-    it = iter(outs)
-    return [(next(it), next(it) if p.wgate is not None else None) for p in compressors]
 
 
 def add_projections(m: nn.Module, c: ModelConfig) -> None:
@@ -84,14 +72,9 @@ class V4Attention(nn.Module):
             self.ratio = 0  # MTP blocks attend over their window only
         # a CSA layer's two compressors (a HCA layer's one) project the same x: one GEMM once stacked
         self.compressors = [m for m in (self.compressor, getattr(self.indexer, "compressor", None)) if m is not None]
-        self.compress_proj = RowStack(compressor_linears(*self.compressors)) if self.compressors else None
+        self.compress_proj = RowStack(compressor_linears(*self.compressors))
         self.backend = backend.current()
         self.tp = parallel.current()
-
-    def stack_projections(self) -> None:
-        """After loading: the compressors' projections as one weight (models/factory.py)."""
-        if self.compress_proj is not None:
-            self.compress_proj.stack()
 
     # ------------------------------------------------------------------------------------------------
     def _index_fmt(self) -> str | None:

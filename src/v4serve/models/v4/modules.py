@@ -36,5 +36,17 @@ class CompressorParams(nn.Module):
         self.norm = Norm(head_dim, eps)
 
 
+def compressor_linears(*compressors: CompressorParams) -> list[Linear]:
+    """wkv (and wgate) of each compressor, in order: one RowStack projects x through all of them."""
+    return [m for p in compressors for m in (p.wkv, p.wgate) if m is not None]
+
+
+def split_projections(outs: list[torch.Tensor], *compressors: CompressorParams
+                      ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """A RowStack's outputs over compressor_linears(*compressors) -> (kv, score) of each compressor."""
+    it = iter(outs)
+    return [(next(it), next(it) if p.wgate is not None else None) for p in compressors]
+
+
 def param(*shape: int, dtype: torch.dtype = torch.float32) -> nn.Parameter:
     return nn.Parameter(torch.zeros(*shape, dtype=dtype), requires_grad=False)

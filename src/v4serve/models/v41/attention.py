@@ -31,7 +31,7 @@ from ...ops.rope import apply_rope
 from ..numerics import Numerics
 from ..v4.attention import add_projections
 from ..v4.context import StepContext
-from ..v4.modules import CompressorParams, Norm
+from ..v4.modules import CompressorParams, Norm, compressor_linears, split_projections
 from .indexer import Selection
 
 
@@ -57,8 +57,7 @@ class V41Attention(nn.Module):
             if self.compressor is not None:
                 self.indexer.wk = Linear(hd, c.index_head_dim)
                 self.indexer.k_norm = Norm(c.index_head_dim, c.norm_eps)
-        self.compress_proj = RowStack([self.compressor.wkv, self.compressor.wgate]) \
-            if self.compressor is not None and self.compressor.wgate is not None else None
+        self.compress_proj = RowStack(compressor_linears(self.compressor) if self.compressor is not None else [])
         cand = c.candidate_source_layer
         self.publishes_candidates = self.indexer is not None and layer == cand
         self.uses_candidates = self.indexer is not None and 0 <= cand < layer
@@ -117,12 +116,11 @@ class V41Attention(nn.Module):
     def compress(self, x: torch.Tensor, ctx: StepContext) -> None:
         """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""
         p, step, pools, L, c = self.compressor, ctx.step, ctx.pools, self.layer, self.config
-        xf = wide(x)
+        (kv, score), = split_projections(self.compress_proj(wide(x)), p)  # wkv and wgate in one GEMM
         plan = ctx.compression(p.ratio)
-        if p.wgate is None:  # ratio 1: every position is its own entry
-            pooled = p.wkv(xf).to(x.dtype)
-        else:  # wkv and wgate in one GEMM
-            kv, score = self.compress_proj(xf)
+        if score is None:  # ratio 1: every position is its own entry
+            pooled = kv.to(x.dtype)
+        else:
             state = pools.state[L]
             pooled = comp.pool_groups(kv, score, None, step, plan.groups, state.kv, state.score, p.ratio,
                                       False, p.head_dim, x.dtype, self.backend)
@@ -132,11 +130,6 @@ class V41Attention(nn.Module):
         ix = self.indexer
         finish_rows(ix.wk(wide(latent)).to(x.dtype), ix.k_norm.weight, ix.k_norm.eps, plan.cos, plan.sin, False,
                     self._index_fmt(), 0, pools.index_keys[L], plan.rows, self.backend)
-
-    def stack_projections(self) -> None:
-        """After loading: wkv and wgate as one weight (models/factory.py)."""
-        if self.compress_proj is not None:
-            self.compress_proj.stack()
 
     def _index_fmt(self) -> str | None:
         return "mxfp4" if self.numerics.index_fp4 else None
