@@ -60,12 +60,19 @@ VARIANTS = {
         "dn-n64": lambda t: mk.MoeConfig(16, G(128, 128, 4, 3), G(64, 128, 4, 4)),
         "w8": lambda t: with_split(mk.MoeConfig(16, G(128, 128, 8, 3), G(128, 128, 8, 3)),
                                    auto(t).gate_up.split_k, auto(t).down.split_k),
+        # with every K-loop load an async copy (EVEN_K): deeper pipelines, wider K tiles
+        "s4": lambda t: with_split(mk.MoeConfig(16, G(128, 128, 4, 4), G(128, 128, 4, 4)),
+                                   auto(t).gate_up.split_k, auto(t).down.split_k),
+        "k256s2": lambda t: with_split(mk.MoeConfig(16, G(128, 256, 4, 2), G(128, 256, 4, 2)),
+                                       max(1, auto(t).gate_up.split_k // 2), max(1, auto(t).down.split_k // 2)),
         # the decode bodies (ops/kernels/moe_decode.py): swap = W @ x^T (wgmma, the weight from registers), fma =
         # no tensor cores, 1-8 rows per block (a weight row per thread)
         "swap": lambda t: body(t, "swap"),
         "swap-n64": lambda t: body(t, "swap", block_n=64),
         "swap-k64s4": lambda t: body(t, "swap", block_k=64, num_stages=4),
         "swap-n256w8": lambda t: body(t, "swap", block_n=256, num_warps=8),
+        "swap-s4": lambda t: body(t, "swap", num_stages=4),
+        "swap-w8": lambda t: body(t, "swap", num_warps=8),
         "fma": lambda t: body(t, "fma"),  # block_m from the rows per expert hit
         "fma-m1": lambda t: body(t, "fma", 1),
         "fma-m1-k128w4": lambda t: body(t, "fma", 1, block_n=128, block_k=128, num_warps=4),
@@ -183,7 +190,11 @@ def compile_only(names: list[str] | None) -> None:
         regs, stack = re.search(r"REG:(\d+)", use).group(1), re.search(r"STACK:(\d+)", use).group(1)
         mma = "wgmma" if "warp_group_dot" in ir else "mma.sync" if "nvidia_mma" in ir else "no-mma"
         staged = any(int(n) == gemm.block_n for n in re.findall(r"local_alloc %\S+ : \(tensor<(\d+)x\d+xbf16", ir))
-        return f"regs {regs:>3} local {stack:>4} smem {k.metadata.shared:>6} {mma}{' W-smem' if staged else ''}"
+        # loads inside the K loop that are not async copies: each iteration waits a memory latency for them
+        loop = ir[ir.find("scf.for"):]
+        sync = len(re.findall(r" tt\.load ", loop[:loop.find("scf.yield")]))
+        return (f"regs {regs:>3} local {stack:>4} smem {k.metadata.shared:>6} {mma}{' W-smem' if staged else ''} "
+                f"sync-loads {sync}")
 
     seen = set()
     for name, make in VARIANTS["decode"].items():
@@ -195,7 +206,7 @@ def compile_only(names: list[str] | None) -> None:
             quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
             body = {} if dot else {"BODY": cfg.body}
             common_c = dict(BM=cfg.block_m, GROUP_M=cfg.group_m, G=ACT_GROUP, ASM=cfg.dequant != "bits", PREC="tf32",
-                            ACC=tl.float32, F32=False, **body)
+                            ACC=tl.float32, F32=False, EVEN_K=True, **body)
             jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
                      {n: "*bf16" for n in ("x_ptr", "h_ptr")} | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
                      dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,

@@ -97,10 +97,15 @@ def _fp4_asm(packed, sbyte):
 
 
 @triton.jit
-def _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK: tl.constexpr):
-    """The e8m0 bytes [BN, BK/32] of rows offs_n, K columns [k0, k0 + BK) (none past K: 127 = 1.0)."""
+def _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The e8m0 bytes [BN, BK/32] of rows offs_n, K columns [k0, k0 + BK) (none past K: 127 = 1.0). EVEN_K (every K
+    tile whole): the mask is constant along a row's bytes, so the load is one vector per row, which Triton's pipeliner
+    turns into an async copy; a mask per byte keeps it a plain load that each K iteration waits for (sm_90 TTGIR)."""
     grp = k0 // 32 + tl.arange(0, BK // 32)
-    gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
+    if EVEN_K:
+        gmask = (offs_n < N)[:, None]  # broadcast by the load
+    else:
+        gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
     return tl.load(s_ptr + offs_n[:, None] * stride_sn + grp[None, :], mask=gmask, other=127)
 
 
@@ -122,18 +127,18 @@ def _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK: tl.constexpr, DT: tl.
 
 @triton.jit
 def _fp4_rows(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
-              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
     """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix -> (even, odd) K columns [BN, BK/2] in DT."""
-    sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK)
+    sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK, EVEN_K)
     lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM)
     return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
 
 
 @triton.jit
 def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
-              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
     """`_fp4_rows` transposed: (even, odd) K columns [BK/2, BN], the B operand of x @ W^T."""
-    lo, hi = _fp4_rows(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn, BN, BK, DT, ASM)
+    lo, hi = _fp4_rows(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn, BN, BK, DT, ASM, EVEN_K)
     return tl.trans(lo), tl.trans(hi)
 
 
@@ -273,7 +278,7 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                     SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                     CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                    F32: tl.constexpr, PDL: tl.constexpr = False):
+                    F32: tl.constexpr, EVEN_K: tl.constexpr = False, PDL: tl.constexpr = False):
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel`."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
@@ -294,10 +299,10 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
     for k0 in range(k_lo, k_hi, BK):
         a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
         a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & (k0 + offs_k < D)[None, :], BM, BK, DT, False, G)
-        w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM)
+        w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
         acc_g = _dot(a_ev, w_ev, acc_g, PREC, ACC, F32)
         acc_g = _dot(a_od, w_od, acc_g, PREC, ACC, F32)
-        w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM)
+        w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
         acc_u = _dot(a_ev, w_ev, acc_u, PREC, ACC, F32)
         acc_u = _dot(a_od, w_od, acc_u, PREC, ACC, F32)
     _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h, stride_ps,
@@ -355,7 +360,7 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_ys,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                  G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                 F32: tl.constexpr, PDL: tl.constexpr = False):
+                 F32: tl.constexpr, EVEN_K: tl.constexpr = False, PDL: tl.constexpr = False):
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
@@ -372,7 +377,7 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     for k0 in range(k_lo, k_hi, BK):
         a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
         a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
-        w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM)
+        w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
         acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
         acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
     _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
@@ -627,6 +632,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         xa.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), h.stride(0), 2 * P * I, P * I,
         BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
         WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
+        EVEN_K=D % gu.block_k == 0,
         num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg.body, gu), **pdl_launch(x))
     if S > 1:
         _swiglu_kernel[(NB, triton.cdiv(I, bne))](
@@ -640,11 +646,12 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     S = dn.split_k
     quant_h_in_tile = G > 0 and not quant_h
     y = _empty((S, M, D), x.dtype if S == 1 else acc_t, x.device)
+    bk_dn = max(dn.block_k, G) if quant_h_in_tile else dn.block_k
     down_kernel[(NB * triton.cdiv(D, dn.block_n), S)](
         h, w2, s2, y, sorted_ids, block_expert, M, NB, D, I,
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
-        BM=BM, BN=dn.block_n, BK=max(dn.block_k, G) if quant_h_in_tile else dn.block_k, GROUP_M=cfg.group_m,
-        SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
+        BM=BM, BN=dn.block_n, BK=bk_dn, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile,
+        ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32, EVEN_K=I % bk_dn == 0,
         num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **pdl_launch(x))
 
     # 4. combine the k rows of each token in slot order

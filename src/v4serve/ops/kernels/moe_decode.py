@@ -59,15 +59,15 @@ def _fma_add(acc, w_ev, w_od, x_ev, x_od, r, m):
 
 
 @triton.jit
-def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: tl.constexpr):
+def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: tl.constexpr, EVEN_K: tl.constexpr):
     """(this K tile's e8m0 bytes, the next iteration's). fma: loaded a tile ahead by hand (sb, carried, is this
     tile's): bytes too narrow for the pipeliner's async copies, each iteration would wait for them. swap: loaded in
     the iteration, because a loop-carried operand stops Triton from placing the dequantized tile in the wgmma A
     layout at the source (it would go through shared memory as bf16 instead: checked in the sm_90 TTGIR)."""
     if BODY == "fma":
-        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK)
+        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)  # past k_hi: masked
     else:
-        cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK)
+        cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
         return cur, cur
 
 
@@ -78,7 +78,8 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_pt
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                    CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                   F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
+                   F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
     """`moe._gate_up_kernel` with the swap / fma body: x W1^T and x W3^T for BM sorted rows of one expert x BN
     columns over this program's K share, the x tile loaded once per K tile for both."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
@@ -96,12 +97,12 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_pt
     acc_g = tl.zeros([BN, BM], dtype=ACC)
     acc_u = tl.zeros([BN, BM], dtype=ACC)
     k_lo, k_hi = _k_range(D, BK, SPLIT)
-    sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK)
-    sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK)
+    sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
+    sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
     r = tl.arange(0, BM)
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
-        sb1, nsb1 = _scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, BODY)
-        sb3, nsb3 = _scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, BODY)
+        sb1, nsb1 = _scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
+        sb3, nsb3 = _scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
         kmask = k0 + offs_k < D
         if BODY == "swap":
             a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
@@ -132,7 +133,8 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                 stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_ys,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                 G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr = False):
+                F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
     """`moe._down_kernel` with the swap / fma body: h W2^T for BM sorted rows of one expert x BN columns."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, first, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM,
@@ -145,10 +147,10 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     s2_ptr += expert * stride_se
     acc = tl.zeros([BN, BM], dtype=ACC)
     k_lo, k_hi = _k_range(I, BK, SPLIT)
-    sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK)
+    sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, False)
     r = tl.arange(0, BM)
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
-        sb, nsb = _scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, BODY)
+        sb, nsb = _scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
         kmask = k0 + offs_k < I
         if BODY == "swap":
             a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
