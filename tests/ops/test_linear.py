@@ -279,7 +279,7 @@ def test_row_stack_is_one_gemm_over_the_same_weights(kernels: str) -> None:
     assert all(torch.equal(m(x), o) for m, o in zip(mods, alone))  # each Linear alone reads its view
 
 
-def test_row_stack_leaves_quantized_weights_alone() -> None:
+def test_row_stack_leaves_mixed_formats_alone() -> None:
     g = torch.Generator().manual_seed(13)
     mods = [Linear(256, 256), Linear(256, 128)]
     w, s = fp8_weight(256, 256, 128, g)
@@ -290,3 +290,50 @@ def test_row_stack_leaves_quantized_weights_alone() -> None:
     assert not RowStack(mods[1:]).stack() and not RowStack([]).stack()  # nothing to stack
     x = torch.randn(2, 256, generator=g).bfloat16().to(DEV)
     assert all(torch.equal(o, m(x)) for o, m in zip(stack(x), mods))
+
+
+@pytest.mark.parametrize("kernels", [backend.REFERENCE, backend.TRITON])
+@pytest.mark.parametrize("block", [128, 32])
+def test_row_stack_of_fp8_weights(kernels: str, block: int) -> None:
+    """wq_a and wkv (V4: 128 x 128 scale blocks, V4.1: 32 x 32) with FP8 activations: stacked with their scale rows
+    (each Linear keeps views of both), one GEMM equals the two run alone (on the GPU the split-K count follows N, so
+    the float32 sums may round to a neighbouring bf16). A weight whose rows do not fill whole scale blocks is not
+    stacked."""
+    g = torch.Generator().manual_seed(14)
+    K = 256
+    with backend.use(kernels):
+        mods = [Linear(K, n) for n in (2 * block, block)]
+    for m in mods:
+        m.set_weight(*fp8_weight(m.out_features, K, block, g), block)
+        m.act_group = block
+    x = torch.randn(3, K, generator=g).bfloat16().to(DEV)
+    alone = [m(x) for m in mods]
+    scales = [m.scale.clone() for m in mods]
+    stack = RowStack(mods)
+    assert stack.stack()
+    assert all(m.weight.untyped_storage().data_ptr() == stack.weight.untyped_storage().data_ptr()
+               and m.scale.untyped_storage().data_ptr() == stack.scale.untyped_storage().data_ptr() for m in mods)
+    assert all(torch.equal(m.scale, s) for m, s in zip(mods, scales))
+    outs = stack(x)
+    for got, want in zip(outs, alone):
+        assert got.shape == want.shape and rel(got, want) < (1e-2 if GPU else 1e-6)
+    ragged = [Linear(K, block), Linear(K, block + 16)]
+    for m in ragged:
+        m.set_weight(*fp8_weight(m.out_features, K, block, g), block)
+    assert not RowStack(ragged).stack()
+
+
+def test_row_stack_of_fp4_weights() -> None:
+    """FP4 (e2m1 + per-32 scales, a scale row per weight row) linears stack with their scales too."""
+    g = torch.Generator().manual_seed(15)
+    K = 128
+    mods = [Linear(K, n) for n in (48, 16)]
+    for m in mods:
+        w = torch.randint(0, 256, (m.out_features, K // 2), dtype=torch.uint8, generator=g).to(DEV)
+        s = torch.randint(119, 124, (m.out_features, K // 32), dtype=torch.uint8, generator=g).to(DEV)
+        m.set_weight(w, s, 32)
+    x = torch.randn(2, K, generator=g).to(DEV)
+    alone = [m(x) for m in mods]
+    stack = RowStack(mods)
+    assert stack.stack() and stack.scale.shape == (64, K // 32)
+    assert all(torch.equal(o, a) for o, a in zip(stack(x), alone))

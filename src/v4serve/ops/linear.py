@@ -146,33 +146,51 @@ class Linear(nn.Module):
 
 
 class RowStack:
-    """Plain-float linears that read the same input, run as one GEMM: `stack()` (after loading) moves their weights
-    into row blocks of one tensor (each Linear keeps a view of its block, so nothing is held twice) and a call returns
-    each projection as a column view of the one output. Until then, or when the weights cannot share a tensor
-    (quantized, other dtypes or devices, FP8 activations), each runs on its own."""
+    """Linears that read the same input, run as one GEMM: `stack()` (after loading) moves their weights (and block
+    scales) into row blocks of one tensor (each Linear keeps a view of its block, so nothing is held twice) and a call
+    returns each projection as a column view of the one output. Quantized weights stack when they share a format,
+    block and activation quantization, and each FP8 weight's rows fill whole scale blocks. Until then, or when the
+    weights cannot share a tensor (other formats, dtypes or devices), each runs on its own."""
 
     def __init__(self, linears: list[Linear]):
         self.linears = linears
         self.weight: torch.Tensor | None = None  # the stacked weight, once stack() succeeded
+        self.scale: torch.Tensor | None = None  # and its scales (quantized weights)
+
+    def _compatible(self) -> bool:
+        first = self.linears[0]
+        for m in self.linears:
+            w, s = m.weight, m.scale
+            if (w is None or w.dtype != first.weight.dtype or w.device != first.weight.device
+                    or m.in_features != first.in_features or m.backend != first.backend
+                    or m.quantized != first.quantized or m.act_group != first.act_group or m.block != first.block):
+                return False
+            if m.quantized:
+                fp8 = stored_format(w) == "fp8"
+                if (s is None or s.dtype != first.scale.dtype or s.shape[1:] != first.scale.shape[1:]
+                        or (fp8 and m.out_features % m.block) or s.shape[0] * (m.block if fp8 else 1) != w.shape[0]):
+                    return False
+        return True
 
     def stack(self) -> bool:
-        if len(self.linears) < 2:
+        if len(self.linears) < 2 or not self._compatible():
             return False
-        ws = [m.weight for m in self.linears]
         first = self.linears[0]
-        if any(w is None or m.quantized or m.act_group or w.dtype != ws[0].dtype
-                              or w.device != ws[0].device or m.in_features != first.in_features
-                              or m.backend != first.backend for m, w in zip(self.linears, ws)):
-            return False
-        self.weight = torch.cat(ws)
+        fp8 = first.quantized and stored_format(first.weight) == "fp8"
+        self.weight = torch.cat([m.weight for m in self.linears])
+        self.scale = torch.cat([m.scale for m in self.linears]) if first.quantized else None
         row = 0
         for m in self.linears:
             m.weight = self.weight[row:row + m.out_features]
+            if self.scale is not None:  # FP8: a scale row per block of rows; FP4: one per row
+                per = m.block if fp8 else 1
+                m.scale = self.scale[row // per:(row + m.out_features) // per]
             row += m.out_features
         return True
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.weight is None:
             return [m(x) for m in self.linears]
-        y = linear(x, self.weight, None, 0, 0, self.linears[0].backend)
+        first = self.linears[0]
+        y = linear(x, self.weight, self.scale, first.block, first.act_group, first.backend)
         return list(y.split([m.out_features for m in self.linears], dim=-1))

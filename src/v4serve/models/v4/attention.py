@@ -59,6 +59,7 @@ class V4Attention(nn.Module):
         self.is_trunk = layer < c.n_layers
         hd = c.head_dim
         add_projections(self, c)
+        self.qkv_a = RowStack([self.wq_a, self.wkv])  # both project x: one GEMM once stacked
         self.compressor: CompressorParams | None = None
         self.indexer: nn.Module | None = None
         if self.ratio and self.is_trunk:
@@ -84,9 +85,10 @@ class V4Attention(nn.Module):
         c, step, pools = self.config, ctx.step, ctx.pools
         T, H, hd = step.num_tokens, c.n_heads, c.head_dim
         cos, sin = ctx.rope(self.ratio > 0)
-        qr = self.q_norm(self.wq_a(x))
+        qa, kva = self.qkv_a(x)
+        qr = self.q_norm(qa)
         q = self.wq_b(qr).view(T, H, hd)  # normalised per head and rotated inside the attention
-        kv = finish_rows(self.wkv(x), self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
+        kv = finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
                          c.rope_dim, backend=self.backend)
 
         entries = None

@@ -43,6 +43,7 @@ class V41Attention(nn.Module):
         is_trunk = layer < c.n_layers
         self.ratio = c.compress_ratios[layer] if is_trunk else 0  # DSpark blocks are window-only
         add_projections(self, c)
+        self.qkv_a = RowStack([self.wq_a, self.wkv])  # both project x: one GEMM once stacked (forward)
         hd = c.head_dim
         self.source = c.kv_source(layer) if self.ratio else -1
         self.compressor: CompressorParams | None = None
@@ -67,17 +68,23 @@ class V41Attention(nn.Module):
     # --- the shared pieces (also used by DSpark blocks) -----------------------------------------------
     def project_queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [T, H, hd] before RoPE (V4.1 has no per-head query norm) and the q latent."""
+        return self._queries_from(self.wq_a(x))
+
+    def _queries_from(self, qa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        qr = self.q_norm(self.wq_a(x))
-        return self.wq_b(qr).view(x.shape[0], c.n_heads, c.head_dim), qr
+        qr = self.q_norm(qa)
+        return self.wq_b(qr).view(qa.shape[0], c.n_heads, c.head_dim), qr
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, qr = self.project_queries(x)
         return apply_rope(q, cos.unsqueeze(1), sin.unsqueeze(1)), qr
 
     def window_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self._window_kv_from(self.wkv(x), cos, sin)
+
+    def _window_kv_from(self, kva: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c = self.config
-        return finish_rows(self.wkv(x), self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
+        return finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
                            c.rope_dim, backend=self.backend)
 
     def project_output(self, o: torch.Tensor) -> torch.Tensor:
@@ -92,8 +99,9 @@ class V41Attention(nn.Module):
     # --- forward ---------------------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor:
         cos, sin = ctx.rope(self.ratio > 0)
-        q, qr = self.project_queries(x)  # rotated inside the attention
-        kv = self.window_kv(x, cos, sin)
+        qa, kva = self.qkv_a(x)  # wq_a and wkv
+        q, qr = self._queries_from(qa)  # rotated inside the attention
+        kv = self._window_kv_from(kva, cos, sin)
         entries = None
         if self.ratio:
             if self.compressor is not None:
