@@ -1,4 +1,4 @@
-"""The mHC kernels (ops/kernels/mhc.py: hc_pre, hc_post) against the reference bodies in ops/mhc.py.
+"""The mHC kernels (ops/kernels/mhc.py: hc_pre, hc_post, hc_post_pre) against the reference bodies in ops/mhc.py.
 
 On the CPU the kernels run under Triton's interpreter on small shapes (n=4; D=64 and 96, not a power of two; T=1
 and 37, not a multiple of the token block; 20 Sinkhorn iterations). pre/post/comb must agree elementwise within 1e-5
@@ -181,6 +181,70 @@ def test_entry_points_dispatch(monkeypatch):
                                                  mhc.hc_pre_reference(*a2)))
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # no interpreter: no kernels on the CPU
     assert not mk.supports(x.cpu())
+
+
+def _expansion(t: int, d: int, dtype: torch.dtype, seed: int, device: str = DEVICE):
+    """A sub-layer output f [t, d] and the (post, comb) of the sub-layer before, from the reference on x."""
+    x, fn, base, scale, w, cpre = _inputs(t, d, dtype, seed, device)
+    g = torch.Generator().manual_seed(seed)
+    f = torch.randn(t, d, generator=g, dtype=torch.float64).to(device, dtype)
+    _, _, post, comb = mhc.hc_pre_reference(x, fn.roll(1, 0), base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    return f, x, post, comb, fn, base, scale, w, cpre
+
+
+POST_PRE_CONFIGS = {"token-blocks": mk.PreConfig(block_t=16, block_d=32, split_d=1),
+                    "split": mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64)}
+
+
+@pytest.mark.parametrize("cfg", POST_PRE_CONFIGS.values(), ids=POST_PRE_CONFIGS.keys())
+@pytest.mark.parametrize("lagged_normed", [False, True], ids=["own-pre", "lagged+normed"])
+@pytest.mark.parametrize("t,d", [(1, 64), (37, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_post_pre_matches_reference_and_the_two_launches(dtype, t, d, lagged_normed, cfg):
+    """One launch for a sub-layer's expansion and the next one's pre side: against the reference composition, and
+    bit for bit the two launches it replaces with the same grid (the same expansion bits, the same mixes partials
+    in the same order). D=96 leaves the last D slice / chunk short."""
+    f, x, post, comb, fn, base, scale, w, cpre = _expansion(t, d, dtype, seed=31 + t + d + lagged_normed)
+    pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged_normed, lagged_normed)
+    got = mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=cfg)
+    want = mhc.hc_post_pre_reference(f, x, post, comb, *pre_args, **kw)
+    assert got[0].dtype == x.dtype and _scaled_err(got[0], want[0]) <= TOL[dtype]
+    _check_pre(got[1:], want[1:], TOL[dtype], TOL[dtype])
+    new = mk.hc_post(f, x, post, comb)
+    two = (new, *mk.hc_pre(new, *pre_args, **kw, config=cfg))
+    assert all(torch.equal(a, b) for a, b in zip(got, two))
+    assert all(torch.equal(a, b) for a, b in zip(got, mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=cfg)))
+
+
+def test_post_pre_entry_point_and_empty():
+    f, x, post, comb, fn, base, scale, w, cpre = _expansion(5, 64, torch.float32, seed=37)
+    pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged=True, normed=True)
+    got = mhc.hc_post_pre(f, x, post, comb, *pre_args, **kw, backend=backend.TRITON)
+    assert all(torch.equal(a, b) for a, b in zip(got, mk.hc_post_pre(f, x, post, comb, *pre_args, **kw)))
+    ref = mhc.hc_post_pre(f, x, post, comb, *pre_args, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(ref, mhc.hc_post_pre_reference(f, x, post, comb, *pre_args, **kw)))
+    empty = mk.hc_post_pre(f[:0], x[:0], post[:0], comb[:0], *pre_args)
+    assert [tuple(e.shape) for e in empty] == [(0, N, 64), (0, 64), (0, N), (0, N), (0, N, N)]
+    with pytest.raises(ValueError, match="expand shapes"):
+        mk.hc_post_pre(f[:, :32], x, post, comb, *pre_args)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda and a GPU")
+@pytest.mark.parametrize("t", [1, 64, 4096])
+def test_gpu_post_pre_bf16(t):
+    """Real shapes, bf16 streams, the default grids: the expansion within bf16 rounding of the reference's, the pre
+    side within the hc_pre tolerances of the reference on those streams (a stream one bf16 ulp apart moves the
+    coefficients by ~1e-4 at T=4096), and the two launches it replaces bit for bit."""
+    f, x, post, comb, fn, base, scale, w, cpre = _expansion(t, 4096, torch.bfloat16, seed=41 + t, device="cuda")
+    pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w.bfloat16(), cpre, lagged=False, normed=True)
+    got = mk.hc_post_pre(f, x, post, comb, *pre_args, **kw)
+    assert _scaled_err(got[0], mhc.hc_expand(f, x, post, comb)) <= 1e-2
+    _check_pre(got[1:], mhc.hc_pre_reference(got[0], *pre_args, **kw), 1e-2, 1e-4)
+    new = mk.hc_post(f, x, post, comb)
+    assert all(torch.equal(a, b) for a, b in zip(got, (new, *mk.hc_pre(new, *pre_args, **kw))))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda and a GPU")

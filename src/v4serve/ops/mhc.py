@@ -4,7 +4,8 @@ Each sub-layer maps its input streams X [T, n, D] to coefficients: `pre` (collap
 sub-layer output goes) and `comb` (an n x n doubly-stochastic stream mixer from Sinkhorn). All in float32.
 
 The models call two entry points per sub-layer: `hc_pre` (mixes, coefficients, collapse and the sub-layer's RMSNorm)
-and `hc_post` (the expansion). Their reference bodies compose the functions below; the Triton bodies
+and `hc_post` (the expansion), or `hc_post_pre` where one sub-layer's expansion feeds the next one's pre side (the
+attention -> FFN seam of a block). Their reference bodies compose the functions below; the Triton bodies
 (ops/kernels/mhc.py) are one launch each.
 """
 
@@ -125,3 +126,32 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
             if mk.supports(x):
                 return mk.hc_post(f, x, post, comb)
         return hc_expand(f, x, post, comb)
+
+
+def hc_post_pre_reference(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                          fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
+                          norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None = None,
+                          norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = hc_expand(f, x, post, comb)
+    return (x, *hc_pre_reference(x, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight,
+                                 norm_eps2))
+
+
+def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, norm_eps: float, hc_eps: float,
+                collapse_pre: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                norm_eps2: float | None = None, backend: str = kernels.REFERENCE
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`hc_post(f, x, post, comb)` and then `hc_pre` of the new streams for the next sub-layer (its fn / base / scale,
+    collapse_pre, norm) -> (the new streams [T, n, D], y, pre, post, comb): one launch on the fast path (the
+    expansion's output feeds the next mixes from registers)."""
+    with family("mhc"):
+        if backend == kernels.TRITON:
+            from .kernels import mhc as mk
+
+            if mk.supports(x, collapse_pre):
+                return mk.hc_post_pre(f, x, post, comb, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre,
+                                      norm_weight, norm_eps2)
+        return hc_post_pre_reference(f, x, post, comb, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre,
+                                     norm_weight, norm_eps2)

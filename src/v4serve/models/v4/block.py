@@ -7,7 +7,7 @@ from torch import nn
 
 from ...config import ModelConfig
 from ...ops import backend as kernels
-from ...ops.mhc import hc_post, hc_pre
+from ...ops.mhc import hc_post, hc_post_pre, hc_pre
 from ..numerics import Numerics
 from .attention import V4Attention
 from .context import StepContext
@@ -38,7 +38,11 @@ class V4Block(nn.Module):
         return y, post, comb
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        c = self.config
         y, post, comb = self._hc(x, "attn", self.attn_norm)
-        x = hc_post(self.attn(y, ctx), x, post, comb, self.backend)
-        y, post, comb = self._hc(x, "ffn", self.ffn_norm)
+        # the attention's expansion and the FFN's pre side in one call (hc_post, then _hc(x, "ffn", ffn_norm))
+        x, y, _, post, comb = hc_post_pre(self.attn(y, ctx), x, post, comb, self.hc_ffn_fn, self.hc_ffn_base,
+                                          self.hc_ffn_scale, c.hc_mult, c.hc_sinkhorn_iters, c.norm_eps, c.hc_eps,
+                                          norm_weight=self.ffn_norm.weight, norm_eps2=self.ffn_norm.eps,
+                                          backend=self.backend)
         return hc_post(self.ffn(y, ctx.step.token_ids), x, post, comb, self.backend)

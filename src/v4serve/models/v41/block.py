@@ -15,7 +15,7 @@ from torch import nn
 
 from ...config import ModelConfig
 from ...ops import backend as kernels
-from ...ops.mhc import hc_post, hc_pre
+from ...ops.mhc import hc_post, hc_post_pre, hc_pre
 from ...ops.router import route
 from ..numerics import Numerics
 from ..v4.context import StepContext
@@ -77,14 +77,19 @@ class V41Block(nn.Module):
         """x [T, hc, D] (Engram already applied), pre [T, hc] of the previous sub-layer -> (x', this FFN's pre)."""
         return self.ffn_part(self.attn_part(x, pre, lambda y: self.attn(y, ctx, sel)), image)
 
-    def attn_part(self, x: torch.Tensor, pre: torch.Tensor, attn) -> tuple[torch.Tensor, torch.Tensor]:
+    def attn_part(self, x: torch.Tensor, pre: torch.Tensor, attn) -> tuple[tuple, torch.Tensor]:
+        """-> (the attention's expansion, pending: (its output, x, post, comb)), the attention's pre)."""
         y, pre_a, post, comb = self.mhc_pre(x, "attn", pre, self.attn_norm)
-        return hc_post(attn(y), x, post, comb, self.backend), pre_a
+        return (attn(y), x, post, comb), pre_a
 
-    def ffn_part(self, state: tuple[torch.Tensor, torch.Tensor], image: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        x, pre_a = state
-        y, pre_f, post, comb = self.mhc_pre(x, "ffn", pre_a, self.ffn_norm)
+    def ffn_part(self, state: tuple[tuple, torch.Tensor], image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention's expansion and the FFN's pre side in one call (hc_post, then mhc_pre(x, "ffn", pre_a,
+        ffn_norm)), the FFN, its expansion -> (x', the FFN's pre)."""
+        (f, x, post, comb), pre_a = state
+        c = self.config
+        x, y, pre_f, post, comb = hc_post_pre(f, x, post, comb, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale,
+                                              c.hc_mult, c.hc_sinkhorn_iters, c.norm_eps, c.hc_eps, pre_a,
+                                              self.ffn_norm.weight, self.ffn_norm.eps, backend=self.backend)
         return hc_post(self.ffn(y, image), x, post, comb, self.backend), pre_f
 
 

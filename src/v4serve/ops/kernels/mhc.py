@@ -110,6 +110,24 @@ def _dot(acc, xt, w, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexp
 
 
 @triton.jit
+def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.constexpr, ACC: tl.constexpr,
+             X3: tl.constexpr, INTERPRET: tl.constexpr):
+    """One stream's D chunk xt [BT, BD] into the mixes: fn's columns kk (pre/post rows f_pp, comb rows f_c; d_mask
+    unless EVEN_D), the dots and sum(x^2)."""
+    if EVEN_D:  # no mask along D keeps the loads vectorised
+        wpp = tl.load(f_pp + kk, mask=pp_mask[:, None], other=0.0)
+        wc = tl.load(f_c + kk)
+    else:
+        wpp = tl.load(f_pp + kk, mask=pp_mask[:, None] & d_mask[None, :], other=0.0)
+        wc = tl.load(f_c + kk, mask=d_mask[None, :], other=0.0)
+    xf = xt.to(ACC)
+    ss += tl.sum(xf * xf, axis=1)
+    acc_pp = _dot(acc_pp, xt, wpp, ACC, X3, INTERPRET)
+    acc_c = _dot(acc_c, xt, wc, ACC, X3, INTERPRET)
+    return acc_pp, acc_c, ss
+
+
+@triton.jit
 def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
                  N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                  EVEN_D: tl.constexpr, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
@@ -133,19 +151,13 @@ def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d,
             offs_d = d0 + tl.arange(0, BLOCK_D)
             k = (i * D + offs_d).to(tl.int64)[None, :] * sf_k
             xp = x_rows + i * sx_n + offs_d[None, :] * sx_d
+            d_mask = offs_d < d_hi
             if EVEN_D:  # no mask along D keeps the loads vectorised
                 xt = tl.load(xp, mask=t_mask[:, None], other=0.0)
-                wpp = tl.load(f_pp + k, mask=pp_mask[:, None], other=0.0)
-                wc = tl.load(f_c + k)
             else:
-                d_mask = offs_d < d_hi
                 xt = tl.load(xp, mask=t_mask[:, None] & d_mask[None, :], other=0.0)
-                wpp = tl.load(f_pp + k, mask=pp_mask[:, None] & d_mask[None, :], other=0.0)
-                wc = tl.load(f_c + k, mask=d_mask[None, :], other=0.0)
-            xf = xt.to(ACC)
-            ss += tl.sum(xf * xf, axis=1)
-            acc_pp = _dot(acc_pp, xt, wpp, ACC, X3, INTERPRET)
-            acc_c = _dot(acc_c, xt, wc, ACC, X3, INTERPRET)
+            acc_pp, acc_c, ss = _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, k, pp_mask, d_mask, EVEN_D, ACC, X3,
+                                         INTERPRET)
     return acc_pp, acc_c, ss
 
 
@@ -307,6 +319,103 @@ def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d,
 
 
 # ------------------------------------------------------------------------------------------------
+# hc_post + the next sub-layer's hc_pre, one launch
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D,
+                        sf_t, sxo_t, sxo_n, sf_r, sf_k,
+                        N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                        EVEN_D: tl.constexpr, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
+    """Over d in [d_lo, d_hi): the expansion out_k = post_k f + sum_j comb[j, k] x_j (as `_hc_post_kernel`, stored in
+    x's dtype into out [T, N, D]) and, from the stored values, the next sub-layer's mixes out @ fn^T split as the
+    pre/post columns [BT, PP] and the comb columns [BT, N*N], and sum(out^2) [BT] (as `_mix_partial`)."""
+    NN: tl.constexpr = N * N
+    offs_pp = tl.arange(0, PP)
+    offs_c = tl.arange(0, NN)
+    pp_mask = offs_pp < 2 * N
+    acc_pp = tl.zeros([BLOCK_T, PP], ACC)
+    acc_c = tl.zeros([BLOCK_T, NN], ACC)
+    ss = tl.zeros([BLOCK_T], ACC)
+    t64 = offs_t.to(tl.int64)
+    f_pp = fn_ptr + offs_pp[:, None] * sf_r
+    f_c = fn_ptr + (2 * N + offs_c)[:, None] * sf_r
+    OUT = out_ptr.dtype.element_ty
+    for d0 in range(d_lo, d_hi, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        if EVEN_D:  # no mask along D keeps the loads and stores vectorised (broadcast by each access)
+            m = t_mask[:, None]
+        else:
+            m = t_mask[:, None] & (offs_d < d_hi)[None, :]
+        fv = tl.load(f_ptr + t64[:, None] * sf_t + offs_d[None, :], mask=m, other=0.0).to(ACC)
+        for k in tl.static_range(N):
+            mixed = tl.zeros([BLOCK_T, BLOCK_D], ACC)
+            for j in tl.static_range(N):  # sum over j in order, as _hc_post_kernel
+                c_jk = tl.load(comb_ptr + offs_t * NN + j * N + k, mask=t_mask, other=0.0).to(ACC)
+                x_j = tl.load(xo_ptr + t64[:, None] * sxo_t + j * sxo_n + offs_d[None, :], mask=m, other=0.0)
+                mixed += c_jk[:, None] * x_j.to(ACC)
+            p_k = tl.load(post_ptr + offs_t * N + k, mask=t_mask, other=0.0).to(ACC)
+            xt = (p_k[:, None] * fv + mixed).to(OUT)
+            tl.store(out_ptr + t64[:, None] * (N * D) + k * D + offs_d[None, :], xt, mask=m)
+            # the next sub-layer's mixes, from the stored (rounded) streams
+            kk = (k * D + offs_d).to(tl.int64)[None, :] * sf_k
+            acc_pp, acc_c, ss = _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, offs_d < d_hi, EVEN_D, ACC,
+                                         X3, INTERPRET)
+    return acc_pp, acc_c, ss
+
+
+@triton.jit
+def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
+                        pre_ptr, post_ptr, comb_ptr, part_ptr, cnt_ptr, T, D, d_per_split, sf_t, sxo_t, sxo_n,
+                        sf_r, sf_k, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
+                        N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
+                        HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
+                        X3: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
+    """x = hc_post(f, xo, po, co) stored, then hc_pre of x for the next sub-layer (as `_hc_pre_kernel`, whose finishing
+    program reads the new streams back: its own (after a barrier) or, on the split grid, every program's (after the
+    acq_rel arrival))."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = offs_t < T
+    d_lo = pid_d * d_per_split
+    d_hi = tl.minimum(d_lo + d_per_split, D)
+    acc_pp, acc_c, ss = _expand_mix_partial(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi,
+                                            D, sf_t, sxo_t, sxo_n, sf_r, sf_k, N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC,
+                                            X3, INTERPRET)
+    if SPLIT_D > 1:
+        NN: tl.constexpr = N * N
+        W: tl.constexpr = PP + NN + 1
+        offs_pp = tl.arange(0, PP)
+        offs_c = tl.arange(0, NN)
+        t_pad = tl.num_programs(0) * BLOCK_T
+        rows = part_ptr + (pid_d * t_pad + offs_t) * W
+        tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
+        tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
+        tl.store(rows + PP + NN, ss)
+        if last_to_arrive(cnt_ptr + pid_t, SPLIT_D):
+            acc_pp = tl.zeros([BLOCK_T, PP], ACC)
+            acc_c = tl.zeros([BLOCK_T, NN], ACC)
+            ss = tl.zeros([BLOCK_T], ACC)
+            for s in tl.static_range(SPLIT_D):  # fixed order: the sums do not depend on who came last
+                rows = part_ptr + (s * t_pad + offs_t) * W
+                acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
+                acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
+                ss += tl.load(rows + PP + NN, cache_modifier=".cg")
+            _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
+                    pre_ptr, post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
+                    heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+            tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
+    else:
+        tl.debug_barrier()  # every thread's stores of the new streams precede the collapse's loads
+        _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
+                post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+
+
+# ------------------------------------------------------------------------------------------------
 # Host side
 # ------------------------------------------------------------------------------------------------
 
@@ -362,23 +471,23 @@ def _pow2_at_least_16(v: int) -> int:
     return max(16, triton.next_power_of_2(v))
 
 
-def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
-           norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None = None,
-           norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None,
-           config: PreConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (y [T, D] in x's dtype, pre [T, n], post [T, n], comb [T, n, n]), as ops.mhc.hc_pre_reference."""
-    t, nx, d = x.shape
+def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
+                norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None,
+                norm_weight: torch.Tensor | None, norm_eps2: float | None, config: PreConfig | None,
+                t: int) -> tuple[tuple, dict, tuple, tuple]:
+    """What a hc_pre launch needs beyond its x: (outputs (y, pre, post, comb), grid dims, the shared trailing
+    arguments, the constexprs). x may be the new streams a fused launch is about to write (only its shape, dtype and
+    device are read here)."""
+    _, nx, d = x.shape
     if nx != n or tuple(fn.shape) != ((2 + n) * n, n * d) or base.numel() != (2 + n) * n or scale.numel() < 3:
         raise ValueError(f"mHC shapes do not fit: x {list(x.shape)}, fn {list(fn.shape)}, base {list(base.shape)}, "
                          f"scale {list(scale.shape)}, n={n}")
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     dev = x.device
-    y = torch.empty(t, d, dtype=x.dtype, device=dev)
-    pre = torch.empty(t, n, dtype=acc, device=dev)
-    post = torch.empty(t, n, dtype=acc, device=dev)
-    comb = torch.empty(t, n, n, dtype=acc, device=dev)
+    outs = (torch.empty(t, d, dtype=x.dtype, device=dev), torch.empty(t, n, dtype=acc, device=dev),
+            torch.empty(t, n, dtype=acc, device=dev), torch.empty(t, n, n, dtype=acc, device=dev))
     if t == 0:
-        return y, pre, post, comb
+        return outs, {}, (), {}
     cfg = config or default_pre_config(t, d, x.is_cuda)
     block_dc = cfg.block_dc or cfg.block_d
     if any(v & (v - 1) for v in (cfg.block_t, cfg.block_d, block_dc)) or cfg.block_d < 16:
@@ -390,6 +499,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     n_tb = triton.cdiv(t, cfg.block_t)
     d_per_split = triton.cdiv(triton.cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
     split_d = triton.cdiv(d, d_per_split)
+    pre = outs[1]
     if split_d > 1:
         if n_tb > N_COUNTERS:
             raise ValueError(f"split grid over {n_tb} token blocks (max {N_COUNTERS}): use larger token blocks")
@@ -406,15 +516,55 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     neps, heps = hi_lo(float(norm_eps)), hi_lo(float(hc_eps))
     eps2 = hi_lo(float(norm_eps if norm_eps2 is None else norm_eps2))
     base_c, scale_c = base.reshape(-1), scale.reshape(-1)  # tiny; [(2+n)n] and [3] read by index
-    _hc_pre_kernel[(n_tb, split_d)](
-        x, fn, base_c, scale_c, cpre, nw, y, pre, post, comb, part, cnt,
-        t, d, d_per_split, x.stride(0), x.stride(1), x.stride(2), fn.stride(0), fn.stride(1),
-        cpre.stride(0), cpre.stride(1), *neps, *heps, *eps2,
-        N=n, ITERS=int(iters), PP=pp, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, BLOCK_DC=block_dc, SPLIT_D=split_d,
-        EVEN_D=d % cfg.block_d == 0, HAS_CPRE=has_cpre, HAS_NORM=has_norm, ACC=_TL[acc], COLL=_TL[coll],
-        X3=bool(x3), INTERPRET=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_launch(x))
-    return y, pre, post, comb
+    head = (fn, base_c, scale_c, cpre, nw, *outs, part, cnt, t, d, d_per_split)
+    tail = (cpre.stride(0), cpre.stride(1), *neps, *heps, *eps2)
+    const = dict(N=n, ITERS=int(iters), PP=pp, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, BLOCK_DC=block_dc,
+                 SPLIT_D=split_d, EVEN_D=d % cfg.block_d == 0, HAS_CPRE=has_cpre, HAS_NORM=has_norm,
+                 ACC=_TL[acc], COLL=_TL[coll], X3=bool(x3), INTERPRET=interpreting(), num_warps=cfg.num_warps,
+                 num_stages=cfg.num_stages)
+    return outs, {"grid": (n_tb, split_d), "head": head, "tail": tail}, const, cfg
+
+
+def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
+           norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None = None,
+           norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None,
+           config: PreConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (y [T, D] in x's dtype, pre [T, n], post [T, n], comb [T, n, n]), as ops.mhc.hc_pre_reference."""
+    outs, launch, const, _ = _pre_launch(x, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight,
+                                         norm_eps2, config, x.shape[0])
+    if launch:
+        fn_, base_c, scale_c, cpre, nw, y, pre, post, comb, part, cnt, t, d, d_per_split = launch["head"]
+        _hc_pre_kernel[launch["grid"]](
+            x, fn_, base_c, scale_c, cpre, nw, y, pre, post, comb, part, cnt, t, d, d_per_split,
+            x.stride(0), x.stride(1), x.stride(2), fn.stride(0), fn.stride(1), *launch["tail"], **const,
+            **pdl_launch(x))
+    return outs
+
+
+def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
+                base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, norm_eps: float, hc_eps: float,
+                collapse_pre: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                norm_eps2: float | None = None, config: PreConfig | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """hc_post(f, x, post, comb) and hc_pre of its result in one launch -> (the new streams [T, n, D] in x's dtype,
+    y, pre, post, comb of the next sub-layer), as ops.mhc.hc_post_pre_reference. The hc_pre config's grid."""
+    t, _, d = x.shape
+    if tuple(f.shape) != (t, d) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
+        raise ValueError(f"mHC expand shapes do not fit: f {list(f.shape)}, x {list(x.shape)}, "
+                         f"post {list(post.shape)}, comb {list(comb.shape)}")
+    new = torch.empty(t, n, d, dtype=x.dtype, device=x.device)
+    outs, launch, const, _ = _pre_launch(new, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre,
+                                         norm_weight, norm_eps2, config, t)
+    if launch:
+        f = f if f.stride(-1) == 1 else f.contiguous()
+        x = x if x.stride(-1) == 1 else x.contiguous()
+        post, comb = post.contiguous(), comb.contiguous()
+        fn_, base_c, scale_c, cpre, nw, y, pre, post_n, comb_n, part, cnt, t, d, d_per_split = launch["head"]
+        _hc_post_pre_kernel[launch["grid"]](
+            f, x, post, comb, new, fn_, base_c, scale_c, cpre, nw, y, pre, post_n, comb_n, part, cnt, t, d,
+            d_per_split, f.stride(0), x.stride(0), x.stride(1), fn.stride(0), fn.stride(1), *launch["tail"], **const,
+            **pdl_launch(x))
+    return (new, *outs)
 
 
 def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
