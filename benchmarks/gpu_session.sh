@@ -162,6 +162,62 @@ if [[ $what == tp ]]; then  # TP, TP + EP and DP + EP engines over NCCL (needs t
     -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/tp.log" | tail -15
   rc=${PIPESTATUS[0]}
 fi
+if [[ $what == ab ]]; then  # the 43-layer step profile (costliest kernels listed) of the tree in BEFORE (a snapshot of
+  # the last commit, when given), then of this one: a change's before and after in one call
+  for tree in ${BEFORE:-} .; do
+    tag=$([[ $tree == . ]] && echo after || echo before)
+    (cd "$tree" && PYTHONPATH=/tmp/site:$PWD/src timeout ${AB_TIMEOUT:-200} python3 benchmarks/profile_step.py \
+      "${1:-v4-flash-e16}" --batch ${AB_BATCH:-1} --context 2048 --steps 2 --prefill ${AB_PREFILL:-0} --top 40 \
+      --kv-cache-memory 8589934592 --out "$OUT/$tag" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-$tag.log")
+    echo "== $tag: $(git -C "$tree" rev-parse --short HEAD 2>/dev/null)"; grep -E "family|^ *(linear|moe|mhc|attention|indexer|compressor|router|other|norm|sampling|total)|graph|step" "$OUT/profile-$tag.log" | head -24
+  done
+fi
+if [[ $what == check ]]; then  # kernel tests at real shapes (FILES: default the linear and mHC ones), the CUDA tests
+  # (graph = eager, chunked = one-shot, batched = solo, greedy agreement), then the 43-layer step profile
+  for f in ${FILES:-test_linear test_mhc}; do
+    timeout ${FILE_TIMEOUT:-100} python3 -m pytest tests/ops/$f.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+      > "$OUT/ops-$f.log"; code=$?
+    echo "$f: exit $code: $(tail -1 "$OUT/ops-$f.log")"; grep -E "^FAILED" "$OUT/ops-$f.log" | head
+    [[ $code == 0 ]] || rc=1
+  done
+  timeout 280 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -s 2>&1 | tee "$OUT/gpu_tests.log" \
+    | grep -E "agreement|passed|failed|Error" | tail -20
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  AB_TIMEOUT=180 bash "$0" ab "${1:-v4-flash-e16}"
+fi
+if [[ $what == seams ]]; then  # the MoE decode tiles with every K-loop load async, then the fused mHC seam and the
+  # stacked FP8 projections at real shapes (their GPU tests only: the whole files compile for minutes)
+  timeout 200 python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" \
+    --variants "${MOE_VARIANTS:-default,s4,k256s2,split8/4,w8}" 2>&1 | grep -v Warning \
+    | tee "$OUT/moe_variants.log" | grep -E "^T=|err" | tail -30
+  timeout 150 python3 -m pytest tests/ops/test_mhc.py tests/ops/test_linear.py -k "gpu or row_stack or real_shapes" -q \
+    -p no:cacheprovider -o addopts="" 2>&1 > "$OUT/ops-seams.log"; code=$?
+  echo "seam tests: exit $code: $(tail -1 "$OUT/ops-seams.log")"; grep -E "^FAILED" "$OUT/ops-seams.log" | head
+  [[ $code == 0 ]] || rc=1
+fi
+if [[ $what == final ]]; then  # the fused mHC seam's GPU tests, the CUDA tests (V4 and V4.1 through the seam), then
+  # the graphed 43-layer step at batch 32
+  timeout 100 python3 -m pytest tests/ops/test_mhc.py -k "post_pre" -q -p no:cacheprovider -o addopts="" 2>&1 \
+    > "$OUT/ops-post_pre.log"; code=$?
+  echo "post_pre tests: exit $code: $(tail -1 "$OUT/ops-post_pre.log")"; grep -E "^FAILED" "$OUT/ops-post_pre.log" | head
+  [[ $code == 0 ]] || rc=1
+  timeout 280 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -s 2>&1 | tee "$OUT/gpu_tests.log" \
+    | grep -E "agreement|passed|failed|Error" | tail -12
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  timeout 120 python3 benchmarks/profile_step.py "${1:-v4-flash-e16}" --batch 32 --context 2048 --steps 5 \
+    --graph-only --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT | tee "$OUT/graph-b32.log" \
+    | tail -3
+fi
+if [[ $what == moe ]]; then  # the MoE's decode bodies side by side (each checked against the reference), then its
+  # tests at real shapes
+  timeout ${MOE_TIMEOUT:-300} python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" \
+    --variants "${MOE_VARIANTS:-default,swap,swap-s4,swap-w8,swap-n256w8}" 2>&1 | grep -v Warning \
+    | tee "$OUT/moe_variants.log" | grep -E "^T=|err" | tail -40
+  timeout ${FILE_TIMEOUT:-150} python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    > "$OUT/ops-test_moe.log"; code=$?
+  echo "test_moe: exit $code: $(tail -1 "$OUT/ops-test_moe.log")"; grep -E "^FAILED" "$OUT/ops-test_moe.log" | head -5
+  [[ $code == 0 ]] || rc=1
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi
