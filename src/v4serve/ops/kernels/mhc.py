@@ -128,21 +128,25 @@ def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.c
 
 
 @triton.jit
+def _mix_init(fn_ptr, sf_r, N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, ACC: tl.constexpr):
+    """Zero mixes (pre/post [BT, PP], comb [BT, N*N], sum(x^2) [BT]), fn's pre/post and comb row pointers and the
+    mask of the PP padding."""
+    NN: tl.constexpr = N * N
+    offs_pp = tl.arange(0, PP)
+    f_pp = fn_ptr + offs_pp[:, None] * sf_r
+    f_c = fn_ptr + (2 * N + tl.arange(0, NN))[:, None] * sf_r
+    return (tl.zeros([BLOCK_T, PP], ACC), tl.zeros([BLOCK_T, NN], ACC), tl.zeros([BLOCK_T], ACC), f_pp, f_c,
+            offs_pp < 2 * N)
+
+
+@triton.jit
 def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
                  N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                  EVEN_D: tl.constexpr, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
     """Over streams i and d in [d_lo, d_hi): x @ fn^T split as the pre/post columns [BT, PP] and the comb columns
     [BT, N*N], and sum(x^2) [BT]."""
-    NN: tl.constexpr = N * N
-    offs_pp = tl.arange(0, PP)
-    offs_c = tl.arange(0, NN)
-    pp_mask = offs_pp < 2 * N
-    acc_pp = tl.zeros([BLOCK_T, PP], ACC)
-    acc_c = tl.zeros([BLOCK_T, NN], ACC)
-    ss = tl.zeros([BLOCK_T], ACC)
+    acc_pp, acc_c, ss, f_pp, f_c, pp_mask = _mix_init(fn_ptr, sf_r, N, PP, BLOCK_T, ACC)
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
-    f_pp = fn_ptr + offs_pp[:, None] * sf_r
-    f_c = fn_ptr + (2 * N + offs_c)[:, None] * sf_r
     # D chunks outside, the n streams unrolled inside: a chunk's 3n loads are independent and issue together (with the
     # streams outside, each stream's chunk loop was its own basic block, one memory latency after another: a decode
     # program's 4 chunks cost 4 round trips)
@@ -241,6 +245,44 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
 
 
 @triton.jit
+def _program_slice(T, D, d_per_split, BLOCK_T: tl.constexpr):
+    """This program's token block and D slice: (pid_t, pid_d, its tokens and their mask, [d_lo, d_hi))."""
+    pid_t = tl.program_id(0)
+    pid_d = tl.program_id(1)
+    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
+    d_lo = pid_d * d_per_split
+    return pid_t, pid_d, offs_t, offs_t < T, d_lo, tl.minimum(d_lo + d_per_split, D)
+
+
+@triton.jit
+def _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N: tl.constexpr, PP: tl.constexpr,
+                    BLOCK_T: tl.constexpr, SPLIT_D: tl.constexpr, ACC: tl.constexpr):
+    """The split grid's meeting point: this program's partial mixes go to scratch [SPLIT_D, T_pad, W] (pre/post mixes,
+    comb mixes, sum(x^2)); the last of the token block's programs to arrive gets every program's partials summed in a
+    fixed order (the sums do not depend on who came last). -> (last, the sums)."""
+    NN: tl.constexpr = N * N
+    W: tl.constexpr = PP + NN + 1
+    offs_pp = tl.arange(0, PP)
+    offs_c = tl.arange(0, NN)
+    t_pad = tl.num_programs(0) * BLOCK_T
+    rows = part_ptr + (pid_d * t_pad + offs_t) * W
+    tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
+    tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
+    tl.store(rows + PP + NN, ss)
+    last = last_to_arrive(cnt_ptr + pid_t, SPLIT_D)
+    if last:
+        acc_pp = tl.zeros([BLOCK_T, PP], ACC)
+        acc_c = tl.zeros([BLOCK_T, NN], ACC)
+        ss = tl.zeros([BLOCK_T], ACC)
+        for s in tl.static_range(SPLIT_D):
+            rows = part_ptr + (s * t_pad + offs_t) * W
+            acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
+            acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
+            ss += tl.load(rows + PP + NN, cache_modifier=".cg")
+    return last, acc_pp, acc_c, ss
+
+
+@triton.jit
 def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr, post_ptr, comb_ptr,
                    part_ptr, cnt_ptr, T, D, d_per_split, sx_t, sx_n, sx_d, sf_r, sf_k, scp_t, scp_n,
                    neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
@@ -250,34 +292,13 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
                    HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, X3: tl.constexpr,
                    INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    pid_t = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_mask = offs_t < T
-    d_lo = pid_d * d_per_split
-    d_hi = tl.minimum(d_lo + d_per_split, D)
+    pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
                                      N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC, X3, INTERPRET)
     if SPLIT_D > 1:
-        # partials to scratch [SPLIT_D, T_pad, W]: pre/post mixes, comb mixes, sum(x^2)
-        NN: tl.constexpr = N * N
-        W: tl.constexpr = PP + NN + 1
-        offs_pp = tl.arange(0, PP)
-        offs_c = tl.arange(0, NN)
-        t_pad = tl.num_programs(0) * BLOCK_T
-        rows = part_ptr + (pid_d * t_pad + offs_t) * W
-        tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
-        tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
-        tl.store(rows + PP + NN, ss)
-        if last_to_arrive(cnt_ptr + pid_t, SPLIT_D):
-            acc_pp = tl.zeros([BLOCK_T, PP], ACC)
-            acc_c = tl.zeros([BLOCK_T, NN], ACC)
-            ss = tl.zeros([BLOCK_T], ACC)
-            for s in tl.static_range(SPLIT_D):  # fixed order: the sums do not depend on who came last
-                rows = part_ptr + (s * t_pad + offs_t) * W
-                acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
-                acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
-                ss += tl.load(rows + PP + NN, cache_modifier=".cg")
+        last, acc_pp, acc_c, ss = _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N, PP,
+                                                  BLOCK_T, SPLIT_D, ACC)
+        if last:
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
                     heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
@@ -331,15 +352,8 @@ def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs
     x's dtype into out [T, N, D]) and, from the stored values, the next sub-layer's mixes out @ fn^T split as the
     pre/post columns [BT, PP] and the comb columns [BT, N*N], and sum(out^2) [BT] (as `_mix_partial`)."""
     NN: tl.constexpr = N * N
-    offs_pp = tl.arange(0, PP)
-    offs_c = tl.arange(0, NN)
-    pp_mask = offs_pp < 2 * N
-    acc_pp = tl.zeros([BLOCK_T, PP], ACC)
-    acc_c = tl.zeros([BLOCK_T, NN], ACC)
-    ss = tl.zeros([BLOCK_T], ACC)
+    acc_pp, acc_c, ss, f_pp, f_c, pp_mask = _mix_init(fn_ptr, sf_r, N, PP, BLOCK_T, ACC)
     t64 = offs_t.to(tl.int64)
-    f_pp = fn_ptr + offs_pp[:, None] * sf_r
-    f_c = fn_ptr + (2 * N + offs_c)[:, None] * sf_r
     OUT = out_ptr.dtype.element_ty
     for d0 in range(d_lo, d_hi, BLOCK_D):
         offs_d = d0 + tl.arange(0, BLOCK_D)
@@ -376,34 +390,14 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
     program reads the new streams back: its own (after a barrier) or, on the split grid, every program's (after the
     acq_rel arrival))."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    pid_t = tl.program_id(0)
-    pid_d = tl.program_id(1)
-    offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_mask = offs_t < T
-    d_lo = pid_d * d_per_split
-    d_hi = tl.minimum(d_lo + d_per_split, D)
+    pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _expand_mix_partial(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi,
                                             D, sf_t, sxo_t, sxo_n, sf_r, sf_k, N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC,
                                             X3, INTERPRET)
     if SPLIT_D > 1:
-        NN: tl.constexpr = N * N
-        W: tl.constexpr = PP + NN + 1
-        offs_pp = tl.arange(0, PP)
-        offs_c = tl.arange(0, NN)
-        t_pad = tl.num_programs(0) * BLOCK_T
-        rows = part_ptr + (pid_d * t_pad + offs_t) * W
-        tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
-        tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
-        tl.store(rows + PP + NN, ss)
-        if last_to_arrive(cnt_ptr + pid_t, SPLIT_D):
-            acc_pp = tl.zeros([BLOCK_T, PP], ACC)
-            acc_c = tl.zeros([BLOCK_T, NN], ACC)
-            ss = tl.zeros([BLOCK_T], ACC)
-            for s in tl.static_range(SPLIT_D):  # fixed order: the sums do not depend on who came last
-                rows = part_ptr + (s * t_pad + offs_t) * W
-                acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
-                acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
-                ss += tl.load(rows + PP + NN, cache_modifier=".cg")
+        last, acc_pp, acc_c, ss = _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N, PP,
+                                                  BLOCK_T, SPLIT_D, ACC)
+        if last:
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
                     heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
