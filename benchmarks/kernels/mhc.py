@@ -1,13 +1,16 @@
-"""mHC kernels (hc_pre, hc_post) vs the plain-torch reference bodies on one GPU (n=4, D=4096, bf16 streams).
+"""mHC kernels (hc_pre, hc_post, hc_post_pre) vs the plain-torch reference bodies on one GPU (n=4, D=4096, bf16).
 
     python benchmarks/kernels/mhc.py --out DIR
 
-hc_pre is timed in V4's form (own pre, the sub-layer's RMSNorm fused); hc_post is the expansion. Decode sizes
+hc_pre is timed in V4's form (own pre, the sub-layer's RMSNorm fused); hc_post is the expansion; hc_post_pre is the
+two in one launch (an expansion and the next sub-layer's hc_pre, V4's attention -> FFN seam). Decode sizes
 (T <= 64) are timed from a CUDA graph of LAYERS calls, each on its own fn copy (more bytes than the L2, as a decode
 step's sub-layers are), divided by LAYERS; prefill sizes by `common.bench_ms` on one call.
 Bytes counted (what must move, once each): hc_pre = x read + fn read + norm weight + y written + pre/post/comb
-written; hc_post = x read + f read + out written + post/comb read. Each size is validated against the reference
-first (y / out relative to their largest magnitude, coefficients elementwise, bitwise repeatability), and the CUDA
+written; hc_post = x read + f read + out written + post/comb read; hc_post_pre = hc_post's bytes + fn, norm weight,
+y and the coefficients of hc_pre (its new streams are read from registers). Each size is validated against the reference
+first (y / out relative to their largest magnitude, coefficients elementwise, bitwise repeatability; hc_post_pre bit for
+bit against hc_post then hc_pre), and the CUDA
 kernels per call of either body are counted with the profiler.
 """
 
@@ -45,6 +48,10 @@ def _pre(body, x, fn, base, scale, w):
     return body(x, fn, base, scale, N, ITERS, EPS, EPS, norm_weight=w, norm_eps2=EPS)
 
 
+def _post_pre(body, f, x, post, comb, fn, base, scale, w):
+    return body(f, x, post, comb, fn, base, scale, N, ITERS, EPS, EPS, norm_weight=w, norm_eps2=EPS)
+
+
 def _scaled(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
@@ -58,8 +65,11 @@ def validate(t: int, config: mk.PreConfig | None = None) -> dict:
     repeat = all(all(torch.equal(a, b) for a, b in zip(_pre(functools.partial(mk.hc_pre, config=config), x, fn, base,
                                                               scale, w), got))
                  for _ in range(10))
+    fused = _post_pre(mk.hc_post_pre, f, x, got[2], got[3], fn, base, scale, w)
+    two = (out, *_pre(functools.partial(mk.hc_pre, config=config), out, fn, base, scale, w))
     return {"y_err": _scaled(got[0], ref[0]), "coef_rel_err": coef,
-            "post_out_err": _scaled(out, mhc.hc_expand(f, x, got[2], got[3])), "bitwise_repeatable": repeat}
+            "post_out_err": _scaled(out, mhc.hc_expand(f, x, got[2], got[3])), "bitwise_repeatable": repeat,
+            "post_pre_equals_two_launches": all(torch.equal(a, b) for a, b in zip(fused, two))}
 
 
 def launches(fn) -> int:
@@ -90,16 +100,24 @@ def measure(t: int, hbm: float) -> dict:
     row = {"pre_launches": launches(lambda: _pre(mk.hc_pre, x, fn, base, scale, w)),
            "pre_ref_launches": launches(lambda: _pre(mhc.hc_pre_reference, x, fn, base, scale, w)),
            "post_launches": launches(lambda: mk.hc_post(f, x, post, comb)),
-           "post_ref_launches": launches(lambda: mhc.hc_expand(f, x, post, comb))}
+           "post_ref_launches": launches(lambda: mhc.hc_expand(f, x, post, comb)),
+           "post_pre_launches": launches(lambda: _post_pre(mk.hc_post_pre, f, x, post, comb, fn, base, scale, w)),
+           "post_pre_ref_launches": launches(
+               lambda: _post_pre(mhc.hc_post_pre_reference, f, x, post, comb, fn, base, scale, w))}
     pre_k, pre_r = time_pair(t, lambda xx, ff: _pre(mk.hc_pre, xx, ff, base, scale, w),
                              lambda xx, ff: _pre(mhc.hc_pre_reference, xx, ff, base, scale, w))
     # hc_post has no weights: the graph's LAYERS calls share inputs (the streams are L2-hot in decode too)
     post_k, post_r = time_pair(t, lambda xx, _ff: mk.hc_post(f, xx, post, comb),
                                lambda xx, _ff: mhc.hc_expand(f, xx, post, comb))
+    post_pre_k, post_pre_r = time_pair(
+        t, lambda xx, ff: _post_pre(mk.hc_post_pre, f, xx, post, comb, ff, base, scale, w),
+        lambda xx, ff: _post_pre(mhc.hc_post_pre_reference, f, xx, post, comb, ff, base, scale, w))
     m = (2 + N) * N
     pre_bytes = t * N * D * 2 + m * N * D * 4 + D * 2 + t * D * 2 + t * (2 * N + N * N) * 4
     post_bytes = 2 * t * N * D * 2 + t * D * 2 + t * (N + N * N) * 4
-    for name, k_ms, r_ms, nbytes in (("pre", pre_k, pre_r, pre_bytes), ("post", post_k, post_r, post_bytes)):
+    post_pre_bytes = post_bytes + pre_bytes - t * N * D * 2
+    for name, k_ms, r_ms, nbytes in (("pre", pre_k, pre_r, pre_bytes), ("post", post_k, post_r, post_bytes),
+                                     ("post_pre", post_pre_k, post_pre_r, post_pre_bytes)):
         gbs = nbytes / (k_ms * 1e-3) / 1e9
         row |= {f"{name}_kernel_us": k_ms * 1e3, f"{name}_reference_us": r_ms * 1e3, f"{name}_bytes": nbytes,
                 f"{name}_GB_per_s": gbs, f"{name}_pct_hbm": 100 * gbs * 1e9 / hbm}
@@ -173,13 +191,15 @@ def main() -> None:
                                      "decode_layers_per_graph": LAYERS, "rows": rows})
     print(f"\nmHC n={N} D={D} bf16, {ITERS} Sinkhorn iterations, hc_pre with the RMSNorm fused; "
           f"{common.describe(ceil)}")
-    print(f"{'T':>6} {'op':>5} {'kernel us':>10} {'GB/s':>8} {'% HBM':>6} {'ref us':>9} {'speedup':>8} "
+    print(f"{'T':>6} {'op':>8} {'kernel us':>10} {'GB/s':>8} {'% HBM':>6} {'ref us':>9} {'speedup':>8} "
           f"{'launches':>9} {'y/out err':>10} {'coef err':>9}")
     for r in rows:
-        for name in ("pre", "post"):
-            err = r["y_err"] if name == "pre" else r["post_out_err"]
+        for name in ("pre", "post", "post_pre"):
+            err = r["post_out_err"] if name == "post" else r["y_err"]
             coef = f"{r['coef_rel_err']:>9.1e}" if name == "pre" else f"{'':>9}"
-            print(f"{r['T']:>6} {name:>5} {r[f'{name}_kernel_us']:>10.2f} {r[f'{name}_GB_per_s']:>8.0f} "
+            if name == "post_pre":  # validated bit for bit against the two launches
+                coef = f"{'= 2 calls' if r['post_pre_equals_two_launches'] else 'DIFFERS':>9}"
+            print(f"{r['T']:>6} {name:>8} {r[f'{name}_kernel_us']:>10.2f} {r[f'{name}_GB_per_s']:>8.0f} "
                   f"{r[f'{name}_pct_hbm']:>6.1f} {r[f'{name}_reference_us']:>9.2f} "
                   f"{r[f'{name}_reference_us'] / r[f'{name}_kernel_us']:>8.1f} "
                   f"{r[f'{name}_launches']:>4}/{r[f'{name}_ref_launches']:<4} {err:>10.1e} {coef}")

@@ -465,14 +465,23 @@ def _pow2_at_least_16(v: int) -> int:
     return max(16, triton.next_power_of_2(v))
 
 
+@dataclass(frozen=True)
+class _PreLaunch:
+    """A hc_pre launch's grid and arguments around its x and strides: kernel[grid](<x args>, *head, <x strides>,
+    fn.stride(0), fn.stride(1), *tail, **const)."""
+    grid: tuple[int, int]
+    head: tuple
+    tail: tuple
+    const: dict
+
+
 def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
                 norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None,
-                norm_weight: torch.Tensor | None, norm_eps2: float | None, config: PreConfig | None,
-                t: int) -> tuple[tuple, dict, tuple, tuple]:
-    """What a hc_pre launch needs beyond its x: (outputs (y, pre, post, comb), grid dims, the shared trailing
-    arguments, the constexprs). x may be the new streams a fused launch is about to write (only its shape, dtype and
-    device are read here)."""
-    _, nx, d = x.shape
+                norm_weight: torch.Tensor | None, norm_eps2: float | None, config: PreConfig | None
+                ) -> tuple[tuple[torch.Tensor, ...], _PreLaunch | None]:
+    """The outputs (y, pre, post, comb) of a hc_pre over x, and its launch (None for no tokens). x may be the new
+    streams a fused launch is about to write: only its shape, dtype and device are read here."""
+    t, nx, d = x.shape
     if nx != n or tuple(fn.shape) != ((2 + n) * n, n * d) or base.numel() != (2 + n) * n or scale.numel() < 3:
         raise ValueError(f"mHC shapes do not fit: x {list(x.shape)}, fn {list(fn.shape)}, base {list(base.shape)}, "
                          f"scale {list(scale.shape)}, n={n}")
@@ -481,7 +490,7 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     outs = (torch.empty(t, d, dtype=x.dtype, device=dev), torch.empty(t, n, dtype=acc, device=dev),
             torch.empty(t, n, dtype=acc, device=dev), torch.empty(t, n, n, dtype=acc, device=dev))
     if t == 0:
-        return outs, {}, (), {}
+        return outs, None
     cfg = config or default_pre_config(t, d, x.is_cuda)
     block_dc = cfg.block_dc or cfg.block_d
     if any(v & (v - 1) for v in (cfg.block_t, cfg.block_d, block_dc)) or cfg.block_d < 16:
@@ -512,11 +521,11 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     base_c, scale_c = base.reshape(-1), scale.reshape(-1)  # tiny; [(2+n)n] and [3] read by index
     head = (fn, base_c, scale_c, cpre, nw, *outs, part, cnt, t, d, d_per_split)
     tail = (cpre.stride(0), cpre.stride(1), *neps, *heps, *eps2)
-    const = dict(N=n, ITERS=int(iters), PP=pp, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, BLOCK_DC=block_dc,
-                 SPLIT_D=split_d, EVEN_D=d % cfg.block_d == 0, HAS_CPRE=has_cpre, HAS_NORM=has_norm,
-                 ACC=_TL[acc], COLL=_TL[coll], X3=bool(x3), INTERPRET=interpreting(), num_warps=cfg.num_warps,
-                 num_stages=cfg.num_stages)
-    return outs, {"grid": (n_tb, split_d), "head": head, "tail": tail}, const, cfg
+    const = {"N": n, "ITERS": int(iters), "PP": pp, "BLOCK_T": cfg.block_t, "BLOCK_D": cfg.block_d,
+             "BLOCK_DC": block_dc, "SPLIT_D": split_d, "EVEN_D": d % cfg.block_d == 0, "HAS_CPRE": has_cpre,
+             "HAS_NORM": has_norm, "ACC": _TL[acc], "COLL": _TL[coll], "X3": bool(x3), "INTERPRET": interpreting(),
+             "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+    return outs, _PreLaunch((n_tb, split_d), head, tail, const)
 
 
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
@@ -524,14 +533,11 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
            norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None,
            config: PreConfig | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (y [T, D] in x's dtype, pre [T, n], post [T, n], comb [T, n, n]), as ops.mhc.hc_pre_reference."""
-    outs, launch, const, _ = _pre_launch(x, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight,
-                                         norm_eps2, config, x.shape[0])
-    if launch:
-        fn_, base_c, scale_c, cpre, nw, y, pre, post, comb, part, cnt, t, d, d_per_split = launch["head"]
-        _hc_pre_kernel[launch["grid"]](
-            x, fn_, base_c, scale_c, cpre, nw, y, pre, post, comb, part, cnt, t, d, d_per_split,
-            x.stride(0), x.stride(1), x.stride(2), fn.stride(0), fn.stride(1), *launch["tail"], **const,
-            **pdl_launch(x))
+    outs, launch = _pre_launch(x, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight, norm_eps2,
+                               config)
+    if launch is not None:
+        _hc_pre_kernel[launch.grid](x, *launch.head, x.stride(0), x.stride(1), x.stride(2), fn.stride(0),
+                                    fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x))
     return outs
 
 
@@ -547,17 +553,14 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
         raise ValueError(f"mHC expand shapes do not fit: f {list(f.shape)}, x {list(x.shape)}, "
                          f"post {list(post.shape)}, comb {list(comb.shape)}")
     new = torch.empty(t, n, d, dtype=x.dtype, device=x.device)
-    outs, launch, const, _ = _pre_launch(new, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre,
-                                         norm_weight, norm_eps2, config, t)
-    if launch:
+    outs, launch = _pre_launch(new, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight,
+                               norm_eps2, config)
+    if launch is not None:
         f = f if f.stride(-1) == 1 else f.contiguous()
         x = x if x.stride(-1) == 1 else x.contiguous()
         post, comb = post.contiguous(), comb.contiguous()
-        fn_, base_c, scale_c, cpre, nw, y, pre, post_n, comb_n, part, cnt, t, d, d_per_split = launch["head"]
-        _hc_post_pre_kernel[launch["grid"]](
-            f, x, post, comb, new, fn_, base_c, scale_c, cpre, nw, y, pre, post_n, comb_n, part, cnt, t, d,
-            d_per_split, f.stride(0), x.stride(0), x.stride(1), fn.stride(0), fn.stride(1), *launch["tail"], **const,
-            **pdl_launch(x))
+        _hc_post_pre_kernel[launch.grid](f, x, post, comb, new, *launch.head, f.stride(0), x.stride(0), x.stride(1),
+                                         fn.stride(0), fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x))
     return (new, *outs)
 
 
