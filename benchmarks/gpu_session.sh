@@ -218,6 +218,18 @@ if [[ $what == moe ]]; then  # the MoE's decode bodies side by side (each checke
   echo "test_moe: exit $code: $(tail -1 "$OUT/ops-test_moe.log")"; grep -E "^FAILED" "$OUT/ops-test_moe.log" | head -5
   [[ $code == 0 ]] || rc=1
 fi
+if [[ $what == mhc2 ]]; then  # the mHC decode variants, its GPU tests, then the step profile before and after
+  timeout 170 python3 benchmarks/kernels/mhc.py --sweep --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_sweep.log" \
+    | grep -E "^hc_pre|failed|HBM" | tail -30
+  t=tests/ops/test_mhc.py
+  timeout 150 python3 -m pytest "$t::test_gpu_post_pre_bf16[1]" "$t::test_gpu_post_pre_bf16[64]" \
+    "$t::test_gpu_bf16[4096-1-own-pre]" "$t::test_gpu_bf16[4096-1-lagged+normed]" "$t::test_gpu_bf16[4096-64-own-pre]" \
+    "$t::test_gpu_bf16[5120-1-lagged+normed]" "$t::test_split_grid_matches_reference" -q -p no:cacheprovider \
+    -o addopts="" 2>&1 > "$OUT/ops-mhc-gpu.log"; code=$?
+  echo "mhc gpu tests: exit $code: $(tail -1 "$OUT/ops-mhc-gpu.log")"; grep -E "^FAILED|^E " "$OUT/ops-mhc-gpu.log" | head
+  [[ $code == 0 ]] || rc=1
+  AB_TIMEOUT=140 bash "$0" ab "${1:-v4-flash-e16}"
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

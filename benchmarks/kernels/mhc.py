@@ -126,25 +126,28 @@ def measure(t: int, hbm: float) -> dict:
     return row
 
 
-# hc_pre variants at decode: tile choices, and two diagnostics that change the work (Sinkhorn iterations, the fused
-# norm) to show where the time goes
+# hc_pre variants at decode: tile choices, the mixes by tensor-core dots or FMAs, the finishing collapse in one chunk
+# (y kept for the norm) or two, and two diagnostics that change the work (Sinkhorn iterations, the fused norm) to show
+# where the time goes
 PRE_VARIANTS = {
-    "default": {}, "w1": {"num_warps": 1}, "w2": {"num_warps": 2}, "w8": {"num_warps": 8},
-    "split8": {"split_d": 8}, "split16": {"split_d": 16}, "split64": {"split_d": 64}, "dc512": {"block_dc": 512},
-    "dc4096": {"block_dc": 4096}, "fp32dot": {"bf16x3": False}, "stages1": {"num_stages": 1},
+    "default": {}, "dots": {"fma": False}, "fma": {"fma": True}, "dc2048": {"block_dc": 2048},
+    "dots-dc2048": {"fma": False, "block_dc": 2048}, "w2": {"num_warps": 2}, "w8": {"num_warps": 8},
+    "split16": {"split_d": 16}, "split64": {"split_d": 64, "block_d": 64}, "split128": {"split_d": 128, "block_d": 32},
     "diag:iters1": "iters1", "diag:no-norm": "no-norm",
 }
 
 
 def sweep(ts: tuple[int, ...]) -> list[dict]:
-    """hc_pre per variant at decode sizes (graph of LAYERS calls on distinct fn copies), each checked first."""
+    """hc_pre and hc_post_pre per variant at decode sizes (graph of LAYERS calls on distinct fn copies), each checked
+    first (hc_pre's y against the reference)."""
     from dataclasses import replace
 
     rows = []
     fns = [_inputs(1, seed=1000 + i)[1] for i in range(LAYERS)]
     for t in ts:
-        x, fn, base, scale, w, _ = _inputs(t, seed=0)
+        x, fn, base, scale, w, f = _inputs(t, seed=0)
         ref = _pre(mhc.hc_pre_reference, x, fn, base, scale, w)
+        _, _, post, comb = ref
         base_cfg = mk.default_pre_config(t, D, True)
         for name, v in PRE_VARIANTS.items():
             cfg = base_cfg if isinstance(v, str) else replace(base_cfg, **v)
@@ -153,21 +156,29 @@ def sweep(ts: tuple[int, ...]) -> list[dict]:
 
             def call(ff, cfg=cfg, iters=iters, nw=nw, x=x, base=base, scale=scale):
                 return mk.hc_pre(x, ff, base, scale, N, iters, EPS, EPS, norm_weight=nw, norm_eps2=EPS, config=cfg)
+
+            def call_pp(ff, cfg=cfg, iters=iters, nw=nw, x=x, base=base, scale=scale):
+                return mk.hc_post_pre(f, x, post, comb, ff, base, scale, N, iters, EPS, EPS, norm_weight=nw,
+                                      norm_eps2=EPS, config=cfg)
             try:
                 err = _scaled(call(fn)[0], ref[0]) if not isinstance(v, str) else float("nan")
                 us = common.bench_graph_ms(lambda: [call(f) for f in fns]) / LAYERS * 1e3
+                us_pp = common.bench_graph_ms(lambda: [call_pp(f) for f in fns]) / LAYERS * 1e3
             except Exception as exc:  # noqa: BLE001 - a variant the compiler rejects
                 print(f"T={t} {name}: failed {type(exc).__name__}: {str(exc)[:160]}", flush=True)
                 continue
-            rows.append({"T": t, "variant": name, "us": us, "y_err": err})
-            print(f"hc_pre T={t:>3} {name:<14} {us:8.2f} us  y err {err:.1e}", flush=True)
+            rows.append({"T": t, "variant": name, "config": cfg.__dict__, "us": us, "post_pre_us": us_pp,
+                         "y_err": err})
+            print(f"hc_pre T={t:>3} {name:<12} {us:8.2f} us  hc_post_pre {us_pp:8.2f} us  y err {err:.1e}",
+                  flush=True)
     return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
-    ap.add_argument("--sweep", action="store_true", help="only the hc_pre decode variants (T = 1, 32)")
+    ap.add_argument("--sweep", action="store_true", help="only the hc_pre / hc_post_pre decode variants "
+                    "(T = 1, 32)")
     ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) with each "
                     "pipeline depth, with and without the bf16x3 GEMM")
     a = ap.parse_args()

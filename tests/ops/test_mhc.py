@@ -87,13 +87,14 @@ def test_post_matches_reference(dtype, t, d):
 
 
 @pytest.mark.parametrize("cfg,t", [(mk.PreConfig(block_t=16, block_d=32, split_d=2), 37),
-                                   (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64), 3)],
-                         ids=["t16,split2", "t1,split3"])
+                                   (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64), 3),
+                                   (mk.PreConfig(block_t=2, block_d=16, split_d=4, block_dc=128, fma=True), 3)],
+                         ids=["t16,split2", "t1,split3", "t2,split3,fma,one-chunk"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_split_grid_matches_reference(cfg, t, dtype):
     """The decode grid: D slices in separate programs, the last arrival finishes the token block (D=96 leaves
-    the last slice short: 4 requested slices of 32 become 3; the collapse in chunks of 64, the last one short).
-    Bitwise repeatable."""
+    the last slice short: 4 requested slices of 32 become 3; the collapse in chunks of 64, the last one short, or in
+    one chunk of 128 with y kept for the norm; the mixes by tensor-core dots or by FMAs). Bitwise repeatable."""
     x, fn, base, scale, w, cpre = _inputs(t, 96, dtype, seed=11)
     args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
     kw = _kwargs(x, w, cpre, lagged=True, normed=True)
@@ -193,7 +194,8 @@ def _expansion(t: int, d: int, dtype: torch.dtype, seed: int, device: str = DEVI
 
 
 POST_PRE_CONFIGS = {"token-blocks": mk.PreConfig(block_t=16, block_d=32, split_d=1),
-                    "split": mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64)}
+                    "split": mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64),
+                    "split,fma,one-chunk": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True)}
 
 
 @pytest.mark.parametrize("cfg", POST_PRE_CONFIGS.values(), ids=POST_PRE_CONFIGS.keys())

@@ -54,6 +54,7 @@ class PreConfig:
     num_warps: int = 4
     num_stages: int = 2
     bf16x3: bool | None = None  # the split-fn bf16 GEMM; None = for bf16 x on the GPU
+    fma: bool | None = None  # the mixes in fp32 FMAs, no dots (`_chunk_start`); None = for 1-2-token blocks on the GPU
 
 
 @dataclass(frozen=True)
@@ -111,9 +112,10 @@ def _dot(acc, xt, w, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexp
 
 @triton.jit
 def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.constexpr, ACC: tl.constexpr,
-             X3: tl.constexpr, INTERPRET: tl.constexpr):
+             MIX: tl.constexpr, INTERPRET: tl.constexpr):
     """One stream's D chunk xt [BT, BD] into the mixes: fn's columns kk (pre/post rows f_pp, comb rows f_c; d_mask
-    unless EVEN_D), the dots and sum(x^2)."""
+    unless EVEN_D), the dots and sum(x^2). MIX "fma": no dots, the accumulators are `_chunk_start`'s products and
+    squares, summed over D once per chunk by `_chunk_end`."""
     if EVEN_D:  # no mask along D keeps the loads vectorised
         wpp = tl.load(f_pp + kk, mask=pp_mask[:, None], other=0.0)
         wc = tl.load(f_c + kk)
@@ -121,10 +123,37 @@ def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.c
         wpp = tl.load(f_pp + kk, mask=pp_mask[:, None] & d_mask[None, :], other=0.0)
         wc = tl.load(f_c + kk, mask=d_mask[None, :], other=0.0)
     xf = xt.to(ACC)
-    ss += tl.sum(xf * xf, axis=1)
-    acc_pp = _dot(acc_pp, xt, wpp, ACC, X3, INTERPRET)
-    acc_c = _dot(acc_c, xt, wc, ACC, X3, INTERPRET)
+    if MIX == "fma":
+        ss += xf * xf
+        acc_pp += xf[:, None, :] * wpp.to(ACC)[None, :, :]
+        acc_c += xf[:, None, :] * wc.to(ACC)[None, :, :]
+    else:
+        ss += tl.sum(xf * xf, axis=1)
+        acc_pp = _dot(acc_pp, xt, wpp, ACC, MIX == "x3", INTERPRET)
+        acc_c = _dot(acc_c, xt, wc, ACC, MIX == "x3", INTERPRET)
     return acc_pp, acc_c, ss
+
+
+@triton.jit
+def _chunk_start(acc_pp, acc_c, ss, BLOCK_T: tl.constexpr, PP: tl.constexpr, NN: tl.constexpr,
+                 BLOCK_D: tl.constexpr, ACC: tl.constexpr, MIX: tl.constexpr):
+    """The accumulators a D chunk's `_mix_add` calls take: the mixes themselves, or for "fma" zeroed elementwise
+    products [BT, PP, BD], [BT, NN, BD] and squares [BT, BD] (a few rows of x: a GEMV in fp32 FMAs, where a 16-row
+    tensor-core tile would be 1/16 used and each dot's operands pass through shared memory)."""
+    if MIX == "fma":
+        return (tl.zeros([BLOCK_T, PP, BLOCK_D], ACC), tl.zeros([BLOCK_T, NN, BLOCK_D], ACC),
+                tl.zeros([BLOCK_T, BLOCK_D], ACC))
+    else:
+        return acc_pp, acc_c, ss
+
+
+@triton.jit
+def _chunk_end(acc_pp, acc_c, ss, c_pp, c_c, c_ss, MIX: tl.constexpr):
+    """The mixes after a D chunk: "fma" sums the chunk's products over D (once for all n streams)."""
+    if MIX == "fma":
+        return acc_pp + tl.sum(c_pp, axis=2), acc_c + tl.sum(c_c, axis=2), ss + tl.sum(c_ss, axis=1)
+    else:
+        return c_pp, c_c, c_ss
 
 
 @triton.jit
@@ -142,7 +171,7 @@ def _mix_init(fn_ptr, sf_r, N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.const
 @triton.jit
 def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
                  N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                 EVEN_D: tl.constexpr, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
+                 EVEN_D: tl.constexpr, ACC: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr):
     """Over streams i and d in [d_lo, d_hi): x @ fn^T split as the pre/post columns [BT, PP] and the comb columns
     [BT, N*N], and sum(x^2) [BT]."""
     acc_pp, acc_c, ss, f_pp, f_c, pp_mask = _mix_init(fn_ptr, sf_r, N, PP, BLOCK_T, ACC)
@@ -151,6 +180,7 @@ def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d,
     # streams outside, each stream's chunk loop was its own basic block, one memory latency after another: a decode
     # program's 4 chunks cost 4 round trips)
     for d0 in range(d_lo, d_hi, BLOCK_D):
+        c_pp, c_c, c_ss = _chunk_start(acc_pp, acc_c, ss, BLOCK_T, PP, N * N, BLOCK_D, ACC, MIX)
         for i in tl.static_range(N):
             offs_d = d0 + tl.arange(0, BLOCK_D)
             k = (i * D + offs_d).to(tl.int64)[None, :] * sf_k
@@ -160,18 +190,17 @@ def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d,
                 xt = tl.load(xp, mask=t_mask[:, None], other=0.0)
             else:
                 xt = tl.load(xp, mask=t_mask[:, None] & d_mask[None, :], other=0.0)
-            acc_pp, acc_c, ss = _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, k, pp_mask, d_mask, EVEN_D, ACC, X3,
-                                         INTERPRET)
+            c_pp, c_c, c_ss = _mix_add(c_pp, c_c, c_ss, xt, f_pp, f_c, k, pp_mask, d_mask, EVEN_D, ACC, MIX,
+                                       INTERPRET)
+        acc_pp, acc_c, ss = _chunk_end(acc_pp, acc_c, ss, c_pp, c_c, c_ss, MIX)
     return acc_pp, acc_c, ss
 
 
 @triton.jit
-def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
-            post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n,
-            neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
-            N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr,
-            HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr):
-    """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored."""
+def _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
+                  neps_hi, neps_lo, heps_hi, heps_lo, store, N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr,
+                  BLOCK_T: tl.constexpr, ACC: tl.constexpr):
+    """Summed mixes of a token block -> pre, post, comb (stored where `store`); returns pre [BT, PP] (0 past n)."""
     NN: tl.constexpr = N * N
     offs_pp = tl.arange(0, PP)
     offs_c = tl.arange(0, NN)
@@ -192,8 +221,9 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
     sg = tl.sigmoid((acc_pp * rs[:, None]) * sc_pp[None, :] + b_pp[None, :])
     pre = sg + heps
     row = offs_t[:, None] * N
-    tl.store(pre_ptr + row + offs_pp[None, :], pre, mask=t_mask[:, None] & is_pre[None, :])
-    tl.store(post_ptr + row + (offs_pp - N)[None, :], 2 * sg, mask=t_mask[:, None] & is_post[None, :])
+    st = t_mask[:, None] & store
+    tl.store(pre_ptr + row + offs_pp[None, :], pre, mask=st & is_pre[None, :])
+    tl.store(post_ptr + row + (offs_pp - N)[None, :], 2 * sg, mask=st & is_post[None, :])
 
     # comb: row softmax (+eps), column normalisation, then ITERS-1 times rows then columns
     b_c = tl.load(base_ptr + 2 * N + offs_c).to(ACC)
@@ -204,44 +234,96 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
     for _ in range(ITERS - 1):
         c = _div(c, tl.sum(c, axis=2)[:, :, None] + heps, ACC)
         c = _div(c, tl.sum(c, axis=1)[:, None, :] + heps, ACC)
-    tl.store(comb_ptr + offs_t[:, None] * NN + offs_c[None, :], tl.reshape(c, [BLOCK_T, NN]),
-             mask=t_mask[:, None])
+    tl.store(comb_ptr + offs_t[:, None] * NN + offs_c[None, :], tl.reshape(c, [BLOCK_T, NN]), mask=st)
+    return tl.where(is_pre[None, :], pre, 0.0)
 
-    # collapse in the collapse weights' dtype, stored in x's dtype (as hc_collapse)
+
+@triton.jit
+def _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N: tl.constexpr, PP: tl.constexpr,
+                      HAS_CPRE: tl.constexpr, COLL: tl.constexpr):
+    """The collapse weights [BT, PP] in their dtype: this sub-layer's pre, or the caller's (V4.1's lagged form)."""
     if HAS_CPRE:
-        pc = tl.load(cpre_ptr + offs_t[:, None] * scp_t + offs_pp[None, :] * scp_n,
-                     mask=t_mask[:, None] & is_pre[None, :], other=0.0).to(COLL)
+        offs_pp = tl.arange(0, PP)
+        return tl.load(cpre_ptr + offs_t[:, None] * scp_t + offs_pp[None, :] * scp_n,
+                       mask=t_mask[:, None] & (offs_pp < N)[None, :], other=0.0).to(COLL)
     else:
-        pc = pre.to(COLL)
+        return pre.to(COLL)
+
+
+@triton.jit
+def _collapse_chunk(x_rows, pc, offs_d, m, sx_n, sx_d, N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
+                    BLOCK_DC: tl.constexpr, COLL: tl.constexpr, Y: tl.constexpr):
+    """y = sum_i pc_i x_i over the D columns offs_d, in COLL, rounded to Y (as hc_collapse)."""
+    offs_pp = tl.arange(0, PP)
+    y = tl.zeros([BLOCK_T, BLOCK_DC], COLL)
+    for i in tl.static_range(N):
+        p_i = tl.sum(tl.where(offs_pp[None, :] == i, pc, 0.0), axis=1)  # column i, exactly
+        xi = tl.load(x_rows + i * sx_n + offs_d[None, :] * sx_d, mask=m, other=0.0).to(COLL)
+        y += p_i[:, None] * xi
+    return y.to(Y)
+
+
+@triton.jit
+def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
+            post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n,
+            neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
+            N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr,
+            HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
+            ONE_CHUNK: tl.constexpr):
+    """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored, by this one
+    program over all of D (in one chunk of BLOCK_DC where ONE_CHUNK)."""
+    pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
+                        neps_hi, neps_lo, heps_hi, heps_lo, True, N, ITERS, PP, BLOCK_T, ACC)
+    pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
     Y = y_ptr.dtype.element_ty
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
     y_rows = y_ptr + offs_t.to(tl.int64)[:, None] * D
-    ssy = tl.zeros([BLOCK_T], ACC)
-    for d0 in range(0, D, BLOCK_DC):
-        offs_d = d0 + tl.arange(0, BLOCK_DC)
-        m = t_mask[:, None] & (offs_d < D)[None, :]
-        y = tl.zeros([BLOCK_T, BLOCK_DC], COLL)
-        for i in tl.static_range(N):
-            p_i = tl.sum(tl.where(offs_pp[None, :] == i, pc, 0.0), axis=1)  # column i, exactly
-            xi = tl.load(x_rows + i * sx_n + offs_d[None, :] * sx_d, mask=m, other=0.0).to(COLL)
-            y += p_i[:, None] * xi
-        yo = y.to(Y)
-        tl.store(y_rows + offs_d[None, :], yo, mask=m)
+    if ONE_CHUNK:  # y stays in registers for the norm: no store and read back (a decode program's last round trip)
+        offs_d = tl.arange(0, BLOCK_DC)
+        d_mask = offs_d < D
+        m = t_mask[:, None] & d_mask[None, :]
+        if HAS_NORM:
+            w = tl.load(nw_ptr + offs_d, mask=d_mask, other=0.0)  # issued beside the streams' loads
+        yo = _collapse_chunk(x_rows, pc, offs_d, m, sx_n, sx_d, N, PP, BLOCK_T, BLOCK_DC, COLL, Y)
         if HAS_NORM:
             yf = yo.to(ACC)
-            ssy += tl.sum(yf * yf, axis=1)
-    if HAS_NORM:
-        # rms_norm of the stored (rounded) y: w * (y * rsqrt(mean(y^2) + eps))
-        tl.debug_barrier()  # every thread's y stores precede the loads below
-        eps2 = tl.cast(eps2_hi, ACC) + tl.cast(eps2_lo, ACC)
-        r = _rsqrt(ssy / D + eps2, ACC)
+            r = _norm_scale(tl.sum(yf * yf, axis=1), D, eps2_hi, eps2_lo, ACC)
+            tl.store(y_rows + offs_d[None, :], _normed(yf, r, w, ACC).to(Y), mask=m)
+        else:
+            tl.store(y_rows + offs_d[None, :], yo, mask=m)
+    else:
+        ssy = tl.zeros([BLOCK_T], ACC)
         for d0 in range(0, D, BLOCK_DC):
             offs_d = d0 + tl.arange(0, BLOCK_DC)
-            d_mask = offs_d < D
-            m = t_mask[:, None] & d_mask[None, :]
-            yf = tl.load(y_rows + offs_d[None, :], mask=m, other=0.0).to(ACC)
-            w = tl.load(nw_ptr + offs_d, mask=d_mask, other=0.0).to(ACC)
-            tl.store(y_rows + offs_d[None, :], (w[None, :] * (yf * r[:, None])).to(Y), mask=m)
+            m = t_mask[:, None] & (offs_d < D)[None, :]
+            yo = _collapse_chunk(x_rows, pc, offs_d, m, sx_n, sx_d, N, PP, BLOCK_T, BLOCK_DC, COLL, Y)
+            tl.store(y_rows + offs_d[None, :], yo, mask=m)
+            if HAS_NORM:
+                yf = yo.to(ACC)
+                ssy += tl.sum(yf * yf, axis=1)
+        if HAS_NORM:
+            # rms_norm of the stored (rounded) y: w * (y * rsqrt(mean(y^2) + eps))
+            tl.debug_barrier()  # every thread's y stores precede the loads below
+            r = _norm_scale(ssy, D, eps2_hi, eps2_lo, ACC)
+            for d0 in range(0, D, BLOCK_DC):
+                offs_d = d0 + tl.arange(0, BLOCK_DC)
+                d_mask = offs_d < D
+                m = t_mask[:, None] & d_mask[None, :]
+                yf = tl.load(y_rows + offs_d[None, :], mask=m, other=0.0).to(ACC)
+                w = tl.load(nw_ptr + offs_d, mask=d_mask, other=0.0)
+                tl.store(y_rows + offs_d[None, :], _normed(yf, r, w, ACC).to(Y), mask=m)
+
+
+@triton.jit
+def _norm_scale(ssy, D, eps2_hi, eps2_lo, ACC: tl.constexpr):
+    eps2 = tl.cast(eps2_hi, ACC) + tl.cast(eps2_lo, ACC)
+    return _rsqrt(ssy / D + eps2, ACC)
+
+
+@triton.jit
+def _normed(yf, r, w, ACC: tl.constexpr):
+    """rms_norm's output w * (y * r) (yf: the rounded y in ACC, r: its rsqrt(mean(y^2) + eps) per token)."""
+    return w.to(ACC)[None, :] * (yf * r[:, None])
 
 
 @triton.jit
@@ -255,30 +337,47 @@ def _program_slice(T, D, d_per_split, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N: tl.constexpr, PP: tl.constexpr,
-                    BLOCK_T: tl.constexpr, SPLIT_D: tl.constexpr, ACC: tl.constexpr):
-    """The split grid's meeting point: this program's partial mixes go to scratch [SPLIT_D, T_pad, W] (pre/post mixes,
-    comb mixes, sum(x^2)); the last of the token block's programs to arrive gets every program's partials summed in a
-    fixed order (the sums do not depend on who came last). -> (last, the sums)."""
+def _store_partials(acc_pp, acc_c, ss, part_ptr, pid_d, offs_t, N: tl.constexpr, PP: tl.constexpr,
+                    BLOCK_T: tl.constexpr):
+    """This program's partial mixes to scratch [SPLIT_D, T_pad, W] (pre/post mixes, comb mixes, sum(x^2))."""
+    NN: tl.constexpr = N * N
+    W: tl.constexpr = PP + NN + 1
+    rows = part_ptr + (pid_d * tl.num_programs(0) * BLOCK_T + offs_t) * W
+    tl.store(rows[:, None] + tl.arange(0, PP)[None, :], acc_pp)
+    tl.store(rows[:, None] + PP + tl.arange(0, NN)[None, :], acc_c)
+    tl.store(rows + PP + NN, ss)
+
+
+@triton.jit
+def _sum_partials(part_ptr, offs_t, N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
+                  SPLIT_D: tl.constexpr, ACC: tl.constexpr):
+    """Every program's partials of the token block summed in a fixed order (the sums do not depend on which program
+    reads them or when)."""
     NN: tl.constexpr = N * N
     W: tl.constexpr = PP + NN + 1
     offs_pp = tl.arange(0, PP)
     offs_c = tl.arange(0, NN)
     t_pad = tl.num_programs(0) * BLOCK_T
-    rows = part_ptr + (pid_d * t_pad + offs_t) * W
-    tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
-    tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
-    tl.store(rows + PP + NN, ss)
+    acc_pp = tl.zeros([BLOCK_T, PP], ACC)
+    acc_c = tl.zeros([BLOCK_T, NN], ACC)
+    ss = tl.zeros([BLOCK_T], ACC)
+    for s in tl.static_range(SPLIT_D):
+        rows = part_ptr + (s * t_pad + offs_t) * W
+        acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
+        acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
+        ss += tl.load(rows + PP + NN, cache_modifier=".cg")
+    return acc_pp, acc_c, ss
+
+
+@triton.jit
+def _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N: tl.constexpr, PP: tl.constexpr,
+                    BLOCK_T: tl.constexpr, SPLIT_D: tl.constexpr, ACC: tl.constexpr):
+    """The split grid's meeting point ("last"): this program's partials go to scratch; the last of the token block's
+    programs to arrive gets every program's partials summed. -> (last, the sums)."""
+    _store_partials(acc_pp, acc_c, ss, part_ptr, pid_d, offs_t, N, PP, BLOCK_T)
     last = last_to_arrive(cnt_ptr + pid_t, SPLIT_D)
     if last:
-        acc_pp = tl.zeros([BLOCK_T, PP], ACC)
-        acc_c = tl.zeros([BLOCK_T, NN], ACC)
-        ss = tl.zeros([BLOCK_T], ACC)
-        for s in tl.static_range(SPLIT_D):
-            rows = part_ptr + (s * t_pad + offs_t) * W
-            acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
-            acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
-            ss += tl.load(rows + PP + NN, cache_modifier=".cg")
+        acc_pp, acc_c, ss = _sum_partials(part_ptr, offs_t, N, PP, BLOCK_T, SPLIT_D, ACC)
     return last, acc_pp, acc_c, ss
 
 
@@ -289,24 +388,26 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
                    N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
                    HAS_CPRE: tl.constexpr,
-                   HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, X3: tl.constexpr,
+                   HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                   MIX: tl.constexpr,
                    INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
-                                     N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC, X3, INTERPRET)
+                                     N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC, MIX, INTERPRET)
     if SPLIT_D > 1:
         last, acc_pp, acc_c, ss = _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N, PP,
                                                   BLOCK_T, SPLIT_D, ACC)
         if last:
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
-                    heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+                    heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL,
+                    ONE_CHUNK)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
                 post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
-                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -347,7 +448,7 @@ def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d,
 def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D,
                         sf_t, sxo_t, sxo_n, sf_r, sf_k,
                         N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                        EVEN_D: tl.constexpr, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
+                        EVEN_D: tl.constexpr, ACC: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr):
     """Over d in [d_lo, d_hi): the expansion out_k = post_k f + sum_j comb[j, k] x_j (as `_hc_post_kernel`, stored in
     x's dtype into out [T, N, D]) and, from the stored values, the next sub-layer's mixes out @ fn^T split as the
     pre/post columns [BT, PP] and the comb columns [BT, N*N], and sum(out^2) [BT] (as `_mix_partial`)."""
@@ -362,6 +463,7 @@ def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs
         else:
             m = t_mask[:, None] & (offs_d < d_hi)[None, :]
         fv = tl.load(f_ptr + t64[:, None] * sf_t + offs_d[None, :], mask=m, other=0.0).to(ACC)
+        c_pp, c_c, c_ss = _chunk_start(acc_pp, acc_c, ss, BLOCK_T, PP, NN, BLOCK_D, ACC, MIX)
         for k in tl.static_range(N):
             mixed = tl.zeros([BLOCK_T, BLOCK_D], ACC)
             for j in tl.static_range(N):  # sum over j in order, as _hc_post_kernel
@@ -373,8 +475,9 @@ def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs
             tl.store(out_ptr + t64[:, None] * (N * D) + k * D + offs_d[None, :], xt, mask=m)
             # the next sub-layer's mixes, from the stored (rounded) streams
             kk = (k * D + offs_d).to(tl.int64)[None, :] * sf_k
-            acc_pp, acc_c, ss = _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, offs_d < d_hi, EVEN_D, ACC,
-                                         X3, INTERPRET)
+            c_pp, c_c, c_ss = _mix_add(c_pp, c_c, c_ss, xt, f_pp, f_c, kk, pp_mask, offs_d < d_hi, EVEN_D, ACC, MIX,
+                                       INTERPRET)
+        acc_pp, acc_c, ss = _chunk_end(acc_pp, acc_c, ss, c_pp, c_c, c_ss, MIX)
     return acc_pp, acc_c, ss
 
 
@@ -385,7 +488,7 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
                         N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
                         HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
-                        X3: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
+                        ONE_CHUNK: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
     """x = hc_post(f, xo, po, co) stored, then hc_pre of x for the next sub-layer (as `_hc_pre_kernel`, whose finishing
     program reads the new streams back: its own (after a barrier) or, on the split grid, every program's (after the
     acq_rel arrival))."""
@@ -393,20 +496,21 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
     pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _expand_mix_partial(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi,
                                             D, sf_t, sxo_t, sxo_n, sf_r, sf_k, N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC,
-                                            X3, INTERPRET)
+                                            MIX, INTERPRET)
     if SPLIT_D > 1:
         last, acc_pp, acc_c, ss = _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N, PP,
                                                   BLOCK_T, SPLIT_D, ACC)
         if last:
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
-                    heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+                    heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL,
+                    ONE_CHUNK)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         tl.debug_barrier()  # every thread's stores of the new streams precede the collapse's loads
         _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
                 post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
-                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL)
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -446,9 +550,9 @@ def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
         return PreConfig(block_t=32, block_d=64, split_d=1, num_warps=4, num_stages=2, bf16x3=False)
     block_t, split_d = ((1, 32) if t <= 4 else (2, 32) if t <= 16 else (4, 16) if t <= 64 else
                         (8, 8) if t <= 256 else (16, 4))
-    # the finishing program's collapse: ~2048-element tiles, so that a 1-token block takes 2 steps over D=4096
-    # rather than 32 latency-bound ones
-    block_dc = max(128, min(triton.next_power_of_2(d), 2048 // block_t))
+    # the finishing collapse: ~4096-element tiles, so that a 1-token block crosses D=4096 in one step (its y then
+    # stays in registers for the norm) rather than 32 latency-bound ones
+    block_dc = max(128, min(triton.next_power_of_2(d), 4096 // block_t))
     return PreConfig(block_t=block_t, block_d=128, split_d=max(1, min(split_d, d // 128)), block_dc=block_dc,
                      num_warps=4)
 
@@ -498,6 +602,8 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     x3 = cfg.bf16x3 if cfg.bf16x3 is not None else (x.dtype == torch.bfloat16 and x.is_cuda)
     if x3 and acc != torch.float32:
         raise ValueError("the bf16x3 GEMM is for float32 accumulation")
+    fma = cfg.fma if cfg.fma is not None else (x.is_cuda and cfg.block_t <= 2)
+    mix = "fma" if fma else "x3" if x3 else "ieee"
     pp = max(16, triton.next_power_of_2(2 * n))
     n_tb = triton.cdiv(t, cfg.block_t)
     d_per_split = triton.cdiv(triton.cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
@@ -523,7 +629,8 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     tail = (cpre.stride(0), cpre.stride(1), *neps, *heps, *eps2)
     const = {"N": n, "ITERS": int(iters), "PP": pp, "BLOCK_T": cfg.block_t, "BLOCK_D": cfg.block_d,
              "BLOCK_DC": block_dc, "SPLIT_D": split_d, "EVEN_D": d % cfg.block_d == 0, "HAS_CPRE": has_cpre,
-             "HAS_NORM": has_norm, "ACC": _TL[acc], "COLL": _TL[coll], "X3": bool(x3), "INTERPRET": interpreting(),
+             "HAS_NORM": has_norm, "ACC": _TL[acc], "COLL": _TL[coll], "MIX": mix, "INTERPRET": interpreting(),
+             "ONE_CHUNK": block_dc >= d,
              "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     return outs, _PreLaunch((n_tb, split_d), head, tail, const)
 
