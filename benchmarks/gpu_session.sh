@@ -230,6 +230,15 @@ if [[ $what == mhc2 ]]; then  # the mHC decode variants, its GPU tests, then the
   [[ $code == 0 ]] || rc=1
   AB_TIMEOUT=140 bash "$0" ab "${1:-v4-flash-e16}"
 fi
+if [[ $what == comp ]]; then  # the compressors' bf16 projections (tile variants, the GEMV, cuBLAS), their tests, the step
+  timeout 180 python3 benchmarks/kernels/fp8_gemm.py --compressor --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/compressor.log" | grep -E "^compressor|HBM copy" | tail -40
+  timeout 100 python3 -m pytest tests/ops/test_linear.py -k "plain or decode_split or one_launch" -q -p no:cacheprovider \
+    -o addopts="" 2>&1 > "$OUT/ops-linear-plain.log"; code=$?
+  echo "linear tests: exit $code: $(tail -1 "$OUT/ops-linear-plain.log")"; grep -E "^FAILED|^E " "$OUT/ops-linear-plain.log" | head
+  [[ $code == 0 ]] || rc=1
+  AB_TIMEOUT=130 bash "$0" ab "${1:-v4-flash-e16}"
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

@@ -119,6 +119,52 @@ def shared_expert_rows(hbm: float) -> list[dict]:
     return rows
 
 
+# the compressors' stacked wkv / wgate (bf16 weights, float32 x): a CSA layer's main + indexer compressors (2 x 1024
+# + 2 x 256 rows), a HCA layer's one (2 x 512)
+COMPRESSOR = {"csa": (2560, 4096), "hca": (1024, 4096)}
+COMPRESSOR_VARIANTS = {"default": None, "bn128": {"BN": 128}, "bn32": {"BN": 32}, "stages2": {"num_stages": 2},
+                       "split_half": "half", "split2x": "double", "w8": {"num_warps": 8}, "bf16-x": "bf16-x",
+                       "cublas-bf16": "cublas"}
+
+
+def compressor_rows(hbm: float) -> list[dict]:
+    """The compressors' projection at decode rows: the general kernel's tiles, x given as bf16 (it holds bf16 values:
+    the block's input widened), and cuBLAS's bf16 GEMM (bf16 out)."""
+    rows = []
+    for name, (N, K) in COMPRESSOR.items():
+        wbytes = 2 * N * K
+        wbs = [torch.randn(N, K, device="cuda").bfloat16() for _ in range(copies_past_l2(wbytes))]
+        for M in (1, 8, 32):
+            x = torch.randn(M, 1, K, device="cuda").bfloat16().float()
+            ref = linear_reference(x.view(M, K), wbs[0], None, 0, 0)
+            base = fp8_gemm._config(M, N, K, 1, 128, False, True)
+            for vname, cfg in COMPRESSOR_VARIANTS.items():
+                if cfg in ("half", "double"):
+                    cfg = {"splits": max(1, base["splits"] // 2) if cfg == "half" else 2 * base["splits"]}
+                if cfg == "bf16-x":
+                    xb = x.bfloat16()
+                    make = lambda w, _, xb=xb: (  # noqa: E731
+                        lambda: fp8_gemm.general(xb, w, None, 128, 0, torch.float32))
+                elif cfg == "cublas":
+                    xb = x.view(M, K).bfloat16()
+                    make = lambda w, _, xb=xb: (lambda: xb @ w.t())  # noqa: E731
+                else:
+                    make = lambda w, _, c=cfg, x=x: (  # noqa: E731
+                        lambda: fp8_gemm.general(x, w, None, 128, 0, torch.float32, c))
+                try:
+                    err = rel(make(wbs[0], None)().view(M, N), ref)
+                    ms = run(make, True, [(w, None) for w in wbs])
+                except Exception as e:  # noqa: BLE001 - a variant the compiler rejects
+                    print(f"compressor {name} M={M} {vname}: failed ({type(e).__name__}: {str(e)[:120]})", flush=True)
+                    continue
+                pct = wbytes / (ms * 1e-3) / hbm * 100
+                rows.append({"shape": f"compressor_{name}", "N": N, "K": K, "M": M, "variant": vname, "ms": ms,
+                             "pct_hbm": pct, "rel_err": err})
+                print(f"compressor {name} N={N} M={M:3d} {vname:12s} {ms * 1e3:7.2f} us  {pct:5.1f}% HBM  err {err:.1e}",
+                      flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -127,6 +173,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all, or QUICK)")
     ap.add_argument("--variants", default=None, help="comma-separated decode/prefill variant names (default: all)")
     ap.add_argument("--shared-expert", action="store_true", help="only the shared expert's decode rows")
+    ap.add_argument("--compressor", action="store_true", help="only the compressors' bf16 projections (f32 x)")
     args = ap.parse_args()
     ceil = measure_ceilings()
     print(describe(ceil), flush=True)
@@ -134,6 +181,9 @@ def main() -> None:
     rows = []
     if args.shared_expert:
         write_json(args.out, "fp8_gemm_shared_expert", {"ceilings": ceil, "rows": shared_expert_rows(hbm)})
+        return
+    if args.compressor:
+        write_json(args.out, "fp8_gemm_compressor", {"ceilings": ceil, "rows": compressor_rows(hbm)})
         return
     wanted = args.shapes.split(",") if args.shapes else (QUICK if args.quick else tuple(SHAPES))
     shapes = {k: v for k, v in SHAPES.items() if k in wanted}

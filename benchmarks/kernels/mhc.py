@@ -157,7 +157,7 @@ def sweep(ts: tuple[int, ...]) -> list[dict]:
             def call(ff, cfg=cfg, iters=iters, nw=nw, x=x, base=base, scale=scale):
                 return mk.hc_pre(x, ff, base, scale, N, iters, EPS, EPS, norm_weight=nw, norm_eps2=EPS, config=cfg)
 
-            def call_pp(ff, cfg=cfg, iters=iters, nw=nw, x=x, base=base, scale=scale):
+            def call_pp(ff, cfg=cfg, iters=iters, nw=nw, x=x, base=base, scale=scale, f=f, post=post, comb=comb):
                 return mk.hc_post_pre(f, x, post, comb, ff, base, scale, N, iters, EPS, EPS, norm_weight=nw,
                                       norm_eps2=EPS, config=cfg)
             try:

@@ -93,8 +93,10 @@ class V4Model(nn.Module):
         ctx = StepContext(step, c, pools)
         h = self.embed_tokens(step.token_ids)
         x = h.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
-        for layer in self.layers:
-            x = layer(x, ctx)
+        pending = None
+        for layer in self.layers:  # each block's FFN expansion runs in the next one's first mHC call
+            x, pending = layer.seam(x, ctx, pending)
+        x = self.layers[-1].expand(x, pending)
         sel = x[step.logits_index]
         return ModelOutput(self.logits(sel, self.hc_head_fn, self.hc_head_base, self.hc_head_scale, self.norm), x)
 

@@ -488,7 +488,8 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
                         N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
                         HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
-                        ONE_CHUNK: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
+                        ONE_CHUNK: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """x = hc_post(f, xo, po, co) stored, then hc_pre of x for the next sub-layer (as `_hc_pre_kernel`, whose finishing
     program reads the new streams back: its own (after a barrier) or, on the split grid, every program's (after the
     acq_rel arrival))."""
