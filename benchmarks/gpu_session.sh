@@ -239,6 +239,16 @@ if [[ $what == comp ]]; then  # the compressors' bf16 projections (tile variants
   [[ $code == 0 ]] || rc=1
   AB_TIMEOUT=130 bash "$0" ab "${1:-v4-flash-e16}"
 fi
+if [[ $what == seam2 ]]; then  # the CUDA tests through the block -> block mHC seam, then the step of V4 and V4.1
+  timeout 270 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -s 2>&1 | tee "$OUT/gpu_tests.log" \
+    | grep -E "agreement|passed|failed|Error" | tail -12
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  for m in v4-flash-e16 v41-flash-e16-engram1m; do
+    timeout 135 python3 benchmarks/profile_step.py $m --batch 1 --context 2048 --steps 2 --prefill 0 --top 25 \
+      --kv-cache-memory 8589934592 --out "$OUT/$m" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-$m.log"
+    echo "== $m"; grep -E "^\| (mhc|linear|moe|\*\*total)|hc_|graph|step" "$OUT/profile-$m.log" | head -14
+  done
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

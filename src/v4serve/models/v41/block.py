@@ -75,22 +75,49 @@ class V41Block(nn.Module):
     def forward(self, x: torch.Tensor, pre: torch.Tensor, ctx: StepContext, sel: Selection,
                 image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hc, D] (Engram already applied), pre [T, hc] of the previous sub-layer -> (x', this FFN's pre)."""
-        return self.ffn_part(self.attn_part(x, pre, lambda y: self.attn(y, ctx, sel)), image)
+        x, pending, pre_f = self.seam(x, pre, ctx, sel, image)
+        return self.expand(x, pending), pre_f
 
-    def attn_part(self, x: torch.Tensor, pre: torch.Tensor, attn) -> tuple[tuple, torch.Tensor]:
-        """-> (the attention's expansion, pending: (its output, x, post, comb)), the attention's pre)."""
-        y, pre_a, post, comb = self.mhc_pre(x, "attn", pre, self.attn_norm)
+    def seam(self, x: torch.Tensor, pre: torch.Tensor, ctx: StepContext, sel: Selection, image: torch.Tensor,
+             pending: tuple | None = None) -> tuple[torch.Tensor, tuple, torch.Tensor]:
+        """The block with its FFN's expansion left pending -> (x, (f, post, comb), this FFN's pre), for the next
+        block's `seam` (whose attention pre side takes it in the same call) or `expand`. `pending`: the block
+        before's, not yet expanded into x."""
+        return self.ffn_seam(self.attn_part(x, pre, lambda y: self.attn(y, ctx, sel), pending), image)
+
+    def expand(self, x: torch.Tensor, pending: tuple) -> torch.Tensor:
+        """The streams after a pending expansion (f, post, comb)."""
+        return hc_post(pending[0], x, pending[1], pending[2], self.backend)
+
+    def attn_part(self, x: torch.Tensor, pre: torch.Tensor, attn, pending: tuple | None = None
+                  ) -> tuple[tuple, torch.Tensor]:
+        """-> (the attention's expansion, pending: (its output, x, post, comb)), the attention's pre). With `pending`
+        (the sub-layer before's (f, post, comb), not yet in x), its expansion and this pre side run as one call."""
+        if pending is None:
+            y, pre_a, post, comb = self.mhc_pre(x, "attn", pre, self.attn_norm)
+        else:
+            c = self.config
+            x, y, pre_a, post, comb = hc_post_pre(pending[0], x, pending[1], pending[2], self.hc_attn_fn,
+                                                  self.hc_attn_base, self.hc_attn_scale, c.hc_mult,
+                                                  c.hc_sinkhorn_iters, c.norm_eps, c.hc_eps, pre,
+                                                  self.attn_norm.weight, self.attn_norm.eps, backend=self.backend)
         return (attn(y), x, post, comb), pre_a
 
     def ffn_part(self, state: tuple[tuple, torch.Tensor], image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`ffn_seam` with the FFN's expansion applied -> (x', the FFN's pre)."""
+        x, pending, pre_f = self.ffn_seam(state, image)
+        return self.expand(x, pending), pre_f
+
+    def ffn_seam(self, state: tuple[tuple, torch.Tensor], image: torch.Tensor
+                 ) -> tuple[torch.Tensor, tuple, torch.Tensor]:
         """The attention's expansion and the FFN's pre side in one call (hc_post, then mhc_pre(x, "ffn", pre_a,
-        ffn_norm)), the FFN, its expansion -> (x', the FFN's pre)."""
+        ffn_norm)), the FFN -> (x, its pending expansion (f, post, comb), the FFN's pre)."""
         (f, x, post, comb), pre_a = state
         c = self.config
         x, y, pre_f, post, comb = hc_post_pre(f, x, post, comb, self.hc_ffn_fn, self.hc_ffn_base, self.hc_ffn_scale,
                                               c.hc_mult, c.hc_sinkhorn_iters, c.norm_eps, c.hc_eps, pre_a,
                                               self.ffn_norm.weight, self.ffn_norm.eps, backend=self.backend)
-        return hc_post(self.ffn(y, image), x, post, comb, self.backend), pre_f
+        return x, (self.ffn(y, image), post, comb), pre_f
 
 
 def identity_pre(x: torch.Tensor) -> torch.Tensor:

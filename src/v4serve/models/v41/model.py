@@ -140,7 +140,11 @@ class V41Model(nn.Module):
         sel = Selection()
         kept = boundary = None
         taps: list[torch.Tensor] = []
+        pending = None  # the block before's FFN expansion, run in this block's first mHC call where nothing between
         for i, layer in enumerate(self.layers):
+            if pending is not None and (i == c.decoder_start or layer.engram is not None
+                                        or i in c.dspark_target_layers):  # these read the finished streams
+                x, pending = layer.expand(x, pending), None
             if i == c.decoder_start and self._trim(step):
                 boundary = x
                 sub, kept = step.restrict_to_suffix(step.decoder_floor)
@@ -159,7 +163,9 @@ class V41Model(nn.Module):
                 x = layer.engram(x, rows[:, layer.engram.index], live)
             if i in c.dspark_target_layers:
                 taps.append(x.float().mean(1))
-            x, pre = layer(x, pre, ctx, sel, image)
+            x, pending, pre = layer.seam(x, pre, ctx, sel, image, pending)
+        if pending is not None:
+            x = self.layers[-1].expand(x, pending)
         li = ctx.step.logits_index
         logits = gather_logits(linear(self.norm(hc_collapse(x[li], pre[li])).float(), self.head.weight, None, 0, 0,
                                       self.backend), self.tp)

@@ -1,10 +1,11 @@
-"""mHC in two Triton launches per sub-layer (the reference is ops/mhc.py): `hc_pre` and `hc_post`.
+"""mHC in one Triton launch per call (the reference is ops/mhc.py): `hc_pre`, `hc_post` and `hc_post_pre`.
 
 hc_pre, one launch: for a block of tokens, the mixes x_flat @ fn^T (fp32 accumulation) and sum(x^2) in one pass
 over the n streams in D chunks; then in registers: the RMS scale, sigmoid/scale/base for pre and post, the row
 softmax and every Sinkhorn iteration of the n x n comb; then the collapse y = sum_i pre_i x_i (the caller's
 `collapse_pre` instead for V4.1's lagged form), stored in x's dtype, and optionally the sub-layer's RMSNorm: a second
-pass reads back the y this program just stored (y is 1/n of x) and scales it by the weight.
+pass reads back the y this program just stored (y is 1/n of x) and scales it by the weight, or, where one chunk of
+`block_dc` covers D (single decode tokens), y stays in registers for the norm (no store and read back).
 
 Two grid shapes, both one launch:
 - token blocks (prefill): one program per block of tokens reads all of fn (1.5 MiB at D=4096, from L2 after the
@@ -20,7 +21,9 @@ Two grid shapes, both one launch:
 The mixes GEMM: fp32 operands ("ieee") in general; with bf16 x on the GPU ("bf16x3") fn is split in registers
 into three bf16 parts (hi + mid + lo = fn to 24 bits) so that the tensor cores give fp32-GEMM accuracy: bf16 x bf16
 products are exact in fp32. The interpreter multiplies raw bf16 bits in tl.dot, so there the split parts go through
-fp32 dots (tests exercise the split that way).
+fp32 dots (tests exercise the split that way). Blocks of 1-2 tokens on the GPU ("fma", `PreConfig.fma`) take no dots:
+elementwise fp32 products summed over each D chunk once, a GEMV (H200, T=1: hc_pre 15.0 -> 11.5 us, the 16-row MMA
+tiles were 1/16 used and their operands went through shared memory).
 
 hc_post, one launch: out_k = post_k f + sum_j comb[j, k] x_j over a 2-D grid of (token block, D chunk).
 
