@@ -244,7 +244,7 @@ if [[ $what == seam2 ]]; then  # the CUDA tests through the block -> block mHC s
     | grep -E "agreement|passed|failed|Error" | tail -12
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
   for m in v4-flash-e16 v41-flash-e16-engram1m; do
-    timeout 135 python3 benchmarks/profile_step.py $m --batch 1 --context 2048 --steps 2 --prefill 0 --top 25 \
+    timeout 120 python3 benchmarks/profile_step.py $m --batch 1 --context 2048 --steps 2 --prefill 0 --top 25 \
       --kv-cache-memory 8589934592 --out "$OUT/$m" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-$m.log"
     echo "== $m"; grep -E "^\| (mhc|linear|moe|\*\*total)|hc_|graph|step" "$OUT/profile-$m.log" | head -14
   done
