@@ -337,3 +337,27 @@ def test_row_stack_of_fp4_weights() -> None:
     stack = RowStack(mods)
     assert stack.stack() and stack.scale.shape == (64, K // 32)
     assert all(torch.equal(o, a) for o, a in zip(stack(x), alone))
+
+
+def test_wider_out_dtype_spares_the_widened_copy() -> None:
+    """`out_dtype` wider than x (the compressors: bf16 x, a bf16 weight, float32 out) equals widening x first: the same
+    reference, and through the kernels the same products summed in float32 (bf16 values times bf16 weights are exact),
+    without the float32 copy of x. FP8 weights too (W8A8 quantizes the same values); narrower is refused."""
+    g = torch.Generator().manual_seed(29)
+    w = (torch.randn(96, 256, generator=g) * 0.05).to(torch.bfloat16).to(DEV)
+    q, s = fp8_weight(128, 256, 128, g)
+    for M in (1, 5):
+        x = torch.randn(M, 256, generator=g).to(torch.bfloat16).to(DEV)
+        for kernels in (backend.REFERENCE, backend.TRITON):
+            got = linear(x, w, None, 0, 0, kernels, torch.float32)
+            assert got.dtype == torch.float32
+            widened = linear(x.float(), w, None, 0, 0, kernels)
+            assert rel(got, widened) < F32_TOL, (M, kernels, rel(got, widened))
+            assert rel(got, linear_reference(x.float(), w, None, 0, 0)) < F32_TOL
+            fp8 = linear(x, q, s, 128, 128, kernels, torch.float32)
+            assert fp8.dtype == torch.float32
+            assert rel(fp8, linear_reference(x.float(), q, s, 128, 128)) < 1e-2
+        assert torch.equal(linear(x, w, None, 0, 0, backend.REFERENCE, torch.float32),
+                           linear_reference(x.float(), w, None, 0, 0))
+    with pytest.raises(ValueError, match="narrower"):
+        linear(x.float(), w, None, 0, 0, backend.TRITON, torch.bfloat16)

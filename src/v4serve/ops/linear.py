@@ -59,23 +59,29 @@ def logical_shape(weight: torch.Tensor) -> tuple[int, ...]:
 # ------------------------------------------------------------------------------------------------
 
 def linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
-                     act_group: int) -> torch.Tensor:
-    """y = x W^T in x's dtype (W dequantized exactly, per call)."""
+                     act_group: int, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x W^T in out_dtype (default x's dtype; x is cast to it first), W dequantized exactly, per call."""
+    if out_dtype is not None:
+        x = x.to(out_dtype)
     if act_group:
         x = quant.fp8_simulate(x, act_group)
     return F.linear(x, dequantize(weight, scale, block, x.dtype))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int = 0,
-           backend: str = kernels.REFERENCE) -> torch.Tensor:
-    """y = x W^T for a weight in its stored format; the output has x's dtype."""
+           backend: str = kernels.REFERENCE, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x W^T for a weight in its stored format, computed as if x were cast to `out_dtype` first (default: x's
+    dtype), the output in that dtype. A wider out_dtype than x's spares the kernels the widened copy of x: bf16 x
+    against a bf16 weight (the compressors) gives exact products summed in float32 either way."""
+    if out_dtype is not None and out_dtype.itemsize < x.dtype.itemsize:
+        raise ValueError(f"out_dtype {out_dtype} is narrower than x's {x.dtype}: cast x instead")
     with family("linear"):
         if backend == kernels.TRITON:
             from .kernels import fp8_gemm
 
             if fp8_gemm.supports(x, weight):
-                return fp8_gemm.linear(x, weight, scale, block, act_group)
-        return linear_reference(x, weight, scale, block, act_group)
+                return fp8_gemm.linear(x, weight, scale, block, act_group, out_dtype)
+        return linear_reference(x, weight, scale, block, act_group, out_dtype)
 
 
 def grouped_linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
@@ -129,8 +135,8 @@ class Linear(nn.Module):
         self.weight = weight.view(torch.uint8) if fmt == "fp4" else weight
         self.scale = scale_bytes(scale) if self.quantized else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.scale, self.block, self.act_group, self.backend)
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        return linear(x, self.weight, self.scale, self.block, self.act_group, self.backend, out_dtype)
 
     def grouped(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, G, in/G] through this weight viewed as G stacked [out/G, in/G] projections -> [T, G, out/G]."""
@@ -188,9 +194,9 @@ class RowStack:
             row += m.out_features
         return True
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
         if self.weight is None:
-            return [m(x) for m in self.linears]
+            return [m(x, out_dtype) for m in self.linears]
         first = self.linears[0]
-        y = linear(x, self.weight, self.scale, first.block, first.act_group, first.backend)
+        y = linear(x, self.weight, self.scale, first.block, first.act_group, first.backend, out_dtype)
         return list(y.split([m.out_features for m in self.linears], dim=-1))

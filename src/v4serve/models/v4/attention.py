@@ -15,7 +15,7 @@ from ...ops.attention import attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear, RowStack
-from ...ops.precision import wide
+from ...ops.precision import acc_dtype, wide
 from ...ops.profiling import family
 from ..numerics import Numerics
 from .context import StepContext
@@ -94,8 +94,9 @@ class V4Attention(nn.Module):
         entries = None
         if self.ratio:
             L = self.layer
-            # the compressors project x in float32: widened once, one GEMM for both of a CSA layer's compressors
-            projs = split_projections(self.compress_proj(wide(x)), *self.compressors)
+            # the compressors project x in float32 (x widened by the GEMM: exact bf16 products, float32 sums), one
+            # GEMM for both of a CSA layer's compressors
+            projs = split_projections(self.compress_proj(x, acc_dtype(x)), *self.compressors)
             with family("compressor"):
                 run_compressor(self.compressor, *projs[0], x.dtype, ctx, L, pools.state[L], pools.compressed[L],
                                False, self.numerics.compressed_kv, c.rope_dim, self.backend)

@@ -25,7 +25,7 @@ from ...ops.attention import EntryRefs, attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear, RowStack
-from ...ops.precision import wide
+from ...ops.precision import acc_dtype, wide
 from ...ops.profiling import family
 from ...ops.rope import apply_rope
 from ..numerics import Numerics
@@ -124,7 +124,7 @@ class V41Attention(nn.Module):
     def compress(self, x: torch.Tensor, ctx: StepContext) -> None:
         """CSA2 compressor of a KV source: write the groups completed in this step (entries and index keys)."""
         p, step, pools, L, c = self.compressor, ctx.step, ctx.pools, self.layer, self.config
-        (kv, score), = split_projections(self.compress_proj(wide(x)), p)  # wkv and wgate in one GEMM
+        (kv, score), = split_projections(self.compress_proj(x, acc_dtype(x)), p)  # wkv and wgate in one GEMM
         plan = ctx.compression(p.ratio)
         if score is None:  # ratio 1: every position is its own entry
             pooled = kv.to(x.dtype)
@@ -136,8 +136,8 @@ class V41Attention(nn.Module):
         finish_rows(latent, None, 0.0, plan.cos, plan.sin, False, self.numerics.compressed_kv, c.rope_dim,
                     pools.compressed[L], plan.rows, self.backend)
         ix = self.indexer
-        finish_rows(ix.wk(wide(latent)).to(x.dtype), ix.k_norm.weight, ix.k_norm.eps, plan.cos, plan.sin, False,
-                    self._index_fmt(), 0, pools.index_keys[L], plan.rows, self.backend)
+        finish_rows(ix.wk(latent, acc_dtype(latent)).to(x.dtype), ix.k_norm.weight, ix.k_norm.eps, plan.cos, plan.sin,
+                    False, self._index_fmt(), 0, pools.index_keys[L], plan.rows, self.backend)
 
     def _index_fmt(self) -> str | None:
         return "mxfp4" if self.numerics.index_fp4 else None

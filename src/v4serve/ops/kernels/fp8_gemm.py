@@ -229,12 +229,15 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
-           act_group: int = 0) -> torch.Tensor:
-    """y = x W^T; x [..., K], W [N, K] stored -> [..., N] in x's dtype."""
+           act_group: int = 0, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """y = x W^T; x [..., K], W [N, K] stored -> [..., N] in out_dtype (default x's dtype: ops/linear.linear)."""
     lead = x.shape[:-1]
-    if weight.dtype == x.dtype and not act_group:  # a plain float weight in x's own dtype: cuBLAS as is
+    out = out_dtype or x.dtype
+    if weight.dtype == x.dtype == out and not act_group:  # a plain float weight in x's own dtype: cuBLAS as is
         return torch.nn.functional.linear(x, weight)
-    y = _run(x.reshape(-1, 1, x.shape[-1]), weight, scale, block, act_group, x.dtype)
+    if out == torch.float64 and x.dtype != out:  # fp64 math (CPU interpreter runs): x widened first
+        x = x.to(out)
+    y = _run(x.reshape(-1, 1, x.shape[-1]), weight, scale, block, act_group, out)
     return y.view(*lead, weight.shape[0])
 
 
