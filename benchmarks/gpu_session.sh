@@ -243,8 +243,10 @@ if [[ $what == seam2 ]]; then  # the CUDA tests through the block -> block mHC s
   timeout 270 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -s 2>&1 | tee "$OUT/gpu_tests.log" \
     | grep -E "agreement|passed|failed|Error" | tail -12
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  timeout 40 python3 -m pytest tests/ops/test_linear.py -k "wider_out or plain_float" -q -p no:cacheprovider \
+    -o addopts="" 2>&1 | tail -1
   for m in v4-flash-e16 v41-flash-e16-engram1m; do
-    timeout 120 python3 benchmarks/profile_step.py $m --batch 1 --context 2048 --steps 2 --prefill 0 --top 25 \
+    timeout 110 python3 benchmarks/profile_step.py $m --batch 1 --context 2048 --steps 2 --prefill 0 --top 25 \
       --kv-cache-memory 8589934592 --out "$OUT/$m" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-$m.log"
     echo "== $m"; grep -E "^\| (mhc|linear|moe|\*\*total)|hc_|graph|step" "$OUT/profile-$m.log" | head -14
   done
