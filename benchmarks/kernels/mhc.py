@@ -133,6 +133,9 @@ PRE_VARIANTS = {
     "default": {}, "dots": {"fma": False}, "fma": {"fma": True}, "dc2048": {"block_dc": 2048},
     "dots-dc2048": {"fma": False, "block_dc": 2048}, "w2": {"num_warps": 2}, "w8": {"num_warps": 8},
     "split16": {"split_d": 16}, "split64": {"split_d": 64, "block_d": 64}, "split128": {"split_d": 128, "block_d": 32},
+    # D = 5120 (V4.1): one collapse chunk of 8192 (ptxas on the CPU: hc_post_pre 156 registers at 4 warps, hc_pre 255
+    # with spills at 4 warps, 218 without at 8)
+    "dc8192": {"block_dc": 8192}, "dc8192-w8": {"block_dc": 8192, "num_warps": 8},
     "diag:iters1": "iters1", "diag:no-norm": "no-norm",
 }
 
@@ -175,13 +178,16 @@ def sweep(ts: tuple[int, ...]) -> list[dict]:
 
 
 def main() -> None:
+    global D
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="only the hc_pre / hc_post_pre decode variants "
                     "(T = 1, 32)")
+    ap.add_argument("--dim", type=int, default=4096, help="the streams' width D (V4-Flash 4096, V4.1-Flash 5120)")
     ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) with each "
                     "pipeline depth, with and without the bf16x3 GEMM")
     a = ap.parse_args()
+    D = a.dim
     if a.precision:
         for stages, x3 in itertools.product((1, 2), (True, False)):
             cfg = dataclasses.replace(mk.default_pre_config(4096, D, on_gpu=True), num_stages=stages, bf16x3=x3)
