@@ -52,6 +52,8 @@ VARIANTS = {
     "decode": {
         "default": lambda t: None,
         "bits": lambda t: replace(auto(t), dequant="bits"),
+        # gate-up split-K summed by each tile's last program instead of `_swiglu_kernel` (one launch fewer)
+        "finish": lambda t: replace(auto(t), finish="kernel"),
         "no-split": lambda t: mk.DECODE,
         "split8/4": lambda t: with_split(mk.DECODE, 8, 4),
         "k64s6": lambda t: with_split(mk.MoeConfig(16, G(128, 64, 4, 6), G(128, 64, 4, 6)),

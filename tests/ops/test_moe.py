@@ -116,6 +116,25 @@ def test_split_k(dtype, act_group, before):
     check(5, 96, 64, 6, 3, dtype, act_group, before, 2.0, config=cfg, skew=2)
 
 
+@pytest.mark.parametrize("body", ["dot", "swap", "fma"])
+@pytest.mark.parametrize("dtype,act_group,before", [(torch.float64, 32, True), (torch.float32, 0, False)])
+def test_gate_up_split_k_finished_in_the_kernel(body, dtype, act_group, before):
+    """finish="kernel": each gate-up tile's last program to arrive sums the split-K partials and applies the SwiGLU
+    epilogue (no `_swiglu_kernel` launch): the reference, and bit for bit the two-launch form (the same sums in the same
+    order, the same epilogue on whole FP8 groups), twice (counters re-zeroed)."""
+    if body == "dot":
+        cfg = mk.MoeConfig(16, mk.GemmConfig(32, 32, split_k=3), mk.GemmConfig(32, 32, split_k=2))
+    else:
+        cfg = dataclasses.replace(BODIES["swap" if body == "swap" else "fma-m4"], **SPLIT)
+    kernel = dataclasses.replace(cfg, finish="kernel")
+    out = check(5, 96, 64, 6, 3, dtype, act_group, before, 2.0, config=kernel, skew=2)
+    again = check(5, 96, 64, 6, 3, dtype, act_group, before, 2.0, config=kernel, skew=2)
+    two = check(5, 96, 64, 6, 3, dtype, act_group, before, 2.0, config=cfg, skew=2)
+    assert torch.equal(out, again) and torch.equal(out, two)
+    with pytest.raises(ValueError, match="finish"):
+        dataclasses.replace(cfg, finish="atomic")
+
+
 def test_default_config_selection():
     # V4-Flash at T=1 hits 6 experts: K split so the grids fill the GPU; T=8 does not need it
     one = mk.select_config(6, 256, 4096, 2048)
@@ -374,9 +393,11 @@ from triton.compiler import ASTSource
 from v4serve.ops.kernels import moe as mk
 cfg = mk.select_config(6, 256)  # one decode row, top-6 of 256 experts
 out = {}
+gu_ptrs = {"x_ptr": "*bf16", "h_ptr": "*bf16", "part_ptr": "*fp32", "rw_ptr": "*fp32", "limit": "fp32"}
 for name, fn, gemm, extra, ptrs in (
-        ("gate_up", mk._gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True),
-         {"x_ptr": "*bf16", "h_ptr": "*bf16", "part_ptr": "*fp32", "rw_ptr": "*fp32", "limit": "fp32"}),
+        ("gate_up", mk._gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True), gu_ptrs),
+        ("gate_up+finish", mk._gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True,
+                                                                FINISH=True), gu_ptrs),
         ("down", mk._down_kernel, cfg.down, dict(QUANT_A=False), {"h_ptr": "*bf16", "y_ptr": "*fp32"})):
     const = dict(BM=cfg.block_m, BN=gemm.block_n, BK=gemm.block_k, GROUP_M=1, SPLIT=gemm.split_k, G=128, ASM=True,
                  PREC="tf32", ACC=tl.float32, F32=False, EVEN_K=True, **extra)
@@ -404,4 +425,5 @@ def test_decode_k_loop_loads_are_all_async_copies_on_sm90() -> None:
     waits for (EVEN_K drops that mask): on the H200 that wait cost the gate-up 48 -> 36 us per layer."""
     loops = json.loads(run_compile(SM90_LOOP).strip().splitlines()[-1])
     assert loops["gate_up"] == {"sync": 0, "async": 5}, loops  # x, w1, w3, s1, s3
+    assert loops["gate_up+finish"] == loops["gate_up"], loops  # the in-kernel split-K finish leaves the loop alone
     assert loops["down"] == {"sync": 0, "async": 3}, loops  # h, w2, s2

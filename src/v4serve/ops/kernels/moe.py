@@ -32,6 +32,7 @@ from ..linear import scale_bytes, stored_format
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil
+from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 
 # ------------------------------------------------------------------------------------------------------------
 # In-register formats
@@ -272,15 +273,17 @@ def _k_range(K, BK: tl.constexpr, SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_ptr, sorted_ptr, block_expert_ptr,
-                    M, NB, D, I, TOPK, limit,
+def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_ptr, rw_ptr, sorted_ptr,
+                    block_expert_ptr, M, NB, D, I, TOPK, limit,
                     stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_h, stride_ps, stride_pg,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                     SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                     CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                    F32: tl.constexpr, EVEN_K: tl.constexpr = False, PDL: tl.constexpr = False):
+                    F32: tl.constexpr, EVEN_K: tl.constexpr = False, FINISH: tl.constexpr = False,
+                    PDL: tl.constexpr = False):
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
-    partial sums over this program's K share, reduced by `_swiglu_kernel`."""
+    partial sums over this program's K share, reduced by `_swiglu_kernel` or (FINISH) by the tile's last program to
+    arrive."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM, BN,
                                                           GROUP_M)
@@ -305,17 +308,36 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_p
         w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
         acc_u = _dot(a_ev, w_ev, acc_u, PREC, ACC, F32)
         acc_u = _dot(a_od, w_od, acc_u, PREC, ACC, F32)
-    _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h, stride_ps,
-                 stride_pg, BM, BN, SPLIT, G, QUANT_H, WEIGHT_H, CLAMP, ASM, ACC, DT)
+    _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h,
+                 stride_ps, stride_pg, BM, BN, SPLIT, G, QUANT_H, WEIGHT_H, CLAMP, ASM, ACC, DT, FINISH)
 
 
 @triton.jit
-def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h, stride_ps,
-                 stride_pg, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
+def _split_sums(p, mask, stride_ps, stride_pg, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
+                ACC: tl.constexpr, CG: tl.constexpr):
+    """The SPLIT gate / up partials of a tile (p: its split-0 gate pointers) summed in split order (deterministic);
+    CG: read past L1 (other programs' stores, after an acquire)."""
+    acc_g = tl.zeros([BM, BN], dtype=ACC)
+    acc_u = tl.zeros([BM, BN], dtype=ACC)
+    for j in range(SPLIT):
+        if CG:
+            acc_g += tl.load(p + j * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+            acc_u += tl.load(p + j * stride_ps + stride_pg, mask=mask, other=0.0, cache_modifier=".cg")
+        else:
+            acc_g += tl.load(p + j * stride_ps, mask=mask, other=0.0)
+            acc_u += tl.load(p + j * stride_ps + stride_pg, mask=mask, other=0.0)
+    return acc_g, acc_u
+
+
+@triton.jit
+def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h,
+                 stride_ps, stride_pg, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
                  QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ASM: tl.constexpr,
-                 ACC: tl.constexpr, DT: tl.constexpr):
+                 ACC: tl.constexpr, DT: tl.constexpr, FINISH: tl.constexpr = False):
     """Gate-up accumulators [BM, BN] -> the SwiGLU epilogue, or (SPLIT > 1) float partials of the real rows in
-    [SPLIT, 2, P, I] for `_swiglu_kernel`."""
+    [SPLIT, 2, P, I]: for `_swiglu_kernel`, or (FINISH) summed here by the tile's last program to arrive (its
+    arrival counter, per program_id(0), re-zeroed after), in the same order and with the same epilogue as
+    `_swiglu_kernel` (a BN tile of whole FP8 groups), so the same bits in one launch fewer."""
     if ASM:
         acc_g *= 4294967296.0  # 2^ASM_SHIFT
         acc_u *= 4294967296.0
@@ -323,10 +345,17 @@ def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, rw_ptr, rows, offs_n, a_idx, val
         _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
                       BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT)
     else:
-        p = part_ptr + tl.program_id(1) * stride_ps + rows[:, None].to(tl.int64) * I + offs_n[None, :]
+        p = part_ptr + rows[:, None].to(tl.int64) * I + offs_n[None, :]
         mask = valid[:, None] & (offs_n < I)[None, :]
-        tl.store(p, acc_g, mask=mask)
-        tl.store(p + stride_pg, acc_u, mask=mask)
+        tl.store(p + tl.program_id(1) * stride_ps, acc_g, mask=mask)
+        tl.store(p + tl.program_id(1) * stride_ps + stride_pg, acc_u, mask=mask)
+        if FINISH:
+            tile = cnt_ptr + tl.program_id(0)
+            if last_to_arrive(tile, SPLIT):
+                acc_g, acc_u = _split_sums(p, mask, stride_ps, stride_pg, BM, BN, SPLIT, ACC, True)
+                _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
+                              BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT)
+                tl.store(tile, 0)  # ready for the next launch / graph replay
 
 
 @triton.jit
@@ -345,11 +374,7 @@ def _swiglu_kernel(part_ptr, h_ptr, rw_ptr, sorted_ptr, block_expert_ptr, M, I, 
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = valid[:, None] & (offs_n < I)[None, :]
     p = part_ptr + rows[:, None].to(tl.int64) * I + offs_n[None, :]
-    acc_g = tl.zeros([BM, BN], dtype=ACC)
-    acc_u = tl.zeros([BM, BN], dtype=ACC)
-    for j in range(SPLIT):
-        acc_g += tl.load(p + j * stride_ps, mask=mask, other=0.0)
-        acc_u += tl.load(p + j * stride_ps + stride_pg, mask=mask, other=0.0)
+    acc_g, acc_u = _split_sums(p, mask, stride_ps, stride_pg, BM, BN, SPLIT, ACC, False)
     _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
                   BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, h_ptr.dtype.element_ty)
 
@@ -432,6 +457,8 @@ class GemmConfig:
 
 
 BODIES = ("dot", "swap", "fma")
+FINISHES = ("launch", "kernel")
+_COUNTERS = ArrivalCounters()  # gate-up split-K tiles finished in the kernel (kernels/split_grid.py)
 
 
 @dataclass(frozen=True)
@@ -443,10 +470,15 @@ class MoeConfig:
     group_m: int = 1
     dequant: str = "auto"  # "bits" (portable), "asm" (bf16 on CUDA, PTX), "auto" = asm where it applies
     body: str = "dot"  # the K-tile product: "dot" (x @ W^T), "swap" (W @ x^T), "fma" (no tensor cores): moe_decode.py
+    # gate-up split-K partials summed by `_swiglu_kernel` ("launch") or by each tile's last program to arrive
+    # ("kernel": one launch fewer; not yet timed on a GPU, so not the default)
+    finish: str = "launch"
 
     def __post_init__(self) -> None:
         if self.body not in BODIES:
             raise ValueError(f"unknown MoE body {self.body!r}: one of {BODIES}")
+        if self.finish not in FINISHES:
+            raise ValueError(f"unknown MoE split-K finish {self.finish!r}: one of {FINISHES}")
         if self.body == "swap" and self.block_m < 16:
             raise ValueError("the swap body needs block_m >= 16 (the dot's N)")
 
@@ -623,18 +655,21 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     quant_h = G > 0 and I % G == 0 and (gu.block_n % G == 0 or S > 1)
     h = _empty((P, I), x.dtype, x.device)
     part = _empty((S, 2, P, I), acc_t, x.device) if S > 1 else h
+    grid_gu = (NB * triton.cdiv(I, gu.block_n), S)
+    finish = S > 1 and cfg.finish == "kernel" and (G == 0 or gu.block_n % G == 0) and grid_gu[0] <= N_COUNTERS
+    cnt = _COUNTERS.get(x.device) if finish else sorted_ids  # (unused without the finish)
     gate_up_kernel, down_kernel = _gate_up_kernel, _down_kernel
     if cfg.body != "dot":  # moe_decode.py: the same arguments, plus the body and the K loop's stage count
         from . import moe_decode
         gate_up_kernel, down_kernel = moe_decode.gate_up_kernel, moe_decode.down_kernel
-    gate_up_kernel[(NB * triton.cdiv(I, gu.block_n), S)](
-        xa, w1, w3, s1, s3, h, part, rw, sorted_ids, block_expert, M, NB, D, I, k, float(limit),
+    gate_up_kernel[grid_gu](
+        xa, w1, w3, s1, s3, h, part, cnt, rw, sorted_ids, block_expert, M, NB, D, I, k, float(limit),
         xa.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), h.stride(0), 2 * P * I, P * I,
         BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
         WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
-        EVEN_K=D % gu.block_k == 0,
+        EVEN_K=D % gu.block_k == 0, FINISH=finish,
         num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg.body, gu), **pdl_launch(x))
-    if S > 1:
+    if S > 1 and not finish:
         _swiglu_kernel[(NB, triton.cdiv(I, bne))](
             part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
             BM=BM, BN=bne, SPLIT=S, G=max(G, 1), QUANT_H=quant_h, WEIGHT_H=weight_before_w2, CLAMP=limit > 0,

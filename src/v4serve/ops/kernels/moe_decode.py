@@ -72,14 +72,14 @@ def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: t
 
 
 @triton.jit
-def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_ptr, sorted_ptr, block_expert_ptr,
-                   M, NB, D, I, TOPK, limit,
+def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_ptr, rw_ptr, sorted_ptr,
+                   block_expert_ptr, M, NB, D, I, TOPK, limit,
                    stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_h, stride_ps, stride_pg,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                    CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                    F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
-                   PDL: tl.constexpr = False):
+                   FINISH: tl.constexpr = False, PDL: tl.constexpr = False):
     """`moe._gate_up_kernel` with the swap / fma body: x W1^T and x W3^T for BM sorted rows of one expert x BN
     columns over this program's K share, the x tile loaded once per K tile for both."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
@@ -122,9 +122,9 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, rw_pt
                 acc_u = _fma_add(acc_u, w3_ev, w3_od, x_ev, x_od, r, m)
         sb1 = nsb1
         sb3 = nsb3
-    _gate_up_out(tl.trans(acc_g), tl.trans(acc_u), h_ptr, part_ptr, rw_ptr, rows, offs_n, a_idx,
+    _gate_up_out(tl.trans(acc_g), tl.trans(acc_u), h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx,
                  valid, I, limit, stride_h, stride_ps, stride_pg, BM, BN, SPLIT, G, QUANT_H, WEIGHT_H, CLAMP, ASM,
-                 ACC, DT)
+                 ACC, DT, FINISH)
 
 
 @triton.jit
