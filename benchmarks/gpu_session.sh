@@ -251,6 +251,14 @@ if [[ $what == seam2 ]]; then  # the CUDA tests through the block -> block mHC s
     echo "== $m"; grep -E "^\| (mhc|linear|moe|\*\*total)|hc_|graph|step" "$OUT/profile-$m.log" | head -14
   done
 fi
+if [[ $what == next ]]; then  # prepared for the sixth session: the MoE's in-kernel gate-up finish (its GPU tests, then
+  # default vs finish), the mHC one-chunk variants at V4.1's D=5120, then the step
+  timeout 150 python3 -m pytest tests/ops/test_moe.py -k "finish" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -1
+  timeout 150 python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" --variants default,finish 2>&1 \
+    | grep -v Warning | tee "$OUT/moe_finish.log" | grep -E "^T=|err" | tail -12
+  timeout 150 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/mhc_sweep_5120.log" | grep -E "^hc_pre|failed" | tail -30
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

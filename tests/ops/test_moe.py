@@ -364,6 +364,28 @@ def test_cuda_graph_replay(T, body):
     assert torch.equal(out, fwd())
 
 
+@gpu_only
+@pytest.mark.parametrize("T", [1, 2])
+def test_gate_up_finish_in_the_kernel_at_real_shapes(T):
+    """V4-Flash shapes at decode (split K): the in-kernel split-K finish bit for bit the two-launch form, eagerly and
+    replayed from a CUDA graph (its arrival counters re-zeroed by every launch)."""
+    experts = _flash_experts()
+    x = torch.randn(T, 4096, device=DEV, dtype=torch.bfloat16)
+    weights, ids = routing(T, 6, 16, 8)
+    cfg = mk.select_config(T * 6, 16, 4096, 2048, DEV)
+    assert cfg.gate_up.split_k > 1
+    kernel = dataclasses.replace(cfg, finish="kernel")
+    want = mk.experts_forward(x, experts, weights, ids, 10.0, 128, True, cfg)
+    assert torch.equal(mk.experts_forward(x, experts, weights, ids, 10.0, 128, True, kernel), want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = mk.experts_forward(x, experts, weights, ids, 10.0, 128, True, kernel)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want)
+
+
 _FLASH: dict[int, moe.ExpertWeights] = {}
 
 
