@@ -201,9 +201,9 @@ def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d,
 
 @triton.jit
 def _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
-                  neps_hi, neps_lo, heps_hi, heps_lo, store, N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr,
+                  neps_hi, neps_lo, heps_hi, heps_lo, N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr,
                   BLOCK_T: tl.constexpr, ACC: tl.constexpr):
-    """Summed mixes of a token block -> pre, post, comb (stored where `store`); returns pre [BT, PP] (0 past n)."""
+    """Summed mixes of a token block -> pre, post, comb stored; returns pre [BT, PP] (its first n columns)."""
     NN: tl.constexpr = N * N
     offs_pp = tl.arange(0, PP)
     offs_c = tl.arange(0, NN)
@@ -224,9 +224,8 @@ def _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_pt
     sg = tl.sigmoid((acc_pp * rs[:, None]) * sc_pp[None, :] + b_pp[None, :])
     pre = sg + heps
     row = offs_t[:, None] * N
-    st = t_mask[:, None] & store
-    tl.store(pre_ptr + row + offs_pp[None, :], pre, mask=st & is_pre[None, :])
-    tl.store(post_ptr + row + (offs_pp - N)[None, :], 2 * sg, mask=st & is_post[None, :])
+    tl.store(pre_ptr + row + offs_pp[None, :], pre, mask=t_mask[:, None] & is_pre[None, :])
+    tl.store(post_ptr + row + (offs_pp - N)[None, :], 2 * sg, mask=t_mask[:, None] & is_post[None, :])
 
     # comb: row softmax (+eps), column normalisation, then ITERS-1 times rows then columns
     b_c = tl.load(base_ptr + 2 * N + offs_c).to(ACC)
@@ -237,8 +236,9 @@ def _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_pt
     for _ in range(ITERS - 1):
         c = _div(c, tl.sum(c, axis=2)[:, :, None] + heps, ACC)
         c = _div(c, tl.sum(c, axis=1)[:, None, :] + heps, ACC)
-    tl.store(comb_ptr + offs_t[:, None] * NN + offs_c[None, :], tl.reshape(c, [BLOCK_T, NN]), mask=st)
-    return tl.where(is_pre[None, :], pre, 0.0)
+    tl.store(comb_ptr + offs_t[:, None] * NN + offs_c[None, :], tl.reshape(c, [BLOCK_T, NN]),
+             mask=t_mask[:, None])
+    return pre
 
 
 @triton.jit
@@ -276,7 +276,7 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
     """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored, by this one
     program over all of D (in one chunk of BLOCK_DC where ONE_CHUNK)."""
     pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
-                        neps_hi, neps_lo, heps_hi, heps_lo, True, N, ITERS, PP, BLOCK_T, ACC)
+                        neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
     pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
     Y = y_ptr.dtype.element_ty
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
@@ -340,47 +340,30 @@ def _program_slice(T, D, d_per_split, BLOCK_T: tl.constexpr):
 
 
 @triton.jit
-def _store_partials(acc_pp, acc_c, ss, part_ptr, pid_d, offs_t, N: tl.constexpr, PP: tl.constexpr,
-                    BLOCK_T: tl.constexpr):
-    """This program's partial mixes to scratch [SPLIT_D, T_pad, W] (pre/post mixes, comb mixes, sum(x^2))."""
-    NN: tl.constexpr = N * N
-    W: tl.constexpr = PP + NN + 1
-    rows = part_ptr + (pid_d * tl.num_programs(0) * BLOCK_T + offs_t) * W
-    tl.store(rows[:, None] + tl.arange(0, PP)[None, :], acc_pp)
-    tl.store(rows[:, None] + PP + tl.arange(0, NN)[None, :], acc_c)
-    tl.store(rows + PP + NN, ss)
-
-
-@triton.jit
-def _sum_partials(part_ptr, offs_t, N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr,
-                  SPLIT_D: tl.constexpr, ACC: tl.constexpr):
-    """Every program's partials of the token block summed in a fixed order (the sums do not depend on which program
-    reads them or when)."""
+def _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N: tl.constexpr, PP: tl.constexpr,
+                    BLOCK_T: tl.constexpr, SPLIT_D: tl.constexpr, ACC: tl.constexpr):
+    """The split grid's meeting point: this program's partial mixes go to scratch [SPLIT_D, T_pad, W] (pre/post mixes,
+    comb mixes, sum(x^2)); the last of the token block's programs to arrive gets every program's partials summed in a
+    fixed order (the sums do not depend on who came last). -> (last, the sums)."""
     NN: tl.constexpr = N * N
     W: tl.constexpr = PP + NN + 1
     offs_pp = tl.arange(0, PP)
     offs_c = tl.arange(0, NN)
     t_pad = tl.num_programs(0) * BLOCK_T
-    acc_pp = tl.zeros([BLOCK_T, PP], ACC)
-    acc_c = tl.zeros([BLOCK_T, NN], ACC)
-    ss = tl.zeros([BLOCK_T], ACC)
-    for s in tl.static_range(SPLIT_D):
-        rows = part_ptr + (s * t_pad + offs_t) * W
-        acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
-        acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
-        ss += tl.load(rows + PP + NN, cache_modifier=".cg")
-    return acc_pp, acc_c, ss
-
-
-@triton.jit
-def _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N: tl.constexpr, PP: tl.constexpr,
-                    BLOCK_T: tl.constexpr, SPLIT_D: tl.constexpr, ACC: tl.constexpr):
-    """The split grid's meeting point ("last"): this program's partials go to scratch; the last of the token block's
-    programs to arrive gets every program's partials summed. -> (last, the sums)."""
-    _store_partials(acc_pp, acc_c, ss, part_ptr, pid_d, offs_t, N, PP, BLOCK_T)
+    rows = part_ptr + (pid_d * t_pad + offs_t) * W
+    tl.store(rows[:, None] + offs_pp[None, :], acc_pp)
+    tl.store(rows[:, None] + PP + offs_c[None, :], acc_c)
+    tl.store(rows + PP + NN, ss)
     last = last_to_arrive(cnt_ptr + pid_t, SPLIT_D)
     if last:
-        acc_pp, acc_c, ss = _sum_partials(part_ptr, offs_t, N, PP, BLOCK_T, SPLIT_D, ACC)
+        acc_pp = tl.zeros([BLOCK_T, PP], ACC)
+        acc_c = tl.zeros([BLOCK_T, NN], ACC)
+        ss = tl.zeros([BLOCK_T], ACC)
+        for s in tl.static_range(SPLIT_D):
+            rows = part_ptr + (s * t_pad + offs_t) * W
+            acc_pp += tl.load(rows[:, None] + offs_pp[None, :], cache_modifier=".cg")
+            acc_c += tl.load(rows[:, None] + PP + offs_c[None, :], cache_modifier=".cg")
+            ss += tl.load(rows + PP + NN, cache_modifier=".cg")
     return last, acc_pp, acc_c, ss
 
 

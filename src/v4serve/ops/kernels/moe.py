@@ -314,18 +314,14 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
 
 @triton.jit
 def _split_sums(p, mask, stride_ps, stride_pg, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr,
-                ACC: tl.constexpr, CG: tl.constexpr):
-    """The SPLIT gate / up partials of a tile (p: its split-0 gate pointers) summed in split order (deterministic);
-    CG: read past L1 (other programs' stores, after an acquire)."""
+                ACC: tl.constexpr):
+    """The SPLIT gate / up partials of a tile (p: its split-0 gate pointers) summed in split order (deterministic),
+    read past L1 (other programs' stores: a kernel before, or this one's after the arrival's acquire)."""
     acc_g = tl.zeros([BM, BN], dtype=ACC)
     acc_u = tl.zeros([BM, BN], dtype=ACC)
     for j in range(SPLIT):
-        if CG:
-            acc_g += tl.load(p + j * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
-            acc_u += tl.load(p + j * stride_ps + stride_pg, mask=mask, other=0.0, cache_modifier=".cg")
-        else:
-            acc_g += tl.load(p + j * stride_ps, mask=mask, other=0.0)
-            acc_u += tl.load(p + j * stride_ps + stride_pg, mask=mask, other=0.0)
+        acc_g += tl.load(p + j * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+        acc_u += tl.load(p + j * stride_ps + stride_pg, mask=mask, other=0.0, cache_modifier=".cg")
     return acc_g, acc_u
 
 
@@ -352,7 +348,7 @@ def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a
         if FINISH:
             tile = cnt_ptr + tl.program_id(0)
             if last_to_arrive(tile, SPLIT):
-                acc_g, acc_u = _split_sums(p, mask, stride_ps, stride_pg, BM, BN, SPLIT, ACC, True)
+                acc_g, acc_u = _split_sums(p, mask, stride_ps, stride_pg, BM, BN, SPLIT, ACC)
                 _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
                               BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT)
                 tl.store(tile, 0)  # ready for the next launch / graph replay
@@ -374,7 +370,7 @@ def _swiglu_kernel(part_ptr, h_ptr, rw_ptr, sorted_ptr, block_expert_ptr, M, I, 
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mask = valid[:, None] & (offs_n < I)[None, :]
     p = part_ptr + rows[:, None].to(tl.int64) * I + offs_n[None, :]
-    acc_g, acc_u = _split_sums(p, mask, stride_ps, stride_pg, BM, BN, SPLIT, ACC, False)
+    acc_g, acc_u = _split_sums(p, mask, stride_ps, stride_pg, BM, BN, SPLIT, ACC)
     _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
                   BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, h_ptr.dtype.element_ty)
 
