@@ -254,10 +254,59 @@ fi
 if [[ $what == next ]]; then  # prepared for the sixth session: the MoE's in-kernel gate-up finish (its GPU tests, then
   # default vs finish), the mHC one-chunk variants at V4.1's D=5120, then the step
   timeout 150 python3 -m pytest tests/ops/test_moe.py -k "finish" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -1
-  timeout 150 python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" --variants default,finish 2>&1 \
+  timeout 150 python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" --variants default,launch 2>&1 \
     | grep -v Warning | tee "$OUT/moe_finish.log" | grep -E "^T=|err" | tail -12
   timeout 150 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/mhc_sweep_5120.log" | grep -E "^hc_pre|failed" | tail -30
+fi
+if [[ $what == diag ]]; then  # the indexer's GPU cases one process each (a fault ends its process only), then
+  # compute-sanitizer on those that fail, then Nsight Compute on the decode MoE and GEMV (stall reasons)
+  failing=()
+  for id in "test_gpu_real_shapes[decode-mxfp4]" "test_gpu_real_shapes[decode-fp8]" "test_gpu_real_shapes[decode-fp8-fp8q]" \
+            "test_gpu_real_shapes[prefill-mxfp4]" "test_gpu_real_shapes[prefill-fp8]" "test_gpu_real_shapes[prefill-fp8-fp8q]" \
+            test_gpu_candidate_level test_gpu_graph_replay; do
+    CUDA_LAUNCH_BLOCKING=1 timeout 60 python3 -m pytest "tests/ops/test_indexer.py::$id" -q -p no:cacheprovider \
+      -o addopts="" --runxfail > "$OUT/idx-${id//[\[\]]/_}.log" 2>&1
+    r=$?; echo "== $id rc=$r"; [[ $r == 0 ]] || { failing+=("$id"); grep -E "^E " "$OUT/idx-${id//[\[\]]/_}.log" | head -4; }
+  done
+  for id in "${failing[@]:0:${SANITIZE:-1}}"; do
+    echo "== sanitizer $id"
+    timeout 120 compute-sanitizer --tool memcheck --print-limit 3 python3 -m pytest "tests/ops/test_indexer.py::$id" -q \
+      -p no:cacheprovider -o addopts="" --runxfail > "$OUT/san-${id//[\[\]]/_}.log" 2>&1
+    grep -E -B2 -A14 "=====.*(Invalid|Misaligned|misaligned)" "$OUT/san-${id//[\[\]]/_}.log" | cut -c1-220 | head -60
+  done
+  [[ ${NO_NCU:-0} == 1 ]] && exit $rc
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  S="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis"
+  cd benchmarks/kernels
+  timeout 120 $NCU --clock-control none -k regex:"gate_up|down_kernel" --launch-skip 4 --launch-count 2 $S \
+    python3 ncu_targets.py moe 1 > "$OUT/ncu-moe1.log" 2>&1; tail -150 "$OUT/ncu-moe1.log" | grep -v "^    ---" | head -150
+  timeout 90 $NCU --clock-control none -k regex:"gemv|decode" --launch-skip 3 --launch-count 1 $S \
+    python3 ncu_targets.py gemv 4096 8192 > "$OUT/ncu-gemv.log" 2>&1; grep -v "^    ---" "$OUT/ncu-gemv.log" | tail -75
+  cd ../..
+fi
+if [[ $what == moesweep ]]; then  # the decode MoE's occupancy variants (benchmarks/kernels/moe.py `fit`)
+  timeout ${SWEEP_TIMEOUT:-280} python3 benchmarks/kernels/moe.py --no-reference --out "$OUT" --variants "${1:-default}" 2>&1 \
+    | grep -v Warning | tee "$OUT/moe_sweep.log" | grep -E "^T=|err|fail" | tail -60
+fi
+if [[ $what == verify2 ]]; then  # the indexer's GPU cases (REC_ALIGN), the MoE's in-kernel finish, then tests/gpu (V4.1's
+  # tiny models now through the indexer kernels)
+  timeout 150 python3 -m pytest tests/ops/test_indexer.py -k "gpu or record" -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/indexer_gpu.log" | grep -E "passed|failed|^E " | tail -8
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+  timeout 100 python3 -m pytest tests/ops/test_moe.py -k "finish" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -1
+  timeout ${GPU_TESTS_TIMEOUT:-300} python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" -s 2>&1 \
+    | tee "$OUT/gpu_tests.log" | grep -E "agreement|passed|failed|Error" | tail -14
+  [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
+fi
+if [[ $what == measure2 ]]; then  # the step of V4 and V4.1 at batch 1, and V4 at batch 32
+  for mb in v4-flash-e16:1 v41-flash-e16-engram1m:1 v4-flash-e16:32; do
+    m=${mb%:*}; b=${mb#*:}
+    timeout 115 python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 2 --prefill 0 --top 25 \
+      --kv-cache-memory 8589934592 --out "$OUT/$m-b$b" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-$m-b$b.log"
+    echo "== $m b$b"; grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|other|\*\*total)|graph|step" \
+      "$OUT/profile-$m-b$b.log" | head -14
+  done
 fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40

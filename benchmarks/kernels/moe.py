@@ -47,13 +47,31 @@ def body(t: int, name: str, block_m: int | None = None, **tile) -> mk.MoeConfig:
     return replace(cfg, gate_up=replace(cfg.gate_up, **tile), down=replace(cfg.down, **tile))
 
 
+def fit(t: int, gu: mk.GemmConfig, dn: mk.GemmConfig | None, gu_per_sm: int, dn_per_sm: int) -> mk.MoeConfig:
+    """Tiles (dn None: the default's) with K shares sized to fill gu_per_sm / dn_per_sm CTAs an SM (0: the default
+    split) at T tokens (row blocks of 16: about the experts hit x their rows' blocks, as `mk.decode_config`)."""
+    base = auto(t)
+    dn = dn or base.down
+    hit = min(E, t * K)
+    blocks = hit * -(-(-(-t * K // hit)) // 16)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if CONFIG_DEVICE else 132
+
+    def split(g: mk.GemmConfig, n: int, k: int, per_sm: int, default: int) -> int:
+        if not per_sm:
+            return default
+        return max(1, min(8, per_sm * sms // (blocks * -(-n // g.block_n)), k // g.block_k // 4))
+
+    return mk.MoeConfig(16, replace(gu, split_k=split(gu, I, D, gu_per_sm, base.gate_up.split_k)),
+                        replace(dn, split_k=split(dn, D, I, dn_per_sm, base.down.split_k)))
+
+
 # name -> T -> config (None: experts_forward's own choice)
 VARIANTS = {
     "decode": {
         "default": lambda t: None,
         "bits": lambda t: replace(auto(t), dequant="bits"),
-        # gate-up split-K summed by each tile's last program instead of `_swiglu_kernel` (one launch fewer)
-        "finish": lambda t: replace(auto(t), finish="kernel"),
+        # gate-up split-K summed by `_swiglu_kernel` (one launch more) instead of each tile's last program
+        "launch": lambda t: replace(auto(t), finish="launch"),
         "no-split": lambda t: mk.DECODE,
         "split8/4": lambda t: with_split(mk.DECODE, 8, 4),
         "k64s6": lambda t: with_split(mk.MoeConfig(16, G(128, 64, 4, 6), G(128, 64, 4, 6)),
@@ -62,6 +80,18 @@ VARIANTS = {
         "dn-n64": lambda t: mk.MoeConfig(16, G(128, 128, 4, 3), G(64, 128, 4, 4)),
         "w8": lambda t: with_split(mk.MoeConfig(16, G(128, 128, 8, 3), G(128, 128, 8, 3)),
                                    auto(t).gate_up.split_k, auto(t).down.split_k),
+        # occupancy (ncu, T=1: gate-up 168 registers with spills -> 3 CTAs an SM, 2.7 warps a scheduler, one issue
+        # per 6.7 cycles; down 72 registers but 2.9 CTAs an SM for want of programs): smaller tiles, fewer
+        # registers, K shares sized to the CTAs an SM then holds (`fit`)
+        "dn-s4": lambda t: with_split(auto(t), auto(t).gate_up.split_k, 2 * auto(t).down.split_k),
+        "gu-n64k64": lambda t: fit(t, G(64, 64, 4, 4), None, 6, 0),
+        "gu-n64k64-dn7": lambda t: fit(t, G(64, 64, 4, 4), G(128, 128, 4, 3), 6, 7),
+        "gu-n64k64s3": lambda t: fit(t, G(64, 64, 4, 3), None, 6, 0),
+        "gu-n64k64s6": lambda t: fit(t, G(64, 64, 4, 6), None, 6, 0),
+        "gu-k64": lambda t: fit(t, G(128, 64, 4, 4), None, 4, 0),
+        "gu-n64": lambda t: fit(t, G(64, 128, 4, 3), None, 4, 0),
+        "gu-n64k64-dn64": lambda t: fit(t, G(64, 64, 4, 4), G(64, 128, 4, 3), 6, 5),
+        "gu-n32k64": lambda t: fit(t, G(32, 64, 4, 4), None, 8, 0),
         # with every K-loop load an async copy (EVEN_K): deeper pipelines, wider K tiles
         "s4": lambda t: with_split(mk.MoeConfig(16, G(128, 128, 4, 4), G(128, 128, 4, 4)),
                                    auto(t).gate_up.split_k, auto(t).down.split_k),
@@ -208,11 +238,11 @@ def compile_only(names: list[str] | None) -> None:
             quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
             body = {} if dot else {"BODY": cfg.body}
             common_c = dict(BM=cfg.block_m, GROUP_M=cfg.group_m, G=ACT_GROUP, ASM=cfg.dequant != "bits", PREC="tf32",
-                            ACC=tl.float32, F32=False, EVEN_K=True, **body)
+                            ACC=tl.float32, F32=False, EVEN_K=True, PDL=True, **body)
             jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
                      {n: "*bf16" for n in ("x_ptr", "h_ptr")} | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
                      dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,
-                          CLAMP=LIMIT > 0, **({} if dot else {"STAGES": gu.num_stages}))),
+                          CLAMP=LIMIT > 0, FINISH=False, **({} if dot else {"STAGES": gu.num_stages}))),
                     ("down", mk._down_kernel if dot else moe_decode.down_kernel, dn,
                      {"h_ptr": "*bf16", "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"},
                      dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
@@ -223,7 +253,7 @@ def compile_only(names: list[str] | None) -> None:
                     continue
                 seen.add(key)
                 ptrs = {n: "*u8" for n in fn.arg_names if n[:1] in "ws" and n.endswith("_ptr")} | {
-                    "sorted_ptr": "*i32", "block_expert_ptr": "*i32"} | ptrs
+                    "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "cnt_ptr": "*i32"} | ptrs
                 try:
                     out = build(fn, ptrs, {**common_c, **const}, gemm)
                 except Exception as exc:  # noqa: BLE001 - reported, the others go on

@@ -73,12 +73,16 @@ def _e2m1(code):
 
 
 @triton.jit
-def _key_tile(data_ptr, prow, e_ok, stride_row, BLOCK_E: tl.constexpr, D: tl.constexpr, FORMAT: tl.constexpr,
-              KEY: tl.constexpr, DOT: tl.constexpr, RAW_FP8: tl.constexpr, ROUND_BF16: tl.constexpr):
+def _key_tile(data_ptr, prow, e_ok, stride_row, REC_ALIGN: tl.constexpr, BLOCK_E: tl.constexpr, D: tl.constexpr,
+              FORMAT: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr, RAW_FP8: tl.constexpr,
+              ROUND_BF16: tl.constexpr):
     """Records at pool rows prow [BLOCK_E] -> (keys [BLOCK_E, D] in DOT, per-entry scale [BLOCK_E] for RAW_FP8).
     Keys pass through KEY, the dtype the reference decodes them to (ROUND_BF16: bf16 emulated in fp32)."""
     offs_d = tl.arange(0, D)
-    rec = data_ptr + prow.to(tl.int64) * stride_row
+    # A record is aligned only as its stride is (REC_ALIGN: 4 B for 132-B FP8 rows and 68-B MXFP4 rows). Triton 3.6's
+    # axis analysis credits prow = blk * EPB + ids % EPB with the divisibility of its aligned terms and vectorized
+    # the record loads to 8 / 16 B ("misaligned address" on the H200): the hint states the offset's true alignment.
+    rec = data_ptr + tl.multiple_of(prow.to(tl.int64) * stride_row, REC_ALIGN)
     base = rec[:, None]
     m2 = e_ok[:, None]
     scale = tl.full(prow.shape, 1.0, tl.float32)
@@ -109,7 +113,7 @@ def _key_tile(data_ptr, prow, e_ok, stride_row, BLOCK_E: tl.constexpr, D: tl.con
 
 @triton.jit
 def _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, e_ok, tile, qt, wm, seg, vis,
-                offs_t, out_ptr, stride_ot, blk_ptr, stride_bo,
+                offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, REC_ALIGN: tl.constexpr,
                 D: tl.constexpr, RATIO: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
                 BLOCK_E: tl.constexpr, H_PAD: tl.constexpr, CB: tl.constexpr, FORMAT: tl.constexpr,
                 PUBLISH: tl.constexpr, RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr,
@@ -121,8 +125,8 @@ def _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, of
     col = tl.minimum(ids * RATIO // BLOCK_SIZE, n_cols - 1)
     blk = tl.load(bt_row + col * stride_btc, mask=e_ok, other=-1).to(tl.int64)
     blk = tl.where(blk < 0, trash, blk)  # unallocated: the trash block, as the reference addresses it
-    keys, ks = _key_tile(data_ptr, blk * EPB + ids % EPB, e_ok, stride_row, BLOCK_E, D, FORMAT, KEY, DOT, RAW_FP8,
-                         ROUND_BF16)
+    keys, ks = _key_tile(data_ptr, blk * EPB + ids % EPB, e_ok, stride_row, REC_ALIGN, BLOCK_E, D, FORMAT, KEY, DOT,
+                         RAW_FP8, ROUND_BF16)
     s = tl.dot(keys, tl.trans(qt), input_precision="ieee", out_dtype=ACC)  # [BLOCK_E, BLOCK_T * H_PAD]
     s = tl.maximum(s, 0.0) * wm[None, :]
     sc = tl.sum(tl.reshape(s, [BLOCK_E, BLOCK_T, H_PAD]), axis=2)  # [BLOCK_E, BLOCK_T]: heads summed
@@ -149,7 +153,7 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
                    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, CB: tl.constexpr,
                    FORMAT: tl.constexpr, CAND: tl.constexpr, PUBLISH: tl.constexpr, QFP8: tl.constexpr,
                    RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr,
-                   ROUND_BF16: tl.constexpr, PDL: tl.constexpr = False):
+                   ROUND_BF16: tl.constexpr, REC_ALIGN: tl.constexpr = 1, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     NBT: tl.constexpr = BLOCK_E // CB  # candidate blocks per tile
     pid_t = tl.program_id(0)
@@ -192,13 +196,15 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
                 e_ok = (cb >= 0) & (ids < v_max)
                 if tl.max(e_ok.to(tl.int32)) > 0:  # a tile of empty candidate slots costs one load
                     _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, e_ok, tile, qt,
-                                wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, D, RATIO, BLOCK_SIZE,
-                                BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC, ROUND_BF16)
+                                wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, REC_ALIGN, D, RATIO,
+                                BLOCK_SIZE, BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC,
+                                ROUND_BF16)
             else:  # no branch in the dense loop: the key loads pipeline across tiles
                 ids = offs_p.to(tl.int64)
                 _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, ids < v_max, tile,
-                            qt, wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, D, RATIO, BLOCK_SIZE,
-                            BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC, ROUND_BF16)
+                            qt, wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, REC_ALIGN, D, RATIO,
+                            BLOCK_SIZE, BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC,
+                            ROUND_BF16)
         cur = seg_end
 
 
@@ -291,6 +297,11 @@ def _programs_to_fill(device: torch.device) -> int:
     return 2 * torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _alignment(stride_bytes: int) -> int:
+    """The bytes every record start is aligned to (the pool itself is 16-B aligned): stride's lowest set bit, <= 16."""
+    return min(16, stride_bytes & -stride_bytes) if stride_bytes else 16
+
+
 def _id_bits(n: int) -> int:
     return max(1, (n - 1).bit_length())
 
@@ -306,11 +317,9 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
     return Config(block_t=2, block_e=128, num_warps=8, num_stages=2)
 
 
-# What has run correctly on the H200 (2026-11-30): dense selection over plain keys (V4 CSA; tests/gpu/test_cuda.py).
-# The MXFP4 / FP8-row paths and V4.1's candidate level pass under the interpreter, but on the GPU some cases fault
-# ("misaligned address" in the logits kernel) and the tiny V4.1 model's logits diverged from the reference bodies; until
-# that is found they take the reference body on CUDA.
-GPU_VERIFIED = ("plain",)
+# On the H200 (2026-11-30) five of the eight GPU cases in tests/ops/test_indexer.py faulted ("misaligned address":
+# FP8-row and MXFP4 record loads vectorized past their 4-B alignment, compute-sanitizer 2026-12-01); REC_ALIGN fixed
+# that. Every format and both candidate levels run here on CUDA.
 
 
 def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, candidates: torch.Tensor | None,
@@ -321,8 +330,6 @@ def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, 
     interpreter."""
     codec = keys.codec
     if codec.kind not in FORMATS or q.dim() != 3 or q.shape[2] != codec.dim or w.shape != q.shape[:2]:
-        return False
-    if q.is_cuda and (codec.kind not in GPU_VERIFIED or candidates is not None or publish):
         return False
     d = codec.dim
     if d < 16 or d & (d - 1) or (codec.kind == "mxfp4" and d % 32):
@@ -386,7 +393,8 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
         H=H, H_PAD=max(triton.next_power_of_2(H), 16 // block_t if on_gpu else 1), D=D, RATIO=entries.ratio,
         BLOCK_SIZE=entries.block_size, BLOCK_T=block_t, BLOCK_E=block_e, CB=cb, FORMAT=FORMATS[keys.codec.kind],
         CAND=cand, PUBLISH=publish, QFP8=qfp8, RAW_FP8=raw_fp8, KEY=TL_DTYPES[key_dt], DOT=dot, ACC=TL_DTYPES[acc],
-        ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, REC_ALIGN=_alignment(data.stride(0)),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_launch(scores))
 
 

@@ -1,0 +1,47 @@
+"""Eager calls of one decode op at V4-Flash shapes, for Nsight Compute (where the hardware counters can be read).
+
+    ncu --clock-control none -k regex:gate_up --launch-skip 4 --launch-count 1 --section WarpStateStats \
+        python3 benchmarks/kernels/ncu_targets.py moe 1
+
+Targets: `moe T` (the routed experts over FP4 stacks, the default config, T tokens of random routing) and
+`gemv N K` (one FP8 block-scaled decode linear, M = 1). Each call uses other weights than the one before (the
+routed experts hit differ; the GEMV rotates copies), so a profiled launch reads its weights from HBM even when
+ncu keeps the caches. Prints nothing but the op's name and the calls made: the figures are ncu's.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from fp8_gemm import weight
+from moe import ACT_GROUP, BEFORE, LIMIT, inputs, make_experts
+
+from v4serve.ops import backend
+from v4serve.ops.kernels import moe as mk
+from v4serve.ops.linear import linear
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("target", choices=("moe", "gemv"))
+    ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K")
+    ap.add_argument("--calls", type=int, default=8)
+    args = ap.parse_args()
+    if args.target == "moe":
+        ex = make_experts()
+        calls = [inputs(args.shape[0], seed=s) for s in range(args.calls)]
+        for x, w, ids in calls:
+            mk.experts_forward(x, ex, w, ids, LIMIT, ACT_GROUP, BEFORE)
+    else:
+        n, k = args.shape
+        weights = [weight(n, k, 128) for _ in range(args.calls)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        for q, s in weights:
+            linear(x, q, s, 128, 128, backend.TRITON)
+    torch.cuda.synchronize()
+    print(f"{args.target} {args.shape}: {args.calls} calls", flush=True)
+
+
+if __name__ == "__main__":
+    main()
