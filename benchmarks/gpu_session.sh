@@ -308,6 +308,10 @@ if [[ $what == measure2 ]]; then  # the step of V4 and V4.1 at batch 1, and V4 a
       "$OUT/profile-$m-b$b.log" | head -14
   done
 fi
+if [[ $what == idxbench ]]; then  # the indexer kernels at 64K context (MXFP4 / FP8-row keys), default configs
+  timeout ${IDX_TIMEOUT:-240} python3 benchmarks/kernels/indexer.py ${IDX_ARGS:---quick} --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/indexer.log" | tail -24
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

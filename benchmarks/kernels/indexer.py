@@ -125,12 +125,49 @@ PREFILL_SWEEP = [ik.Config(bt, be, 0, nw, ns) for bt in (1, 2, 4) for be in (64,
                  for ns in (1, 2, 3)]
 
 
+# the select launch alone (decode): wider position blocks, so a pass over a 16K-entry row is one or two loads of
+# its scores rather than eight dependent ones (select_block, select_warps)
+SELECT_SWEEP = [(2048, 8), (4096, 8), (4096, 16), (8192, 16), (16384, 16), (16384, 32)]
+
+
+def select_sweep(kind: str, b: int) -> list[dict]:
+    """Scores from the logits launch once, then `ik.select` alone per (select_block, select_warps), from a graph;
+    each config's picks must equal the default's."""
+    pool = make_pool(kind, b, seed=b)
+    ent = entries_for(b, b, decode=True)
+    q, w, _ = queries(b, seed=1, fp8=False)
+    scores = torch.empty(b, E, dtype=torch.float32, device="cuda")
+    ik.logits(q, w, pool, ent, scores)
+    want = torch.empty(b, K, dtype=torch.long, device="cuda")
+    ik.select(scores, ent.visible, want, E)
+    rows = []
+    for sb, sw in SELECT_SWEEP:
+        cfg = ik.Config(1, 64, 0, select_block=sb, select_warps=sw)
+        out = torch.empty_like(want)
+        try:
+            ik.select(scores, ent.visible, out, E, config=cfg)
+            us = common.bench_graph_many([lambda o=out, c=cfg: ik.select(scores, ent.visible, o, E, config=c)] * 8) * 1e3
+        except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported
+            print(f"select {kind} B={b} block {sb} warps {sw}: {type(exc).__name__} {str(exc)[:160]}", flush=True)
+            continue
+        same = bool(torch.equal(out, want))
+        rows.append({"keys": kind, "batch": b, "select_block": sb, "select_warps": sw, "select_us": us,
+                     "same_as_default": same})
+        print(f"select {kind} B={b:<3} block {sb:>5} warps {sw:>2}: {us:7.1f} us  same picks {same}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default configs only, no reference timing")
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
+    ap.add_argument("--select-sweep", action="store_true", help="only the select launch's block / warp variants")
     a = ap.parse_args()
+    if a.select_sweep:
+        rows = [r for b in DECODE for r in select_sweep("mxfp4", b)]
+        common.write_json(a.out, "indexer_select_sweep", {"context": CONTEXT, "entries": E, "k": K, "rows": rows})
+        return
     ceil = common.measure_ceilings()
     hbm, fp8, bf16 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"], ceil["bf16_flops"]
     print(common.describe(ceil), flush=True)
