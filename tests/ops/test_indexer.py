@@ -241,6 +241,21 @@ def test_tilings_agree(cfg):
     _same(q, w, pool, entries, 9, config=cfg, publish=3, block=4)
 
 
+@pytest.mark.parametrize("digit", [2, 3, 5, 6])
+@CPU_ONLY
+def test_select_digit_widths_agree(digit):
+    """Radix digits narrower than 8 bits (more passes, each a cheaper histogram; 3 and 5 do not divide the key's
+    bits): the reference's picks on grid scores full of ties (the entry-id digits decide them), on float64 scores,
+    and over published candidate blocks."""
+    cfg = ik.Config(block_t=2, block_e=32, split=2, select_block=64, select_digit=digit)
+    q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float32, seed=12, exact=True)
+    _same(q, w, pool, entries, 9, config=cfg)
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=13)
+    _same(q, w, pool, entries, 7, config=cfg, publish=3, block=4)
+    with pytest.raises(ValueError, match="select_digit"):
+        _same(q, w, pool, entries, 7, config=ik.Config(block_t=2, block_e=32, select_digit=9))
+
+
 @CPU_ONLY
 def test_token_chunks_of_the_score_buffer(monkeypatch):
     """A score budget smaller than the step: chunks of tokens, same result."""

@@ -9,12 +9,12 @@
    only. With `candidates` each program takes one token and walks its candidate blocks instead (sparse MQA logits);
    with `publish` it also stores the block maxima (the newest block forced to +inf) for j < visible.
 2. `_select_kernel`, one program per token: a radix select over the 64-bit keys (order-preserving 32 bits of the
-   float32 score << ID_BITS | (ID_MASK - entry id)): per 8-bit digit, from the top, one pass over the token's scores
-   builds a 256-bin histogram of the keys that still match the chosen prefix and fixes the next digit of the k-th
-   largest key; it stops as soon as every key matching the prefix is taken. A last pass writes the picked keys (in
-   the output row, as scratch), then the program sorts them (descending, `tl.sort`) and writes the entry ids, -1 past
-   the picks. Ties therefore go to the lower entry id exactly as ops.indexer.ordered_keys orders them. The same
-   kernel picks the published candidate blocks from the block maxima.
+   float32 score << ID_BITS | (ID_MASK - entry id)): per digit (`Config.select_digit` bits, 8: 256 bins), from the
+   top, one pass over the token's scores builds a histogram of the keys that still match the chosen prefix and fixes
+   the next digit of the k-th largest key; it stops as soon as every key matching the prefix is taken. A last pass
+   writes the picked keys (in the output row, as scratch), then the program sorts them (descending, `tl.sort`) and
+   writes the entry ids, -1 past the picks. Ties therefore go to the lower entry id exactly as
+   ops.indexer.ordered_keys orders them. The same kernel picks the published candidate blocks from the block maxima.
 
 Precision: scores accumulate in float32 (float64 for float64 queries: the CPU interpreter's exactness runs) and are
 rounded to float32 before the selection, as the reference's ordered_keys does. Decoded keys are rounded to the
@@ -50,6 +50,10 @@ class Config:
     num_stages: int = 2
     select_block: int = 2048  # scores per step of the select passes
     select_warps: int = 8
+    # bits per radix digit: tl.histogram costs ~log2(bins) ballots plus, per bin a lane owns (bins / 32), that many
+    # bitwise ops and a popcount per register of keys: 8-bit digits ~88 instructions a register for 8 bits, 5-bit
+    # ~12 for 5 (more passes, each far cheaper)
+    select_digit: int = 8
 
 
 # --- logits ---------------------------------------------------------------------------------------------------------
@@ -234,18 +238,19 @@ def _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND: tl.con
 @triton.jit
 def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_ct, stride_ot,
                    K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
-                   ID_BITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                   ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr = 8, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
-    STAGES: tl.constexpr = (32 + ID_BITS + 7) // 8
-    TOP: tl.constexpr = 8 * STAGES  # key bits, rounded up to whole digits
+    BINS: tl.constexpr = 1 << DIGIT
+    STAGES: tl.constexpr = (32 + ID_BITS + DIGIT - 1) // DIGIT
+    TOP: tl.constexpr = DIGIT * STAGES  # key bits, rounded up to whole digits
     t = tl.program_id(0).to(tl.int64)
     vis = tl.load(vis_ptr + t)
     if CAND:
         n_pos = n_cand * CB
     else:
         n_pos = (vis + DIV - 1) // DIV  # DIV = 1: entries; DIV = block: the blocks holding visible entries
-    bins = tl.arange(0, 256)
+    bins = tl.arange(0, BINS)
     pref = tl.full([], 0, tl.int64)  # the digits of the k-th largest key fixed so far
     last_shift = tl.full([], TOP, tl.int64)
     need = tl.full([], 0, tl.int32)  # picks still to make among the keys that match the prefix
@@ -253,12 +258,12 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
     done = tl.full([], 0, tl.int32)
     for stage in tl.static_range(STAGES):
         if done == 0:
-            shift: tl.constexpr = TOP - 8 * (stage + 1)
-            hist = tl.zeros([256], tl.int32)
+            shift: tl.constexpr = TOP - DIGIT * (stage + 1)
+            hist = tl.zeros([BINS], tl.int32)
             for p0 in range(0, n_pos, BLOCK):
                 key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
-                match = ok & ((key >> (shift + 8)) == pref)
-                hist += tl.histogram(((key >> shift) & 255).to(tl.int32), 256, mask=match)
+                match = ok & ((key >> (shift + DIGIT)) == pref)
+                hist += tl.histogram(((key >> shift) & (BINS - 1)).to(tl.int32), BINS, mask=match)
             if stage == 0:
                 kk = tl.minimum(tl.sum(hist), K)
                 need = kk
@@ -267,7 +272,7 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
             gt = tl.sum(tl.where(bins > b, hist, 0))
             eq = tl.sum(tl.where(bins == b, hist, 0))
             need = need - gt
-            pref = pref * 256 + b
+            pref = pref * BINS + b
             last_shift = tl.full([], shift, tl.int64)
             done = (need == eq).to(tl.int32)  # every key with this prefix is a pick
     # the picks: keys whose fixed digits are >= the prefix (exactly kk of them), stored in the output row as scratch
@@ -412,12 +417,14 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
     cfg = config or default_config(T, candidates is not None, scores.is_cuda)
     if cfg.select_block & (cfg.select_block - 1):
         raise ValueError(f"block sizes must be powers of two: {cfg}")
+    if not 2 <= cfg.select_digit <= 8:
+        raise ValueError(f"select_digit is 2..8 bits: {cfg}")
     cand = candidates is not None
     cand_t = candidates if cand else visible
     _select_kernel[(T,)](scores, visible, cand_t, out, candidates.shape[1] if cand else 0, scores.stride(0),
                          cand_t.stride(0), out.stride(0), K=K, K_PAD=triton.next_power_of_2(K), CAND=cand,
                          CB=block if cand else 1, DIV=per, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
-                         num_warps=cfg.select_warps, **pdl_launch(scores))
+                         DIGIT=cfg.select_digit, num_warps=cfg.select_warps, **pdl_launch(scores))
 
 
 def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int, *,
