@@ -312,6 +312,23 @@ if [[ $what == idxbench ]]; then  # the indexer kernels at 64K context (MXFP4 / 
   timeout ${IDX_TIMEOUT:-240} python3 benchmarks/kernels/indexer.py ${IDX_ARGS:---quick} --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/indexer.log" | tail -24
 fi
+if [[ $what == next2 ]]; then  # prepared for the seventh session: the select variants (GPU tests, then timed: digits,
+  # the narrow sort), ncu's stall reasons on the decode MoE / GEMV / select, the step at batch 32
+  timeout 90 python3 -m pytest tests/ops/test_indexer.py -k "gpu" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -2
+  timeout 120 python3 benchmarks/kernels/indexer.py --select-sweep --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/select_sweep.log" | tail -30
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  M="--metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum"
+  (cd benchmarks/kernels && timeout 120 $NCU --clock-control none -k regex:"gate_up|down_kernel" --launch-skip 4 \
+    --launch-count 2 $M python3 ncu_targets.py moe 1 > "$OUT/ncu-stalls-moe1.log" 2>&1
+   timeout 90 $NCU --clock-control none -k regex:"decode_gemm" --launch-skip 3 --launch-count 1 $M \
+    python3 ncu_targets.py gemv 4096 8192 > "$OUT/ncu-stalls-gemv.log" 2>&1)
+  for f in "$OUT"/ncu-stalls-*.log; do echo "== $f"; grep -E "^  [_a-z]|stalled|inst_executed|dram__bytes" "$f" \
+    | awk '$NF+0 > 0.05 || /inst_executed|dram|^  [_a-z]/' | head -40; done
+  timeout 200 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 --prefill 0 --top 25 \
+    --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-b32.log"
+  grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|other|\*\*total)|graph|step" "$OUT/profile-b32.log" | head -14
+fi
 if [[ $what == bench || $what == all ]]; then
   timeout 420 python3 benchmarks/offline.py --out "$OUT" "$@" 2>&1 | grep -v Warning | tee "$OUT/offline.log" | tail -40
 fi

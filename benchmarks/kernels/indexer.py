@@ -133,6 +133,32 @@ SELECT_SWEEP = [(2048, 8, 8), (4096, 8, 8), (4096, 16, 8), (8192, 16, 8), (16384
                 (8192, 16, 6), (8192, 16, 5), (8192, 16, 4), (4096, 8, 5), (16384, 16, 5)]
 
 
+def narrow_sort_rows(b: int) -> list[dict]:
+    """`select_narrow` (tokens with <= 256 picks sort 256 slots, not K_PAD) on rows of 200 visible entries (fewer
+    picks than K): time and picks against the full-width sort. Its first GPU run."""
+    pool = make_pool("mxfp4", b, seed=b)
+    ent = entries_for(b, b, decode=True)
+    ent = indexer.Entries(ent.block_table, ent.token_row, torch.full_like(ent.visible, 200), RATIO, BLOCK,
+                          ent.num_blocks, E)
+    q, w, _ = queries(b, seed=1, fp8=False)
+    scores = torch.empty(b, E, dtype=torch.float32, device="cuda")
+    ik.logits(q, w, pool, ent, scores)
+    rows, outs = [], {}
+    for narrow in (False, True):
+        cfg = ik.Config(1, 64, 0, select_block=8192, select_warps=16, select_narrow=narrow)
+        out = outs[narrow] = torch.empty(b, K, dtype=torch.long, device="cuda")
+        ik.select(scores, ent.visible, out, E, config=cfg)
+        us = common.bench_graph_many([lambda o=out, c=cfg: ik.select(scores, ent.visible, o, E, config=c)] * 8) * 1e3
+        rows.append({"keys": "mxfp4", "batch": b, "visible": 200, "select_narrow": narrow, "select_us": us})
+    same = bool(torch.equal(outs[True], outs[False]))
+    want = indexer.index_topk_reference(q, w, pool, ent, K)[0]
+    for r in rows:
+        r["same_as_wide"] = same
+    print(f"select narrow B={b}: wide {rows[0]['select_us']:.1f} us, narrow {rows[1]['select_us']:.1f} us, same picks "
+          f"{same}, wide == reference rows {int((outs[False] == want).all(-1).sum())}/{b}", flush=True)
+    return rows
+
+
 def select_sweep(kind: str, b: int) -> list[dict]:
     """Scores from the logits launch once, then `ik.select` alone per (select_block, select_warps), from a graph;
     each config's picks must equal the default's."""
@@ -170,7 +196,7 @@ def main() -> None:
     ap.add_argument("--select-sweep", action="store_true", help="only the select launch's block / warp variants")
     a = ap.parse_args()
     if a.select_sweep:
-        rows = [r for b in DECODE for r in select_sweep("mxfp4", b)]
+        rows = [r for b in DECODE for r in select_sweep("mxfp4", b) + narrow_sort_rows(b)]
         common.write_json(a.out, "indexer_select_sweep", {"context": CONTEXT, "entries": E, "k": K, "rows": rows})
         return
     ceil = common.measure_ceilings()

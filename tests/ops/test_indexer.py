@@ -10,6 +10,7 @@ operands, where tensor-core sums are exact too, so the picks must still be ident
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -257,6 +258,18 @@ def test_select_digit_widths_agree(digit):
 
 
 @CPU_ONLY
+def test_few_picks_take_the_narrow_sort():
+    """k=12 (a 16-wide sort): tokens with <= 8 picks take the 8-wide sort and write -1 to slots 8..11 themselves;
+    the others the full one. Both kinds of token are in the step, and every row equals the reference's."""
+    q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float64, seed=14)
+    assert ik._small_sort(12) == 8
+    picks = entries.visible.clamp(max=12)
+    assert bool((picks <= 8).any()) and bool((picks > 8).any())
+    got = _same(q, w, pool, entries, 12)[0]
+    assert torch.equal((got >= 0).sum(1), picks)
+
+
+@CPU_ONLY
 def test_token_chunks_of_the_score_buffer(monkeypatch):
     """A score budget smaller than the step: chunks of tokens, same result."""
     q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=10)
@@ -426,6 +439,25 @@ def test_gpu_candidate_level():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     got = ik.index_topk(q.flip(0), w, pool, entries, 256, candidates=want[1], block=8)[0]
     assert torch.equal(got, indexer.index_topk_reference(q.flip(0), w, pool, entries, 256, want[1], 0, 8)[0])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
+@pytest.mark.parametrize("digit", [8, 5])
+def test_gpu_select_variants(digit):
+    """The select's narrow sort (off in the GPU defaults until timed) and 5-bit digits at real shapes: 32 decode rows
+    whose picks range from 30 to 512 and V4.1's 2048 candidate blocks of a short context, the reference's picks."""
+    g = _gen(98)
+    rows = [(int(p), 1) for p in torch.randint(100, 4000, (32,), generator=g)]
+    q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 64, seed=16)
+    base = ik.default_config(q.shape[0], False, True)
+    cfg = dataclasses.replace(base, select_narrow=True, select_digit=digit)
+    want = indexer.index_topk_reference(q, w, pool, entries, 512)[0]
+    assert torch.equal(ik.index_topk(q, w, pool, entries, 512, config=cfg)[0], want)
+    rows = [(3000, 1), (1200, 1)]
+    q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 32, seed=17)
+    got = ik.index_topk(q, w, pool, entries, 512, publish=2048, block=8, config=cfg)
+    want = indexer.index_topk_reference(q, w, pool, entries, 512, publish=2048, block=8)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")

@@ -12,9 +12,10 @@
    float32 score << ID_BITS | (ID_MASK - entry id)): per digit (`Config.select_digit` bits, 8: 256 bins), from the
    top, one pass over the token's scores builds a histogram of the keys that still match the chosen prefix and fixes
    the next digit of the k-th largest key; it stops as soon as every key matching the prefix is taken. A last pass
-   writes the picked keys (in the output row, as scratch), then the program sorts them (descending, `tl.sort`) and
-   writes the entry ids, -1 past the picks. Ties therefore go to the lower entry id exactly as
-   ops.indexer.ordered_keys orders them. The same kernel picks the published candidate blocks from the block maxima.
+   writes the picked keys (in the output row, as scratch), then the program sorts them (descending, `tl.sort`; with
+   `Config.select_narrow`, 256 wide when there are that few picks) and writes the entry ids, -1 past the picks.
+   Ties therefore go to the lower entry id exactly as ops.indexer.ordered_keys orders them. The same kernel picks
+   the published candidate blocks from the block maxima.
 
 Precision: scores accumulate in float32 (float64 for float64 queries: the CPU interpreter's exactness runs) and are
 rounded to float32 before the selection, as the reference's ordered_keys does. Decoded keys are rounded to the
@@ -54,6 +55,9 @@ class Config:
     # bitwise ops and a popcount per register of keys: 8-bit digits ~88 instructions a register for 8 bits, 5-bit
     # ~12 for 5 (more passes, each far cheaper)
     select_digit: int = 8
+    # tokens with at most `_small_sort(K)` picks sort that many slots, not K_PAD; exact under the interpreter, not yet
+    # run on a GPU (the device time ran out), so the GPU configs leave it off until `indexer.py --select-sweep` has
+    select_narrow: bool = True
 
 
 # --- logits ---------------------------------------------------------------------------------------------------------
@@ -238,7 +242,8 @@ def _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND: tl.con
 @triton.jit
 def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_ct, stride_ot,
                    K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
-                   ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr = 8, PDL: tl.constexpr = False):
+                   ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr = 8, SMALL: tl.constexpr = 0,
+                   PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
     BINS: tl.constexpr = 1 << DIGIT
@@ -284,11 +289,26 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
         tl.store(out_ptr + t * stride_ot + pos, key, mask=sel)
         count += tl.sum(sel.to(tl.int32))
     tl.debug_barrier()  # this program's scratch stores precede its loads
-    slots = tl.arange(0, K_PAD)
-    got = tl.load(out_ptr + t * stride_ot + slots, mask=slots < kk, other=-1, cache_modifier=".cg")
+    row = out_ptr + t * stride_ot
+    if SMALL < K_PAD:  # few picks (short contexts; V4.1's 2048 candidate blocks early on): a SMALL-wide sort
+        if kk <= SMALL:
+            _sort_picks(row, kk, K, SMALL, ID_MASK)
+            slots = tl.arange(0, K_PAD)
+            tl.store(row + slots, -1, mask=(slots >= SMALL) & (slots < K))
+        else:
+            _sort_picks(row, kk, K, K_PAD, ID_MASK)
+    else:
+        _sort_picks(row, kk, K, K_PAD, ID_MASK)
+
+
+@triton.jit
+def _sort_picks(row_ptr, kk, K, N: tl.constexpr, ID_MASK: tl.constexpr):
+    """The kk picked keys at row_ptr[:kk] (scratch) -> their entry ids, descending by key, -1 in slots kk..N-1 (< K)."""
+    slots = tl.arange(0, N)
+    got = tl.load(row_ptr + slots, mask=slots < kk, other=-1, cache_modifier=".cg")
     got = tl.sort(got, descending=True)
     ids = tl.where(slots < kk, ID_MASK - (got & ID_MASK), -1)
-    tl.store(out_ptr + t * stride_ot + slots, ids, mask=slots < K)
+    tl.store(row_ptr + slots, ids, mask=slots < K)
 
 
 # --- host side ------------------------------------------------------------------------------------------------------
@@ -300,6 +320,13 @@ def _programs_to_fill(device: torch.device) -> int:
         return 3
     index = device.index if device.index is not None else torch.cuda.current_device()
     return 2 * torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _small_sort(k: int) -> int:
+    """The narrower sort `_select_kernel` takes when a token has at most this many picks: a bitonic sort's cost
+    follows its width, not the picks (2048 slots for V4.1's candidate blocks, 64 of them used at a 2K context)."""
+    small = min(256, triton.next_power_of_2(k) // 2)
+    return small if small >= 2 else triton.next_power_of_2(k)  # (>= K_PAD: no narrow sort)
 
 
 def _alignment(stride_bytes: int) -> int:
@@ -320,8 +347,9 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
     if candidates or t <= 64:
         # select: 8192-position blocks on 16 warps (H200, 16K entries, top-512: 61.1 -> 53.2 us at batch 1, 77.4 ->
         # 65.1 us at 32; `indexer.py --select-sweep`)
-        return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=8192, select_warps=16)
-    return Config(block_t=2, block_e=128, num_warps=8, num_stages=2)
+        return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=8192, select_warps=16,
+                      select_narrow=False)
+    return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False)
 
 
 # On the H200 (2026-11-30) five of the eight GPU cases in tests/ops/test_indexer.py faulted ("misaligned address":
@@ -421,10 +449,13 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
         raise ValueError(f"select_digit is 2..8 bits: {cfg}")
     cand = candidates is not None
     cand_t = candidates if cand else visible
+    K_pad = triton.next_power_of_2(K)
     _select_kernel[(T,)](scores, visible, cand_t, out, candidates.shape[1] if cand else 0, scores.stride(0),
-                         cand_t.stride(0), out.stride(0), K=K, K_PAD=triton.next_power_of_2(K), CAND=cand,
+                         cand_t.stride(0), out.stride(0), K=K, K_PAD=K_pad, CAND=cand,
                          CB=block if cand else 1, DIV=per, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
-                         DIGIT=cfg.select_digit, num_warps=cfg.select_warps, **pdl_launch(scores))
+                         DIGIT=cfg.select_digit, SMALL=_small_sort(K) if cfg.select_narrow else K_pad,
+                         num_warps=cfg.select_warps,
+                         **pdl_launch(scores))
 
 
 def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int, *,
