@@ -19,7 +19,7 @@ near-ties): rows identical, and the recall of the reference's picks.
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import common
 import torch
@@ -133,29 +133,43 @@ SELECT_SWEEP = [(2048, 8, 8), (4096, 8, 8), (4096, 16, 8), (8192, 16, 8), (16384
                 (8192, 16, 6), (8192, 16, 5), (8192, 16, 4), (4096, 8, 5), (16384, 16, 5)]
 
 
-def narrow_sort_rows(b: int) -> list[dict]:
-    """`select_narrow` (tokens with <= 256 picks sort 256 slots, not K_PAD) on rows of 200 visible entries (fewer
-    picks than K): time and picks against the full-width sort. Its first GPU run."""
+# shorter rows (entries visible), where the prepared variants apply: select_narrow (<= 256 picks sort 256 slots) and
+# select_resident (a row of <= select_block positions keeps its keys in registers through the passes)
+SHORT_ROWS = (200, 4000)
+SHORT_VARIANTS = {"default": {}, "narrow": {"select_narrow": True},
+                  "resident-4096w16": {"select_resident": True, "select_block": 4096},
+                  "resident-narrow-4096w16": {"select_resident": True, "select_narrow": True, "select_block": 4096}}
+
+
+def short_row_variants(b: int) -> list[dict]:
+    """The select alone on rows of SHORT_ROWS visible entries, per variant (from the decode default config), from a
+    graph; each variant's picks against the default's. Their first GPU run."""
     pool = make_pool("mxfp4", b, seed=b)
-    ent = entries_for(b, b, decode=True)
-    ent = indexer.Entries(ent.block_table, ent.token_row, torch.full_like(ent.visible, 200), RATIO, BLOCK,
-                          ent.num_blocks, E)
+    base = entries_for(b, b, decode=True)
     q, w, _ = queries(b, seed=1, fp8=False)
-    scores = torch.empty(b, E, dtype=torch.float32, device="cuda")
-    ik.logits(q, w, pool, ent, scores)
-    rows, outs = [], {}
-    for narrow in (False, True):
-        cfg = ik.Config(1, 64, 0, select_block=8192, select_warps=16, select_narrow=narrow)
-        out = outs[narrow] = torch.empty(b, K, dtype=torch.long, device="cuda")
-        ik.select(scores, ent.visible, out, E, config=cfg)
-        us = common.bench_graph_many([lambda o=out, c=cfg: ik.select(scores, ent.visible, o, E, config=c)] * 8) * 1e3
-        rows.append({"keys": "mxfp4", "batch": b, "visible": 200, "select_narrow": narrow, "select_us": us})
-    same = bool(torch.equal(outs[True], outs[False]))
-    want = indexer.index_topk_reference(q, w, pool, ent, K)[0]
-    for r in rows:
-        r["same_as_wide"] = same
-    print(f"select narrow B={b}: wide {rows[0]['select_us']:.1f} us, narrow {rows[1]['select_us']:.1f} us, same picks "
-          f"{same}, wide == reference rows {int((outs[False] == want).all(-1).sum())}/{b}", flush=True)
+    default = ik.default_config(b, False, True)
+    rows = []
+    for visible in SHORT_ROWS:
+        ent = indexer.Entries(base.block_table, base.token_row, torch.full_like(base.visible, visible), RATIO, BLOCK,
+                              base.num_blocks, E)
+        scores = torch.empty(b, E, dtype=torch.float32, device="cuda")
+        ik.logits(q, w, pool, ent, scores)
+        want = None
+        for name, change in SHORT_VARIANTS.items():
+            cfg = replace(default, **change)
+            out = torch.empty(b, K, dtype=torch.long, device="cuda")
+            try:
+                ik.select(scores, ent.visible, out, E, config=cfg)
+                call = (lambda o=out, c=cfg, e=ent, sc=scores: ik.select(sc, e.visible, o, E, config=c))
+                us = common.bench_graph_many([call] * 8) * 1e3
+            except Exception as exc:  # noqa: BLE001 - reported, the others go on
+                print(f"select {name} B={b} visible {visible}: {type(exc).__name__} {str(exc)[:160]}", flush=True)
+                continue
+            want = out if want is None else want
+            same = bool(torch.equal(out, want))
+            rows.append({"keys": "mxfp4", "batch": b, "visible": visible, "variant": name, "select_us": us,
+                         "same_as_default": same})
+            print(f"select B={b:<3} visible {visible:>5} {name:<24} {us:7.1f} us  same picks {same}", flush=True)
     return rows
 
 
@@ -196,7 +210,7 @@ def main() -> None:
     ap.add_argument("--select-sweep", action="store_true", help="only the select launch's block / warp variants")
     a = ap.parse_args()
     if a.select_sweep:
-        rows = [r for b in DECODE for r in select_sweep("mxfp4", b) + narrow_sort_rows(b)]
+        rows = [r for b in DECODE for r in select_sweep("mxfp4", b) + short_row_variants(b)]
         common.write_json(a.out, "indexer_select_sweep", {"context": CONTEXT, "entries": E, "k": K, "rows": rows})
         return
     ceil = common.measure_ceilings()

@@ -257,6 +257,21 @@ def test_select_digit_widths_agree(digit):
         _same(q, w, pool, entries, 7, config=ik.Config(block_t=2, block_e=32, select_digit=9))
 
 
+@pytest.mark.parametrize("narrow", [False, True])
+@CPU_ONLY
+def test_resident_keys_agree(narrow):
+    """select_resident: rows of <= select_block positions keep their keys in registers through the radix passes
+    (longer rows take the loop): the reference's picks on grid scores full of ties, on float64 scores, over published
+    candidate blocks and within them, with both sort widths."""
+    cfg = ik.Config(block_t=2, block_e=32, split=2, select_block=16, select_resident=True, select_narrow=narrow)
+    q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float32, seed=15, exact=True)
+    assert bool((entries.visible <= 16).any()) and bool((entries.visible > 16).any())  # both paths in the step
+    _same(q, w, pool, entries, 9, config=cfg)
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=16)
+    blocks = _same(q, w, pool, entries, 7, config=cfg, publish=3, block=4)[1]
+    _same(q, w, pool, entries, 5, config=cfg, candidates=blocks, block=4)
+
+
 @CPU_ONLY
 def test_few_picks_take_the_narrow_sort():
     """k=12 (a 16-wide sort): tokens with <= 8 picks take the 8-wide sort and write -1 to slots 8..11 themselves;
@@ -442,15 +457,18 @@ def test_gpu_candidate_level():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
-@pytest.mark.parametrize("digit", [8, 5])
-def test_gpu_select_variants(digit):
-    """The select's narrow sort (off in the GPU defaults until timed) and 5-bit digits at real shapes: 32 decode rows
-    whose picks range from 30 to 512 and V4.1's 2048 candidate blocks of a short context, the reference's picks."""
+@pytest.mark.parametrize("change", [{"select_narrow": True}, {"select_digit": 5},
+                                    {"select_resident": True, "select_block": 4096},
+                                    {"select_narrow": True, "select_digit": 5, "select_resident": True}],
+                         ids=["narrow", "digit5", "resident", "all"])
+def test_gpu_select_variants(change):
+    """The select's prepared variants (off in the GPU defaults until timed: the narrow sort, 5-bit digits, keys kept
+    in registers) at real shapes: 32 decode rows whose picks range from 30 to 512, and V4.1's 2048 candidate blocks
+    of a short context; the reference's picks."""
     g = _gen(98)
     rows = [(int(p), 1) for p in torch.randint(100, 4000, (32,), generator=g)]
     q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 64, seed=16)
-    base = ik.default_config(q.shape[0], False, True)
-    cfg = dataclasses.replace(base, select_narrow=True, select_digit=digit)
+    cfg = dataclasses.replace(ik.default_config(q.shape[0], False, True), **change)
     want = indexer.index_topk_reference(q, w, pool, entries, 512)[0]
     assert torch.equal(ik.index_topk(q, w, pool, entries, 512, config=cfg)[0], want)
     rows = [(3000, 1), (1200, 1)]

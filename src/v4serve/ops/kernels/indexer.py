@@ -10,8 +10,9 @@
    with `publish` it also stores the block maxima (the newest block forced to +inf) for j < visible.
 2. `_select_kernel`, one program per token: a radix select over the 64-bit keys (order-preserving 32 bits of the
    float32 score << ID_BITS | (ID_MASK - entry id)): per digit (`Config.select_digit` bits, 8: 256 bins), from the
-   top, one pass over the token's scores builds a histogram of the keys that still match the chosen prefix and fixes
-   the next digit of the k-th largest key; it stops as soon as every key matching the prefix is taken. A last pass
+   top, one pass over the token's scores (or, with `Config.select_resident`, over its keys kept in registers when
+   the row fits one block) builds a histogram of the keys that still match the chosen prefix and fixes the next
+   digit of the k-th largest key; it stops as soon as every key matching the prefix is taken. A last pass
    writes the picked keys (in the output row, as scratch), then the program sorts them (descending, `tl.sort`; with
    `Config.select_narrow`, 256 wide when there are that few picks) and writes the entry ids, -1 past the picks.
    Ties therefore go to the lower entry id exactly as ops.indexer.ordered_keys orders them. The same kernel picks
@@ -58,6 +59,11 @@ class Config:
     # tokens with at most `_small_sort(K)` picks sort that many slots, not K_PAD; exact under the interpreter, not yet
     # run on a GPU (the device time ran out), so the GPU configs leave it off until `indexer.py --select-sweep` has
     select_narrow: bool = True
+    # a row of <= select_block positions: its keys computed once and kept in registers through the radix passes
+    # (otherwise each pass reloads the scores and redoes the 64-bit key arithmetic: by the sm_90 SASS of a pass,
+    # comparable to its 256-bin histogram); exact under the interpreter, off in the GPU configs until timed; spills
+    # at 8192 positions on 16 warps, none at 4096
+    select_resident: bool = True
 
 
 # --- logits ---------------------------------------------------------------------------------------------------------
@@ -243,7 +249,7 @@ def _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND: tl.con
 def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_ct, stride_ot,
                    K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
                    ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr = 8, SMALL: tl.constexpr = 0,
-                   PDL: tl.constexpr = False):
+                   RESIDENT: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
     BINS: tl.constexpr = 1 << DIGIT
@@ -261,33 +267,37 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
     need = tl.full([], 0, tl.int32)  # picks still to make among the keys that match the prefix
     kk = tl.full([], 0, tl.int32)
     done = tl.full([], 0, tl.int32)
-    for stage in tl.static_range(STAGES):
-        if done == 0:
-            shift: tl.constexpr = TOP - DIGIT * (stage + 1)
-            hist = tl.zeros([BINS], tl.int32)
-            for p0 in range(0, n_pos, BLOCK):
-                key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+    if RESIDENT and n_pos <= BLOCK:  # the row's keys computed once, kept in registers through every pass
+        key, ok = _keys(s_ptr, cand_ptr, t, 0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+        for stage in tl.static_range(STAGES):
+            if done == 0:
+                shift: tl.constexpr = TOP - DIGIT * (stage + 1)
                 match = ok & ((key >> (shift + DIGIT)) == pref)
-                hist += tl.histogram(((key >> shift) & (BINS - 1)).to(tl.int32), BINS, mask=match)
-            if stage == 0:
-                kk = tl.minimum(tl.sum(hist), K)
-                need = kk
-            ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist  # keys with this digit or a larger one
-            b = tl.max(tl.where(ge >= need, bins, 0))
-            gt = tl.sum(tl.where(bins > b, hist, 0))
-            eq = tl.sum(tl.where(bins == b, hist, 0))
-            need = need - gt
-            pref = pref * BINS + b
-            last_shift = tl.full([], shift, tl.int64)
-            done = (need == eq).to(tl.int32)  # every key with this prefix is a pick
-    # the picks: keys whose fixed digits are >= the prefix (exactly kk of them), stored in the output row as scratch
-    count = tl.full([], 0, tl.int32)
-    for p0 in range(0, n_pos, BLOCK):
-        key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+                hist = tl.histogram(((key >> shift) & (BINS - 1)).to(tl.int32), BINS, mask=match)
+                kk, need, pref, done = _fix_digit(hist, bins, stage, kk, need, pref, K, BINS)
+                last_shift = tl.full([], shift, tl.int64)
+        # the picks: keys whose fixed digits are >= the prefix (exactly kk of them), in the output row as scratch
         sel = ok & ((key >> last_shift) >= pref)
-        pos = count + tl.cumsum(sel.to(tl.int32), 0) - 1
-        tl.store(out_ptr + t * stride_ot + pos, key, mask=sel)
-        count += tl.sum(sel.to(tl.int32))
+        tl.store(out_ptr + t * stride_ot + tl.cumsum(sel.to(tl.int32), 0) - 1, key, mask=sel)
+    else:
+        for stage in tl.static_range(STAGES):
+            if done == 0:
+                shift: tl.constexpr = TOP - DIGIT * (stage + 1)
+                hist = tl.zeros([BINS], tl.int32)
+                for p0 in range(0, n_pos, BLOCK):
+                    key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS,
+                                    BLOCK)
+                    match = ok & ((key >> (shift + DIGIT)) == pref)
+                    hist += tl.histogram(((key >> shift) & (BINS - 1)).to(tl.int32), BINS, mask=match)
+                kk, need, pref, done = _fix_digit(hist, bins, stage, kk, need, pref, K, BINS)
+                last_shift = tl.full([], shift, tl.int64)
+        count = tl.full([], 0, tl.int32)
+        for p0 in range(0, n_pos, BLOCK):
+            key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+            sel = ok & ((key >> last_shift) >= pref)
+            pos = count + tl.cumsum(sel.to(tl.int32), 0) - 1
+            tl.store(out_ptr + t * stride_ot + pos, key, mask=sel)
+            count += tl.sum(sel.to(tl.int32))
     tl.debug_barrier()  # this program's scratch stores precede its loads
     row = out_ptr + t * stride_ot
     if SMALL < K_PAD:  # few picks (short contexts; V4.1's 2048 candidate blocks early on): a SMALL-wide sort
@@ -299,6 +309,21 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
             _sort_picks(row, kk, K, K_PAD, ID_MASK)
     else:
         _sort_picks(row, kk, K, K_PAD, ID_MASK)
+
+
+@triton.jit
+def _fix_digit(hist, bins, stage: tl.constexpr, kk, need, pref, K: tl.constexpr, BINS: tl.constexpr):
+    """One radix pass's histogram of the keys matching the prefix -> (picks, picks still to make among the keys with
+    the new prefix, the prefix with the k-th largest key's next digit, 1 when every key with it is a pick)."""
+    if stage == 0:
+        kk = tl.minimum(tl.sum(hist), K)
+        need = kk
+    ge = tl.sum(hist) - tl.cumsum(hist, 0) + hist  # keys with this digit or a larger one
+    b = tl.max(tl.where(ge >= need, bins, 0))
+    gt = tl.sum(tl.where(bins > b, hist, 0))
+    eq = tl.sum(tl.where(bins == b, hist, 0))
+    need = need - gt
+    return kk, need, pref * BINS + b, (need == eq).to(tl.int32)
 
 
 @triton.jit
@@ -348,8 +373,8 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
         # select: 8192-position blocks on 16 warps (H200, 16K entries, top-512: 61.1 -> 53.2 us at batch 1, 77.4 ->
         # 65.1 us at 32; `indexer.py --select-sweep`)
         return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=8192, select_warps=16,
-                      select_narrow=False)
-    return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False)
+                      select_narrow=False, select_resident=False)
+    return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False, select_resident=False)
 
 
 # On the H200 (2026-11-30) five of the eight GPU cases in tests/ops/test_indexer.py faulted ("misaligned address":
@@ -454,7 +479,7 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
                          cand_t.stride(0), out.stride(0), K=K, K_PAD=K_pad, CAND=cand,
                          CB=block if cand else 1, DIV=per, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
                          DIGIT=cfg.select_digit, SMALL=_small_sort(K) if cfg.select_narrow else K_pad,
-                         num_warps=cfg.select_warps,
+                         RESIDENT=cfg.select_resident, num_warps=cfg.select_warps,
                          **pdl_launch(scores))
 
 
