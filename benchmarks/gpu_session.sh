@@ -315,7 +315,7 @@ fi
 if [[ $what == next2 ]]; then  # prepared for the seventh session: the select variants (GPU tests, then timed: digits,
   # the narrow sort), ncu's stall reasons on the decode MoE / GEMV / select, the step at batch 32
   timeout 90 python3 -m pytest tests/ops/test_indexer.py -k "gpu" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -2
-  timeout 120 python3 benchmarks/kernels/indexer.py --select-sweep --out "$OUT" 2>&1 | grep -v Warning \
+  timeout 200 python3 benchmarks/kernels/indexer.py --select-sweep --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/select_sweep.log" | tail -30
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   M="--metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,smsp__inst_executed.sum,dram__bytes_read.sum"
