@@ -313,7 +313,7 @@ if [[ $what == idxbench ]]; then  # the indexer kernels at 64K context (MXFP4 / 
     | tee "$OUT/indexer.log" | tail -24
 fi
 if [[ $what == next2 ]]; then  # prepared for the seventh session: the select variants (GPU tests, then timed: digits,
-  # the narrow sort), ncu's stall reasons on the decode MoE / GEMV / select, the step at batch 32
+  # the narrow sort, resident keys), ncu's stall reasons on the decode MoE and GEMV (then `b32` in a call of its own)
   timeout 90 python3 -m pytest tests/ops/test_indexer.py -k "gpu" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -2
   timeout 200 python3 benchmarks/kernels/indexer.py --select-sweep --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/select_sweep.log" | tail -30
@@ -325,8 +325,11 @@ if [[ $what == next2 ]]; then  # prepared for the seventh session: the select va
     python3 ncu_targets.py gemv 4096 8192 > "$OUT/ncu-stalls-gemv.log" 2>&1)
   for f in "$OUT"/ncu-stalls-*.log; do echo "== $f"; grep -E "^  [_a-z]|stalled|inst_executed|dram__bytes" "$f" \
     | awk '$NF+0 > 0.05 || /inst_executed|dram|^  [_a-z]/' | head -40; done
-  timeout 200 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 --prefill 0 --top 25 \
-    --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-b32.log"
+fi
+if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
+  timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
+    --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
+    > "$OUT/profile-b32.log"
   grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|other|\*\*total)|graph|step" "$OUT/profile-b32.log" | head -14
 fi
 if [[ $what == bench || $what == all ]]; then
