@@ -127,8 +127,7 @@ PREFILL_SWEEP = [ik.Config(bt, be, 0, nw, ns) for bt in (1, 2, 4) for be in (64,
 
 # the select launch alone (decode): (select_block, select_warps, select_digit). Wider position blocks: one or two
 # loads of a 16K-entry row's scores a pass rather than eight (measured: 13% faster at 8192 x 16 warps). Narrower radix
-# digits: more passes, each histogram far cheaper (tl.histogram: ~log2(bins) ballots + bins/32 x log2(bins) ops
-# per register of keys)
+# digits: more passes, each histogram cheaper (ik.Config.select_digit)
 SELECT_SWEEP = [(2048, 8, 8), (4096, 8, 8), (4096, 16, 8), (8192, 16, 8), (16384, 16, 8), (16384, 32, 8),
                 (8192, 16, 6), (8192, 16, 5), (8192, 16, 4), (4096, 8, 5), (16384, 16, 5)]
 
@@ -139,6 +138,20 @@ SHORT_ROWS = (200, 4000)
 SHORT_VARIANTS = {"default": {}, "narrow": {"select_narrow": True},
                   "resident-4096w16": {"select_resident": True, "select_block": 4096},
                   "resident-narrow-4096w16": {"select_resident": True, "select_narrow": True, "select_block": 4096}}
+
+
+def time_select(scores: torch.Tensor, visible: torch.Tensor, cfg: ik.Config, label: str
+                ) -> tuple[float, torch.Tensor] | None:
+    """`ik.select` alone with cfg, from a graph of 8 calls -> (us a call, its picks), or None (reported) where the
+    config does not compile or run."""
+    out = torch.empty(scores.shape[0], K, dtype=torch.long, device="cuda")
+    try:
+        ik.select(scores, visible, out, E, config=cfg)
+        us = common.bench_graph_many([lambda: ik.select(scores, visible, out, E, config=cfg)] * 8) * 1e3
+    except Exception as exc:  # noqa: BLE001 - reported, the other configs go on
+        print(f"select {label}: {type(exc).__name__} {str(exc)[:160]}", flush=True)
+        return None
+    return us, out
 
 
 def short_row_variants(b: int) -> list[dict]:
@@ -156,15 +169,10 @@ def short_row_variants(b: int) -> list[dict]:
         ik.logits(q, w, pool, ent, scores)
         want = None
         for name, change in SHORT_VARIANTS.items():
-            cfg = replace(default, **change)
-            out = torch.empty(b, K, dtype=torch.long, device="cuda")
-            try:
-                ik.select(scores, ent.visible, out, E, config=cfg)
-                call = (lambda o=out, c=cfg, e=ent, sc=scores: ik.select(sc, e.visible, o, E, config=c))
-                us = common.bench_graph_many([call] * 8) * 1e3
-            except Exception as exc:  # noqa: BLE001 - reported, the others go on
-                print(f"select {name} B={b} visible {visible}: {type(exc).__name__} {str(exc)[:160]}", flush=True)
+            got = time_select(scores, ent.visible, replace(default, **change), f"{name} B={b} visible {visible}")
+            if got is None:
                 continue
+            us, out = got
             want = out if want is None else want
             same = bool(torch.equal(out, want))
             rows.append({"keys": "mxfp4", "batch": b, "visible": visible, "variant": name, "select_us": us,
@@ -174,8 +182,8 @@ def short_row_variants(b: int) -> list[dict]:
 
 
 def select_sweep(kind: str, b: int) -> list[dict]:
-    """Scores from the logits launch once, then `ik.select` alone per (select_block, select_warps), from a graph;
-    each config's picks must equal the default's."""
+    """Scores from the logits launch once, then `ik.select` alone per (select_block, select_warps, select_digit),
+    from a graph; each config's picks must equal the default's."""
     pool = make_pool(kind, b, seed=b)
     ent = entries_for(b, b, decode=True)
     q, w, _ = queries(b, seed=1, fp8=False)
@@ -186,14 +194,10 @@ def select_sweep(kind: str, b: int) -> list[dict]:
     rows = []
     for sb, sw, digit in SELECT_SWEEP:
         cfg = ik.Config(1, 64, 0, select_block=sb, select_warps=sw, select_digit=digit)
-        out = torch.empty_like(want)
-        try:
-            ik.select(scores, ent.visible, out, E, config=cfg)
-            us = common.bench_graph_many([lambda o=out, c=cfg: ik.select(scores, ent.visible, o, E, config=c)] * 8) * 1e3
-        except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported
-            print(f"select {kind} B={b} block {sb} warps {sw} digit {digit}: {type(exc).__name__} {str(exc)[:160]}",
-                  flush=True)
+        got = time_select(scores, ent.visible, cfg, f"{kind} B={b} block {sb} warps {sw} digit {digit}")
+        if got is None:
             continue
+        us, out = got
         same = bool(torch.equal(out, want))
         rows.append({"keys": kind, "batch": b, "select_block": sb, "select_warps": sw, "select_digit": digit,
                      "select_us": us, "same_as_default": same})

@@ -53,7 +53,8 @@ def fit(t: int, gu: mk.GemmConfig, dn: mk.GemmConfig | None, gu_per_sm: int, dn_
     base = auto(t)
     dn = dn or base.down
     hit = min(E, t * K)
-    blocks = hit * -(-(-(-t * K // hit)) // 16)
+    rows_per_expert = -(-t * K // hit)
+    blocks = hit * -(-rows_per_expert // 16)
     sms = torch.cuda.get_device_properties(0).multi_processor_count if CONFIG_DEVICE else 132
 
     def split(g: mk.GemmConfig, n: int, k: int, per_sm: int, default: int) -> int:

@@ -52,9 +52,9 @@ class Config:
     num_stages: int = 2
     select_block: int = 2048  # scores per step of the select passes
     select_warps: int = 8
-    # bits per radix digit: tl.histogram costs ~log2(bins) ballots plus, per bin a lane owns (bins / 32), that many
-    # bitwise ops and a popcount per register of keys: 8-bit digits ~88 instructions a register for 8 bits, 5-bit
-    # ~12 for 5 (more passes, each far cheaper)
+    # bits per radix digit: narrower digits take more passes, each with a cheaper histogram (tl.histogram: log2(bins)
+    # ballots plus bins/32 x log2(bins) bitwise ops a register of keys); sm_90 SASS of a pass over 16 keys a thread:
+    # ~1,300 instructions at 8 bits, ~950 at 5. Not yet timed: 8 everywhere
     select_digit: int = 8
     # tokens with at most `_small_sort(K)` picks sort that many slots, not K_PAD; exact under the interpreter, not yet
     # run on a GPU (the device time ran out), so the GPU configs leave it off until `indexer.py --select-sweep` has
@@ -272,8 +272,7 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
         for stage in tl.static_range(STAGES):
             if done == 0:
                 shift: tl.constexpr = TOP - DIGIT * (stage + 1)
-                match = ok & ((key >> (shift + DIGIT)) == pref)
-                hist = tl.histogram(((key >> shift) & (BINS - 1)).to(tl.int32), BINS, mask=match)
+                hist = _digit_hist(key, ok, pref, shift, DIGIT)
                 kk, need, pref, done = _fix_digit(hist, bins, stage, kk, need, pref, K, BINS)
                 last_shift = tl.full([], shift, tl.int64)
         # the picks: keys whose fixed digits are >= the prefix (exactly kk of them), in the output row as scratch
@@ -287,8 +286,7 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
                 for p0 in range(0, n_pos, BLOCK):
                     key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS,
                                     BLOCK)
-                    match = ok & ((key >> (shift + DIGIT)) == pref)
-                    hist += tl.histogram(((key >> shift) & (BINS - 1)).to(tl.int32), BINS, mask=match)
+                    hist += _digit_hist(key, ok, pref, shift, DIGIT)
                 kk, need, pref, done = _fix_digit(hist, bins, stage, kk, need, pref, K, BINS)
                 last_shift = tl.full([], shift, tl.int64)
         count = tl.full([], 0, tl.int32)
@@ -300,15 +298,19 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
             count += tl.sum(sel.to(tl.int32))
     tl.debug_barrier()  # this program's scratch stores precede its loads
     row = out_ptr + t * stride_ot
-    if SMALL < K_PAD:  # few picks (short contexts; V4.1's 2048 candidate blocks early on): a SMALL-wide sort
-        if kk <= SMALL:
-            _sort_picks(row, kk, K, SMALL, ID_MASK)
-            slots = tl.arange(0, K_PAD)
-            tl.store(row + slots, -1, mask=(slots >= SMALL) & (slots < K))
-        else:
-            _sort_picks(row, kk, K, K_PAD, ID_MASK)
+    if SMALL < K_PAD and kk <= SMALL:  # few picks (short contexts; V4.1's 2048 candidate blocks early on)
+        _sort_picks(row, kk, K, SMALL, ID_MASK)
+        slots = tl.arange(0, K_PAD)
+        tl.store(row + slots, -1, mask=(slots >= SMALL) & (slots < K))
     else:
         _sort_picks(row, kk, K, K_PAD, ID_MASK)
+
+
+@triton.jit
+def _digit_hist(key, ok, pref, shift: tl.constexpr, DIGIT: tl.constexpr):
+    """The histogram of the digit at `shift` over the valid keys whose higher digits are the prefix."""
+    match = ok & ((key >> (shift + DIGIT)) == pref)
+    return tl.histogram(((key >> shift) & ((1 << DIGIT) - 1)).to(tl.int32), 1 << DIGIT, mask=match)
 
 
 @triton.jit
@@ -375,11 +377,6 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
         return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=8192, select_warps=16,
                       select_narrow=False, select_resident=False)
     return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False, select_resident=False)
-
-
-# On the H200 (2026-11-30) five of the eight GPU cases in tests/ops/test_indexer.py faulted ("misaligned address":
-# FP8-row and MXFP4 record loads vectorized past their 4-B alignment, compute-sanitizer 2026-12-01); REC_ALIGN fixed
-# that. Every format and both candidate levels run here on CUDA.
 
 
 def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, candidates: torch.Tensor | None,
