@@ -300,7 +300,7 @@ if [[ $what == verify2 ]]; then  # the indexer's GPU cases (REC_ALIGN), the MoE'
   [[ ${PIPESTATUS[0]} == 0 ]] || rc=1
 fi
 if [[ $what == measure2 ]]; then  # the step of V4 and V4.1 at batch 1, and V4 at batch 32
-  for mb in v4-flash-e16:1 v41-flash-e16-engram1m:1 v4-flash-e16:32; do
+  for mb in ${MEASURE:-v4-flash-e16:1 v41-flash-e16-engram1m:1 v4-flash-e16:32}; do
     m=${mb%:*}; b=${mb#*:}
     timeout 115 python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 2 --prefill 0 --top 25 \
       --kv-cache-memory 8589934592 --out "$OUT/$m-b$b" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-$m-b$b.log"
@@ -325,6 +325,26 @@ if [[ $what == next2 ]]; then  # prepared for the seventh session: the select va
     python3 ncu_targets.py gemv 4096 8192 > "$OUT/ncu-stalls-gemv.log" 2>&1)
   for f in "$OUT"/ncu-stalls-*.log; do echo "== $f"; grep -E "^  [_a-z]|stalled|inst_executed|dram__bytes" "$f" \
     | awk '$NF+0 > 0.05 || /inst_executed|dram|^  [_a-z]/' | head -40; done
+fi
+if [[ $what == swap ]]; then  # the decode GEMV / paired shared expert with the weight as wgmma's operand (SWAP)
+  timeout 150 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" 2>&1 | tail -2
+  timeout 300 python3 benchmarks/kernels/fp8_gemm.py --decode-only --out "$OUT" \
+    --shapes "wq_b,wo_b,wq_a,wkv,shared_w2,v41_wo_b,wo_a(grouped),idx_wq_b" \
+    --variants ${SWAP_VARIANTS:-default,swap,swap-bn128,swap-s6,swap-bk256,swap-s2,swap-bn128w8} 2>&1 \
+    | grep -v Warning | tee "$OUT/gemv-swap.log" | grep -E "^\||M= *1 " | head -60
+  timeout 120 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/shared-swap.log" | grep -E "M=  1|M= 32" | head -30
+fi
+if [[ $what == bins ]]; then  # the indexer's score bins (select_hist): GPU tests, then logits + select timed per config
+  timeout 120 python3 -m pytest tests/ops/test_indexer.py -k "gpu" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -3
+  timeout 240 python3 benchmarks/kernels/indexer.py --binned-sweep --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/binned_sweep.log" | tail -40
+fi
+if [[ $what == final ]]; then  # the GEMV / shared expert / indexer tests at real shapes, then the model-level GPU tests
+  timeout 260 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py tests/ops/test_indexer.py \
+    -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/ops_tests.log" | tail -3
+  timeout 200 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

@@ -40,7 +40,11 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "bn128w8": {"BN": 128, "num_warps": 8}, "bk256s3": {"BK": 256, "num_stages": 3},
                    "stages2": {"num_stages": 2}, "stages6": {"num_stages": 6}, "w8": {"num_warps": 8},
                    "w2": {"num_warps": 2}, "split1": {"splits": 1}, "split2x": "double", "split4x": "quadruple",
-                   "in-register": "in-register", "prequantized": "prequantized", "general": "general"}
+                   "in-register": "in-register", "prequantized": "prequantized", "general": "general",
+                   # the weight as wgmma's operand (fp8_gemv.block_dot SWAP: no FP8 -> f16 conversions on sm_90)
+                   "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
+                   "swap-s6": {"swap": True, "num_stages": 6}, "swap-bk256": {"swap": True, "BK": 256},
+                   "swap-s2": {"swap": True, "num_stages": 2}, "swap-bn128w8": {"swap": True, "BN": 128, "num_warps": 8}}
 PREFILL_VARIANTS = {"default": None, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 
@@ -64,7 +68,8 @@ def run(make, graph: bool, copies) -> float:
 
 # name: (D, I, block) of the shared expert; paired-kernel tile variants beside fp8_gemv's config
 SHARED = {"v4": (4096, 2048, 128), "v41": (5120, 2304, 32)}
-PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "split_half": "half"}
+PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "split_half": "half",
+                   "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128}}
 
 
 def three_linears(x, w1, w2, w3, limit: float, act: int) -> torch.Tensor:

@@ -206,13 +206,53 @@ def select_sweep(kind: str, b: int) -> list[dict]:
     return rows
 
 
+# logits + select (index_topk) with the score bins (ik.Config.select_hist): (select_block, select_warps, select_digit,
+# select_cap); None = the bins off (the plain radix at the default's block / warps / digit)
+BINNED_SWEEP = [None, (4096, 8, 8, 4096), (4096, 16, 8, 4096), (8192, 16, 8, 4096), (16384, 16, 8, 4096),
+                (4096, 16, 5, 4096), (2048, 8, 8, 2048), (4096, 16, 8, 1024), (8192, 16, 8, 2048)]
+
+
+def binned_sweep(kind: str, b: int, visible: int = E) -> list[dict]:
+    """index_topk (logits + select) per BINNED_SWEEP config from a graph over key-pool copies past the L2, rows of
+    `visible` entries; each config's picks against the reference's (rows identical)."""
+    base = make_pool(kind, b, seed=b)
+    full = entries_for(b, b, decode=True)
+    ent = indexer.Entries(full.block_table, full.token_row, torch.full_like(full.visible, visible), RATIO, BLOCK,
+                          full.num_blocks, E)
+    q, w, _ = queries(b, seed=1, fp8=False)
+    want = indexer.index_topk_reference(q, w, base, ent, K)[0]
+    pools = [base] + [copy_pool(base) for _ in range(common.copies_past_l2(base.data.numel()) - 1)]
+    default = ik.default_config(b, False, True)
+    rows = []
+    for v in BINNED_SWEEP:
+        cfg = replace(default, select_hist=False) if v is None else replace(
+            default, select_hist=True, select_block=v[0], select_warps=v[1], select_digit=v[2], select_cap=v[3])
+        label = "no bins" if v is None else f"bins block {v[0]:>5} warps {v[1]:>2} digit {v[2]} cap {v[3]:>4}"
+        try:
+            got = ik.index_topk(q, w, base, ent, K, config=cfg)[0]
+            us = common.bench_graph_many([lambda p=p: ik.index_topk(q, w, p, ent, K, config=cfg) for p in pools]) * 1e3
+        except Exception as exc:  # noqa: BLE001 - reported, the other configs go on
+            print(f"index_topk {kind} B={b} visible {visible} {label}: {type(exc).__name__} {str(exc)[:160]}")
+            continue
+        same = int((got == want).all(-1).sum())
+        rows.append({"keys": kind, "batch": b, "visible": visible, "config": asdict(cfg), "both_us": us,
+                     "rows_identical": same})
+        print(f"index_topk {kind} B={b:<3} visible {visible:>5} {label:<44} {us:7.1f} us  rows {same}/{b}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default configs only, no reference timing")
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
     ap.add_argument("--select-sweep", action="store_true", help="only the select launch's block / warp variants")
+    ap.add_argument("--binned-sweep", action="store_true", help="only logits + select with and without score bins")
     a = ap.parse_args()
+    if a.binned_sweep:
+        rows = [r for b, vis in ((1, E), (32, E), (1, 200), (1, 4000)) for r in binned_sweep("mxfp4", b, vis)]
+        common.write_json(a.out, "indexer_binned_sweep", {"context": CONTEXT, "entries": E, "k": K, "rows": rows})
+        return
     if a.select_sweep:
         rows = [r for b in DECODE for r in select_sweep("mxfp4", b) + short_row_variants(b)]
         common.write_json(a.out, "indexer_select_sweep", {"context": CONTEXT, "entries": E, "k": K, "rows": rows})

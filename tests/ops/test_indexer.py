@@ -248,7 +248,7 @@ def test_select_digit_widths_agree(digit):
     """Radix digits narrower than 8 bits (more passes, each a cheaper histogram; 3 and 5 do not divide the key's
     bits): the reference's picks on grid scores full of ties (the entry-id digits decide them), on float64 scores,
     and over published candidate blocks."""
-    cfg = ik.Config(block_t=2, block_e=32, split=2, select_block=64, select_digit=digit)
+    cfg = ik.Config(block_t=2, block_e=32, split=2, select_block=64, select_digit=digit, select_hist=False)
     q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float32, seed=12, exact=True)
     _same(q, w, pool, entries, 9, config=cfg)
     q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=13)
@@ -263,13 +263,57 @@ def test_resident_keys_agree(narrow):
     """select_resident: rows of <= select_block positions keep their keys in registers through the radix passes
     (longer rows take the loop): the reference's picks on grid scores full of ties, on float64 scores, over published
     candidate blocks and within them, with both sort widths."""
-    cfg = ik.Config(block_t=2, block_e=32, split=2, select_block=16, select_resident=True, select_narrow=narrow)
+    cfg = ik.Config(block_t=2, block_e=32, split=2, select_block=16, select_resident=True, select_narrow=narrow,
+                    select_hist=False)
     q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float32, seed=15, exact=True)
     assert bool((entries.visible <= 16).any()) and bool((entries.visible > 16).any())  # both paths in the step
     _same(q, w, pool, entries, 9, config=cfg)
     q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=16)
     blocks = _same(q, w, pool, entries, 7, config=cfg, publish=3, block=4)[1]
     _same(q, w, pool, entries, 5, config=cfg, candidates=blocks, block=4)
+
+
+@pytest.mark.parametrize("cap,digit", [(4096, 8), (4, 5), (1, 8)], ids=["cap4096", "cap4-digit5", "cap1"])
+@CPU_ONLY
+def test_score_bins_agree(cap, digit):
+    """select_hist: the logits launch bins each token's scores, the select takes the k-th largest key's bin from the
+    counts and radix-selects within it, or (more than select_cap keys in it) falls back to the plain radix: the
+    reference's picks on grid scores full of ties and crowded bins (all-zero keys: one bin), on float64 scores, beside
+    published blocks (their own select has no bins) and within them, with a select step smaller than the rows."""
+    cfg = ik.Config(block_t=2, block_e=32, split=2, select_block=16, select_digit=digit, select_cap=cap)
+    q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float32, seed=17, exact=True)
+    _same(q, w, pool, entries, 9, config=cfg)
+    q, w, pool, entries = _case("plain", PREFILL_ROWS, torch.float32, seed=18, exact=True, zero_keys=True)
+    _same(q, w, pool, entries, 12, config=cfg)
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=19)
+    blocks = _same(q, w, pool, entries, 7, config=cfg, publish=3, block=4)[1]
+    _same(q, w, pool, entries, 40, config=cfg)
+    _same(q, w, pool, entries, 5, config=cfg, candidates=blocks, block=4)  # V4.1's candidate level: bins of its slots
+
+
+@CPU_ONLY
+def test_score_bins_count_the_visible_scores_and_are_left_zeroed():
+    """The logits launch's bins hold each token's visible scores by _score_bin (the reference's float32 scores' top
+    12 order-preserving bits); the select leaves them zeroed for the next launch (a per-device buffer on a GPU)."""
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=20)
+    T, E = q.shape[0], entries.max_entries
+    cfg = ik.default_config(T, False, False)
+    hist = torch.zeros(T * ik.HIST_BINS, dtype=torch.int32)
+    scores = torch.empty(T, E, dtype=torch.float32)
+    ik.logits(q, w, pool, entries, scores, config=cfg, hist=hist)
+    bits = scores.view(torch.int32).masked_fill(scores == 0, 0).long()
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    bins = (ordered >> 20) + 2048
+    vis = torch.arange(E)[None, :] < entries.visible[:, None]
+    want = torch.zeros(T, ik.HIST_BINS, dtype=torch.int32)
+    want.scatter_add_(1, bins.clamp(0, ik.HIST_BINS - 1), vis.int())
+    assert torch.equal(hist.view(T, -1), want) and int(hist.sum()) == int(entries.visible.sum())
+    out = torch.empty(T, 7, dtype=torch.long)
+    ik.select(scores, entries.visible, out, E, config=cfg, hist=hist)
+    assert not hist.any()
+    assert torch.equal(out, indexer.index_topk_reference(q, w, pool, entries, 7)[0])
+    with pytest.raises(ValueError, match="score bins"):
+        ik.select(scores, entries.visible, out, E, config=cfg, hist=hist, per=4)
 
 
 @CPU_ONLY
@@ -347,10 +391,10 @@ for name, fmt, cand, raw, stride in (("mxfp4", 1, False, False, 68), ("mxfp4+can
     const = dict(H=64, H_PAD=64, D=128, RATIO=4, BLOCK_SIZE=256, BLOCK_T=1, BLOCK_E=64, CB=8 if cand else 1,
                  FORMAT=fmt, CAND=cand, PUBLISH=False, QFP8=raw, RAW_FP8=raw, KEY=tl.bfloat16,
                  DOT=tl.float8e4nv if raw else tl.bfloat16, ACC=tl.float32, ROUND_BF16=False, PDL=True,
-                 REC_ALIGN=ik._alignment(stride))
+                 REC_ALIGN=ik._alignment(stride), HIST=not cand)
     ptrs = {"q_ptr": "*fp8e4nv" if raw else "*bf16", "qs_ptr": "*fp32", "w_ptr": "*fp32", "data_ptr": "*u8",
             "bt_ptr": "*i64", "row_ptr": "*i64", "vis_ptr": "*i64", "cand_ptr": "*i64", "out_ptr": "*fp32",
-            "blk_ptr": "*fp32"}
+            "blk_ptr": "*fp32", "hist_ptr": "*i32"}
     sig, attrs = {}, {}
     for i, n in enumerate(ik._logits_kernel.arg_names):
         sig[n] = "constexpr" if n in const else ptrs.get(n, "i32")
@@ -458,9 +502,11 @@ def test_gpu_candidate_level():
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
 @pytest.mark.parametrize("change", [{"select_narrow": True}, {"select_digit": 5},
-                                    {"select_resident": True, "select_block": 4096},
-                                    {"select_narrow": True, "select_digit": 5, "select_resident": True}],
-                         ids=["narrow", "digit5", "resident", "all"])
+                                    {"select_resident": True, "select_block": 4096, "select_hist": False},
+                                    {"select_narrow": True, "select_digit": 5, "select_resident": True,
+                                     "select_hist": False},
+                                    {"select_hist": False}, {"select_cap": 8}],
+                         ids=["narrow", "digit5", "resident", "all", "no-bins", "cap8"])
 def test_gpu_select_variants(change):
     """The select's prepared variants (off in the GPU defaults until timed: the narrow sort, 5-bit digits, keys kept
     in registers) at real shapes: 32 decode rows whose picks range from 30 to 512, and V4.1's 2048 candidate blocks

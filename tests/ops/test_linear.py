@@ -110,17 +110,19 @@ def test_split_k_partials_sum_in_a_fixed_order() -> None:
 
 @pytest.mark.parametrize("block", [32, 128])
 @pytest.mark.parametrize("act", [0, 1])
-def test_one_launch_decode_gemm(block: int, act: int) -> None:
+@pytest.mark.parametrize("swap", [False, True])
+def test_one_launch_decode_gemm(block: int, act: int, swap: bool) -> None:
     """fp8_gemv (M <= 64, in-register activation quantization, split-K finished by the last program to arrive) equals
-    the reference, gives the same bits twice, and leaves its arrival counters zeroed (graph replays reuse them)."""
+    the reference, gives the same bits twice, and leaves its arrival counters zeroed (graph replays reuse them); with
+    `swap` the weight is the dot's first operand (the accumulator transposed)."""
     g = torch.Generator().manual_seed(block + act)
     act = act * block
     for M, G, N, K in ((1, 1, 96, 1024), (5, 1, 200, 768), (64, 1, 64, 2048), (3, 4, 48, 512)):
         q, s = fp8_weight(G * N, K, block, g)
         x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
         assert fp8_gemv.supports(x, q, block, act) and fp8_gemv.config(M, N, K, G, block)["splits"] > 1
-        out = fp8_gemv.run(x, q, s, block, act, torch.bfloat16)
-        again = fp8_gemv.run(x, q, s, block, act, torch.bfloat16)
+        out = fp8_gemv.run(x, q, s, block, act, torch.bfloat16, {"swap": swap})
+        again = fp8_gemv.run(x, q, s, block, act, torch.bfloat16, {"swap": swap})
         assert torch.equal(out, again)
         ref = grouped_linear_reference(x.float(), q, s, block, act)
         assert rel(out, ref) < 1e-2, (M, G, N, K, rel(out, ref))

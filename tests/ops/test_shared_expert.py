@@ -68,13 +68,15 @@ CASES = [(1, 96, 384, False, None), (3, 200, 416, True, None), (17, 300, 256, Tr
 
 @pytest.mark.parametrize("block", [128, 32])
 @pytest.mark.parametrize("act", [0, 1])
-def test_paired_kernel_matches_composition(block: int, act: int) -> None:
+@pytest.mark.parametrize("swap", [False, True])
+def test_paired_kernel_matches_composition(block: int, act: int, swap: bool) -> None:
+    """swap: the weights as the dots' first operands (fp8_gemv.block_dot), in both the paired kernel and fp8_gemv."""
     g = torch.Generator().manual_seed(7 * block + act)
     act = act * block
     for M, N, K, clamp, splits in CASES:
         if K % block and act:  # V4's 128 blocks: K ragged against the tile only without activation quantization
             continue
-        cfg = {"splits": splits} if splits else None
+        cfg = {"swap": swap, **({"splits": splits} if splits else {})}
         w1, w3 = fp8_weight(N, K, block, g), fp8_weight(N, K, block, g)
         x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
         ref, rg, ru = reference_h(x, w1, w3, block, act, 0.0)
@@ -82,13 +84,13 @@ def test_paired_kernel_matches_composition(block: int, act: int) -> None:
         if clamp:
             ref = reference_h(x, w1, w3, block, act, limit)[0]
         assert fp8_swiglu.supports(x, (*w1, block), (*w3, block), act)
-        want_splits = splits or fp8_swiglu.paired_config(M, N, K, block)["splits"]
+        want_splits = splits or fp8_swiglu.paired_config(M, N, K, block, bool(act))["splits"]
         if not GPU:  # the interpreter's default splits these K (the GPU's paired_config halves fp8_gemv's splits)
             assert (want_splits > 1) == (splits is None), (M, N, K)
         h = fp8_swiglu.run(x, *w1, *w3, block, act, limit, cfg)
         assert h.dtype == x.dtype and h.shape == (M, N)
         assert torch.equal(h, fp8_swiglu.run(x, *w1, *w3, block, act, limit, cfg))  # deterministic split-K
-        exact = composed_h(x, w1, w3, block, act, limit, cfg or fp8_swiglu.paired_config(M, N, K, block))
+        exact = composed_h(x, w1, w3, block, act, limit, {**fp8_swiglu.paired_config(M, N, K, block, bool(act)), **cfg})
         assert ulps(h, exact) <= (1 if GPU else 0), (M, N, K, limit, ulps(h, exact))
         assert rel(h, ref) < 1.6e-2, (M, N, K, limit, rel(h, ref))
         if GPU:

@@ -68,16 +68,25 @@ def quantize_rows(x):
 
 
 @triton.jit
-def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr):
+def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr, SWAP: tl.constexpr = False):
     """acc + one scale block's x [BM, SB] @ w [BN, SB]^T: FP8 x FP8 on the tensor cores with both scales applied to the
     block's product (FP8: x in e4m3), or W8A16, the weight tile dequantized to x's dtype (exact) for a half-precision
-    dot."""
+    dot. SWAP: acc is the transpose [BN, BM], w @ x^T: the weight is wgmma's 64-row operand, read from shared memory
+    (BM = 16 puts x there; sm_90 has FP8 MMAs only as wgmma: its mma.sync form converts both operands to f16 first)."""
     if FP8:
-        acc += tl.dot(x, tl.trans(w)) * x_scale[:, None] * w_scale[None, :]
+        if SWAP:
+            acc += tl.dot(w, tl.trans(x)) * w_scale[:, None] * x_scale[None, :]
+        else:
+            acc += tl.dot(x, tl.trans(w)) * x_scale[:, None] * w_scale[None, :]
     else:
         wf = (w.to(tl.float32) * w_scale[:, None]).to(x.dtype)
         if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
-            acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(tl.float32)), input_precision="ieee")
+            if SWAP:
+                acc += tl.dot(wf.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
+            else:
+                acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(tl.float32)), input_precision="ieee")
+        elif SWAP:
+            acc += tl.dot(wf, tl.trans(x))
         else:
             acc += tl.dot(x, tl.trans(wf))
     return acc
@@ -89,7 +98,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                         stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,
                         SB: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
-                        PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                        PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -103,7 +112,10 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
     # the weight is never written by a predecessor: its rows may stream into L2 before the wait (kernels/pdl.py)
     prefetch_rows(w_ptr + tl.where(n_ok, w_rows, g * N) * stride_wn + k_lo, (k_hi - k_lo) // 16 * 16, PREFETCH)
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         for sub in tl.static_range(BK // SB):  # one scale block of K at a time
             kb0 = k0 + sub * SB
@@ -123,7 +135,9 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                 x, x_scale = quantize_rows(x)
             else:  # W8A16: no activation scale
                 x_scale = w_scale
-            acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET)
+            acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP)
+    if SWAP:
+        acc = tl.trans(acc)
     y = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
     if SPLITS == 1:
@@ -141,18 +155,22 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
             tl.store(cnt_ptr + tile, 0)  # ready for the next launch / graph replay
 
 
-def config(M: int, N: int, K: int, G: int, sb: int) -> dict:
-    """Tiles and splits: enough programs to stream the weight from every SM (about two waves)."""
+def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True) -> dict:
+    """Tiles and splits: enough programs to stream the weight from every SM (about two waves). W8A8 up to 32 rows puts
+    the weight first in the dot (`swap`, block_dot): H200, benchmarks/kernels/fp8_gemm.py --decode-only, M=1: wq_b
+    12.8 -> 12.2 us, wo_b 15.7 -> 15.2, V4.1 wo_b 27.1 -> 25.2, the indexer's wq_b 10.4 -> 8.6; M=32: wo_b 22.5 -> 18.7;
+    at 64 rows it is as often slower, and W8A16 (grouped wo_a, a bf16 dot) is slower with it (M=1 15.7 -> 22.4)."""
     bm = max(16, triton.next_power_of_2(M))
+    swap = w8a8 and M <= 32
     if interpreting():  # the CPU interpreter pays per program: few, large ones (but still a split when K allows)
         bn = min(256, max(16, triton.next_power_of_2(N)))
         bk = max(sb, 128)
         return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, triton.cdiv(K, bk))), "num_warps": 4,
-                "num_stages": 1}
+                "num_stages": 1, "swap": swap}
     bn, bk = 64, max(sb, 128)
     tiles = triton.cdiv(N, bn) * G
     splits = max(1, min(triton.cdiv(K, bk), triton.cdiv(2 * _SMS, tiles), 16))
-    return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4}
+    return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap}
 
 
 def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
@@ -168,7 +186,7 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     xs = x3
     if pre:
         x3, xs = act_quant(x3, block)  # e4m3 [M, G, K], float32 scales [M, G, K / block]
-    cfg = {**config(M, N, K, G, block), **(cfg or {})}
+    cfg = {**config(M, N, K, G, block, w8a8=bool(act_group)), **(cfg or {})}
     bk = cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
     splits = triton.cdiv(K, k_per_split)
@@ -184,5 +202,5 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         y.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"], BN=cfg["BN"], BK=bk,
         SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
-        **pdl_launch(y))
+        SWAP=cfg["swap"], **pdl_launch(y))
     return y

@@ -80,7 +80,7 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
                         stride_xm, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,
                         SB: tl.constexpr, A_FP8: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
-                        HAND_RNE: tl.constexpr, PDL: tl.constexpr = False):
+                        HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -88,8 +88,12 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
     offs_n = pid_n * BN + tl.arange(0, BN)
     m_ok = offs_m < M
     n_ok = offs_n < N
-    acc_g = tl.zeros((BM, BN), dtype=tl.float32)
-    acc_u = tl.zeros((BM, BN), dtype=tl.float32)
+    if SWAP:  # the transposed accumulators (fp8_gemv.block_dot)
+        acc_g = tl.zeros((BN, BM), dtype=tl.float32)
+        acc_u = tl.zeros((BN, BM), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BM, BN), dtype=tl.float32)
+        acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     k_lo = split * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     for k0 in range(k_lo, k_hi, BK):
@@ -109,8 +113,11 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
                 x, x_scale = quantize_rows(x)
             else:  # W8A16: no activation scale
                 x_scale = s1
-            acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET)
-            acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET)
+            acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET, SWAP)
+            acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET, SWAP)
+    if SWAP:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     h = h_ptr + offs_m[:, None] * stride_hm + offs_n[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
     if SPLITS == 1:
@@ -130,11 +137,12 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
             tl.store(cnt_ptr + pid_n, 0)  # ready for the next launch / graph replay
 
 
-def paired_config(M: int, N: int, K: int, block: int) -> dict:
+def paired_config(M: int, N: int, K: int, block: int, w8a8: bool = True) -> dict:
     """fp8_gemv's tiles with half its K splits on the GPU: a program streams two weights, and fewer, longer programs
     measured faster (H200, benchmarks/kernels/fp8_gemm.py --shared-expert: V4 M=1 12.7 us vs 14.5 us, M=64 23.7 vs
-    29.8 us). The interpreter keeps fp8_gemv's choice."""
-    cfg = config(M, N, K, 1, block)
+    29.8 us). The interpreter keeps fp8_gemv's choice. `swap` as fp8_gemv's (V4 M=1 12.6 -> 11.6 us, M=32 20.0 ->
+    13.9; V4.1 M=1 27.3 -> 27.1, M=32 36.7 -> 32.5)."""
+    cfg = config(M, N, K, 1, block, w8a8=w8a8)
     if not interpreting():
         cfg["splits"] = max(1, cfg["splits"] // 2)
     return cfg
@@ -151,7 +159,7 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         x2 = x2.contiguous()
     if w1.stride(-1) != 1 or w3.stride(-1) != 1:
         w1, w3 = w1.contiguous(), w3.contiguous()
-    cfg = {**paired_config(M, N, K, block), **(cfg or {})}
+    cfg = {**paired_config(M, N, K, block, w8a8=bool(act_group)), **(cfg or {})}
     bk = cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
     splits = triton.cdiv(K, k_per_split)
@@ -166,5 +174,5 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         x2.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x2))
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg.get("swap", False), **pdl_launch(x2))
     return h

@@ -8,15 +8,20 @@
    over heads is a row reduction), ReLU, weights by w, sums over heads and stores float32 scores for j < visible[t]
    only. With `candidates` each program takes one token and walks its candidate blocks instead (sparse MQA logits);
    with `publish` it also stores the block maxima (the newest block forced to +inf) for j < visible.
-2. `_select_kernel`, one program per token: a radix select over the 64-bit keys (order-preserving 32 bits of the
-   float32 score << ID_BITS | (ID_MASK - entry id)): per digit (`Config.select_digit` bits, 8: 256 bins), from the
-   top, one pass over the token's scores (or, with `Config.select_resident`, over its keys kept in registers when
-   the row fits one block) builds a histogram of the keys that still match the chosen prefix and fixes the next
-   digit of the k-th largest key; it stops as soon as every key matching the prefix is taken. A last pass
-   writes the picked keys (in the output row, as scratch), then the program sorts them (descending, `tl.sort`; with
-   `Config.select_narrow`, 256 wide when there are that few picks) and writes the entry ids, -1 past the picks.
-   Ties therefore go to the lower entry id exactly as ops.indexer.ordered_keys orders them. The same kernel picks
-   the published candidate blocks from the block maxima.
+2. `_select_kernel`, one program per token, over the 64-bit keys (order-preserving 32 bits of the float32 score <<
+   ID_BITS | (ID_MASK - entry id)). With `Config.select_hist` (a step of <= HIST_ROWS tokens) launch 1
+   has also counted each token's scores in 4096 bins (the top 12 key bits; global atomics spread over its programs):
+   the select reads the counts, finds the bin of the k-th largest key, makes ONE pass that puts the keys above that
+   bin among the picks and the bin's own keys in a scratch row, and radix-selects the missing picks among the bin's
+   keys in registers (a bin of more than `select_cap` keys, e.g. many equal scores, takes the plain radix instead);
+   it zeroes the counts again for the next launch. The plain radix: per digit (`Config.select_digit` bits, from the
+   top) one pass over the token's scores (or, with `Config.select_resident`, over its keys kept in registers when the
+   row fits one block) builds a histogram of the keys that still match the chosen prefix and fixes the next digit of
+   the k-th largest key; it stops as soon as every key matching the prefix is taken. Either way the picked keys land
+   in the output row (as scratch); the program sorts them (descending, `tl.sort`; with `Config.select_narrow`, 256
+   wide when there are that few picks) and writes the entry ids, -1 past the picks. Ties therefore go to the lower
+   entry id exactly as ops.indexer.ordered_keys orders them. The same kernel picks the published candidate blocks
+   from the block maxima (no bins there).
 
 Precision: scores accumulate in float32 (float64 for float64 queries: the CPU interpreter's exactness runs) and are
 rounded to float32 before the selection, as the reference's ordered_keys does. Decoded keys are rounded to the
@@ -36,11 +41,14 @@ import triton.language as tl
 from ..indexer import Entries, KeyPool
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .split_grid import FLOATS, TL_DTYPES, runs_here
+from .split_grid import FLOATS, TL_DTYPES, ArrivalCounters, runs_here
 
 FORMATS = {"plain": 0, "mxfp4": 1, "fp8_row": 2}
 SCORE_BUDGET = 256 << 20  # bytes of float32 scores per launch pair: longer prefills run a chunk of tokens at a time
 MAX_ID_BITS = 24  # entry ids < 2^24 (64M-token contexts at ratio 4): 32 + 24 key bits fit the int64 radix shifts
+HIST_BINS = 4096  # score bins of Config.select_hist (_score_bin: the top 12 of the 32 order-preserving bits)
+HIST_ROWS = 256  # tokens a launch pair can bin (4 MiB of int32 counts per device, left zeroed by the select)
+_HIST = ArrivalCounters(HIST_ROWS * HIST_BINS)
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,12 @@ class Config:
     # comparable to its 256-bin histogram); exact under the interpreter, off in the GPU configs until timed; spills
     # at 8192 positions on 16 warps, none at 4096
     select_resident: bool = True
+    # steps of up to HIST_ROWS tokens: the logits launch also counts each token's scores (entries or candidate
+    # slots) in 4096 bins (global atomics spread over its programs); the select then finds the k-th largest key's bin
+    # from the counts and makes one pass over the row, radix-selecting only within that bin when it holds <= select_cap
+    # keys (else the plain radix). Off: the plain radix everywhere
+    select_hist: bool = True
+    select_cap: int = 4096
 
 
 # --- logits ---------------------------------------------------------------------------------------------------------
@@ -127,13 +141,14 @@ def _key_tile(data_ptr, prow, e_ok, stride_row, REC_ALIGN: tl.constexpr, BLOCK_E
 
 @triton.jit
 def _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, e_ok, tile, qt, wm, seg, vis,
-                offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, REC_ALIGN: tl.constexpr,
+                offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, hist_ptr, REC_ALIGN: tl.constexpr,
                 D: tl.constexpr, RATIO: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr,
                 BLOCK_E: tl.constexpr, H_PAD: tl.constexpr, CB: tl.constexpr, FORMAT: tl.constexpr,
                 PUBLISH: tl.constexpr, RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr,
-                ACC: tl.constexpr, ROUND_BF16: tl.constexpr):
+                ACC: tl.constexpr, ROUND_BF16: tl.constexpr, HIST: tl.constexpr):
     """Entries `ids` [BLOCK_E] (at score positions offs_p) of one row against the block's q rows: store the scores
-    of each token's visible entries (and, with PUBLISH, the block maxima)."""
+    of each token's visible entries (with PUBLISH, also the block maxima; with HIST, count them in each token's
+    histogram of score bins)."""
     EPB: tl.constexpr = BLOCK_SIZE // RATIO
     NBT: tl.constexpr = BLOCK_E // CB
     col = tl.minimum(ids * RATIO // BLOCK_SIZE, n_cols - 1)
@@ -149,6 +164,8 @@ def _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, of
     sc = sc.to(tl.float32)
     keep = e_ok[:, None] & seg[None, :] & (ids[:, None] < vis[None, :])
     tl.store(out_ptr + offs_t.to(tl.int64)[None, :] * stride_ot + offs_p[:, None], sc, mask=keep)
+    if HIST:
+        tl.atomic_add(hist_ptr + offs_t.to(tl.int64)[None, :] * 4096 + _score_bin(sc), 1, mask=keep, sem="relaxed")
     if PUBLISH:  # block maxima over the visible entries; the block of entry visible-1 is forced in
         bm = tl.max(tl.reshape(tl.where(keep, sc, float("-inf")), [NBT, CB, BLOCK_T]), axis=1)
         offs_b = tile * NBT + tl.arange(0, NBT)
@@ -159,7 +176,7 @@ def _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, of
 
 
 @triton.jit
-def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, cand_ptr, out_ptr, blk_ptr,
+def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, cand_ptr, out_ptr, blk_ptr, hist_ptr,
                    T, n_cols, trash, n_cand,
                    stride_qt, stride_qh, stride_qd, stride_qst, stride_qsh, stride_wt, stride_wh, stride_row,
                    stride_btr, stride_btc, stride_ct, stride_ot, stride_bo,
@@ -167,7 +184,8 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
                    BLOCK_SIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, CB: tl.constexpr,
                    FORMAT: tl.constexpr, CAND: tl.constexpr, PUBLISH: tl.constexpr, QFP8: tl.constexpr,
                    RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr,
-                   ROUND_BF16: tl.constexpr, REC_ALIGN: tl.constexpr = 1, PDL: tl.constexpr = False):
+                   ROUND_BF16: tl.constexpr, REC_ALIGN: tl.constexpr = 1, HIST: tl.constexpr = False,
+                   PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     NBT: tl.constexpr = BLOCK_E // CB  # candidate blocks per tile
     pid_t = tl.program_id(0)
@@ -210,15 +228,15 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
                 e_ok = (cb >= 0) & (ids < v_max)
                 if tl.max(e_ok.to(tl.int32)) > 0:  # a tile of empty candidate slots costs one load
                     _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, e_ok, tile, qt,
-                                wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, REC_ALIGN, D, RATIO,
-                                BLOCK_SIZE, BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC,
-                                ROUND_BF16)
+                                wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, hist_ptr, REC_ALIGN, D,
+                                RATIO, BLOCK_SIZE, BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT,
+                                ACC, ROUND_BF16, HIST)
             else:  # no branch in the dense loop: the key loads pipeline across tiles
                 ids = offs_p.to(tl.int64)
                 _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, offs_p, ids < v_max, tile,
-                            qt, wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, REC_ALIGN, D, RATIO,
-                            BLOCK_SIZE, BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC,
-                            ROUND_BF16)
+                            qt, wm, seg, vis, offs_t, out_ptr, stride_ot, blk_ptr, stride_bo, hist_ptr, REC_ALIGN, D,
+                            RATIO, BLOCK_SIZE, BLOCK_T, BLOCK_E, H_PAD, CB, FORMAT, PUBLISH, RAW_FP8, KEY, DOT, ACC,
+                            ROUND_BF16, HIST)
         cur = seg_end
 
 
@@ -239,28 +257,75 @@ def _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND: tl.con
         ids = offs.to(tl.int64)
         ok = offs < n_pos
     sc = tl.load(s_ptr + t * stride_st + offs, mask=ok, other=0.0)
-    bits = tl.where(sc == 0.0, 0, sc.to(tl.int32, bitcast=True))  # -0.0 ties with +0.0
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    key = ((ordered.to(tl.int64) + 2147483648) << ID_BITS) | (ID_MASK - ids)
+    key = ((_ordered(sc).to(tl.int64) + 2147483648) << ID_BITS) | (ID_MASK - ids)
     return key, ok
 
 
 @triton.jit
-def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_ct, stride_ot,
+def _ordered(sc):
+    """float32 scores -> their order-preserving int32 bits (-0.0 ties with +0.0), as ops.indexer.ordered_keys."""
+    bits = tl.where(sc == 0.0, 0, sc.to(tl.int32, bitcast=True))
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
+@triton.jit
+def _score_bin(sc):
+    """float32 scores -> their bin of HIST_BINS = 4096: the top 12 of the unsigned order-preserving bits (sign,
+    exponent, 3 mantissa bits), i.e. _keys' 64-bit key >> (ID_BITS + 20); monotone in the score."""
+    return (_ordered(sc) >> 20) + 2048
+
+
+@triton.jit
+def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, n_cand, stride_st, stride_ct, stride_ot,
                    K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
                    ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr = 8, SMALL: tl.constexpr = 0,
-                   RESIDENT: tl.constexpr = False, PDL: tl.constexpr = False):
+                   RESIDENT: tl.constexpr = False, HIST: tl.constexpr = False, CAP: tl.constexpr = 1,
+                   PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
-    BINS: tl.constexpr = 1 << DIGIT
-    STAGES: tl.constexpr = (32 + ID_BITS + DIGIT - 1) // DIGIT
-    TOP: tl.constexpr = DIGIT * STAGES  # key bits, rounded up to whole digits
     t = tl.program_id(0).to(tl.int64)
     vis = tl.load(vis_ptr + t)
+    row = out_ptr + t * stride_ot
     if CAND:
         n_pos = n_cand * CB
     else:
         n_pos = (vis + DIV - 1) // DIV  # DIV = 1: entries; DIV = block: the blocks holding visible entries
+    if HIST:  # the logits launch counted the row's scores per bin: the k-th largest key's bin without a pass
+        hb = tl.arange(0, 4096)
+        h = tl.load(hist_ptr + t * 4096 + hb)
+        tl.store(hist_ptr + t * 4096 + hb, tl.zeros([4096], tl.int32))  # zeroed again for the next launch
+        total = tl.sum(h)
+        kk = tl.minimum(total, K)
+        b = tl.max(tl.where(total - tl.cumsum(h, 0) + h >= kk, hb, 0))  # the last bin with >= kk keys at or above
+        gt = tl.sum(tl.where(hb > b, h, 0))  # keys above it: all picks
+        eq = tl.sum(tl.where(hb == b, h, 0))  # keys in it: `kk - gt` of them are picks
+        if eq <= CAP:
+            kk = _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, scratch_ptr + t * CAP, stride_st, stride_ct, b,
+                                gt, eq, kk, K, CAND, CB, ID_BITS, BLOCK, DIGIT, CAP)
+        else:  # a bin crowded by equal or close scores: the plain radix
+            kk = _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K, CAND, CB, ID_BITS, BLOCK,
+                               DIGIT, RESIDENT)
+    else:
+        kk = _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K, CAND, CB, ID_BITS, BLOCK,
+                           DIGIT, RESIDENT)
+    tl.debug_barrier()  # this program's scratch stores precede its loads
+    if SMALL < K_PAD and kk <= SMALL:  # few picks (short contexts; V4.1's 2048 candidate blocks early on)
+        _sort_picks(row, kk, K, SMALL, ID_MASK)
+        slots = tl.arange(0, K_PAD)
+        tl.store(row + slots, -1, mask=(slots >= SMALL) & (slots < K))
+    else:
+        _sort_picks(row, kk, K, K_PAD, ID_MASK)
+
+
+@triton.jit
+def _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K: tl.constexpr, CAND: tl.constexpr,
+                  CB: tl.constexpr, ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                  RESIDENT: tl.constexpr):
+    """The radix select over the row's n_pos positions, from the top digit: per digit one pass builds the histogram of
+    the keys matching the prefix fixed so far; the picks land in row[:kk]. -> kk."""
+    BINS: tl.constexpr = 1 << DIGIT
+    STAGES: tl.constexpr = (32 + ID_BITS + DIGIT - 1) // DIGIT
+    TOP: tl.constexpr = DIGIT * STAGES  # key bits, rounded up to whole digits
     bins = tl.arange(0, BINS)
     pref = tl.full([], 0, tl.int64)  # the digits of the k-th largest key fixed so far
     last_shift = tl.full([], TOP, tl.int64)
@@ -277,7 +342,7 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
                 last_shift = tl.full([], shift, tl.int64)
         # the picks: keys whose fixed digits are >= the prefix (exactly kk of them), in the output row as scratch
         sel = ok & ((key >> last_shift) >= pref)
-        tl.store(out_ptr + t * stride_ot + tl.cumsum(sel.to(tl.int32), 0) - 1, key, mask=sel)
+        tl.store(row + tl.cumsum(sel.to(tl.int32), 0) - 1, key, mask=sel)
     else:
         for stage in tl.static_range(STAGES):
             if done == 0:
@@ -294,16 +359,54 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, n_cand, stride_st, stride_
             key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
             sel = ok & ((key >> last_shift) >= pref)
             pos = count + tl.cumsum(sel.to(tl.int32), 0) - 1
-            tl.store(out_ptr + t * stride_ot + pos, key, mask=sel)
+            tl.store(row + pos, key, mask=sel)
             count += tl.sum(sel.to(tl.int32))
-    tl.debug_barrier()  # this program's scratch stores precede its loads
-    row = out_ptr + t * stride_ot
-    if SMALL < K_PAD and kk <= SMALL:  # few picks (short contexts; V4.1's 2048 candidate blocks early on)
-        _sort_picks(row, kk, K, SMALL, ID_MASK)
-        slots = tl.arange(0, K_PAD)
-        tl.store(row + slots, -1, mask=(slots >= SMALL) & (slots < K))
-    else:
-        _sort_picks(row, kk, K, K_PAD, ID_MASK)
+    return kk
+
+
+@triton.jit
+def _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, crow, stride_st, stride_ct, b, gt, eq, kk, K: tl.constexpr,
+                   CAND: tl.constexpr, CB: tl.constexpr, ID_BITS: tl.constexpr, BLOCK: tl.constexpr,
+                   DIGIT: tl.constexpr, CAP: tl.constexpr):
+    """The picks of a row (its entries, or its candidate slots) whose k-th largest key lies in score bin b, with gt keys above that bin and eq <= CAP
+    in it: one pass puts the keys above the bin in row[:gt] and the bin's keys in crow[:eq]; a radix select over the
+    bin's keys (in registers) then appends the kk - gt largest of them. -> kk (the picks in row[:kk])."""
+    n_above = tl.full([], 0, tl.int32)
+    n_at = tl.full([], 0, tl.int32)
+    for p0 in range(0, n_pos, BLOCK):  # BLOCK < 2^16: both running counts in one int32 scan
+        key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+        kb = key >> (ID_BITS + 20)  # _score_bin of the key's score
+        above = ok & (kb > b)
+        at = ok & (kb == b)
+        both = tl.cumsum(above.to(tl.int32) + (at.to(tl.int32) << 16), 0)
+        tl.store(row + n_above + (both & 0xFFFF) - 1, key, mask=above)
+        tl.store(crow + n_at + (both >> 16) - 1, key, mask=at)
+        n_above += tl.sum(above.to(tl.int32))
+        n_at += tl.sum(at.to(tl.int32))
+    tl.debug_barrier()  # the bin's keys stored by every thread before they are read back
+    # the radix over the bits below the bin; PAD low zero bits make them whole digits (keys < 2^56: no sign bit)
+    REM: tl.constexpr = 20 + ID_BITS
+    STAGES: tl.constexpr = (REM + DIGIT - 1) // DIGIT
+    TOP: tl.constexpr = DIGIT * STAGES
+    PAD: tl.constexpr = TOP - REM
+    BINS: tl.constexpr = 1 << DIGIT
+    bins = tl.arange(0, BINS)
+    offs = tl.arange(0, CAP)
+    cok = offs < eq
+    ck = tl.load(crow + offs, mask=cok, other=0, cache_modifier=".cg") << PAD
+    need = kk - gt
+    pref = b.to(tl.int64)
+    done = (need == eq).to(tl.int32)
+    last_shift = tl.full([], TOP, tl.int64)
+    for stage in tl.static_range(STAGES):
+        if done == 0:
+            shift: tl.constexpr = TOP - DIGIT * (stage + 1)
+            hist = _digit_hist(ck, cok, pref, shift, DIGIT)
+            kk, need, pref, done = _fix_digit(hist, bins, 1, kk, need, pref, K, BINS)
+            last_shift = tl.full([], shift, tl.int64)
+    sel = cok & ((ck >> last_shift) >= pref)
+    tl.store(row + gt + tl.cumsum(sel.to(tl.int32), 0) - 1, ck >> PAD, mask=sel)
+    return kk
 
 
 @triton.jit
@@ -372,10 +475,11 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
     if not on_gpu:
         return Config(block_t=1 if candidates else 2, block_e=32, split=2, select_block=128)
     if candidates or t <= 64:
-        # select: 8192-position blocks on 16 warps (H200, 16K entries, top-512: 61.1 -> 53.2 us at batch 1, 77.4 ->
-        # 65.1 us at 32; `indexer.py --select-sweep`)
-        return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=8192, select_warps=16,
-                      select_narrow=False, select_resident=False)
+        # select: the score bins, 4096-position steps on 16 warps, a bin of <= 1024 keys radix-selected in registers
+        # (H200, 16K entries, top-512, logits + select: 67.2 -> 29.3 us at batch 1, 213 -> 166 us at 32, 200 visible
+        # 13.4 us, 4000 visible 15.9 us; `indexer.py --binned-sweep`)
+        return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=4096, select_warps=16,
+                      select_narrow=False, select_resident=False, select_cap=1024)
     return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False, select_resident=False)
 
 
@@ -413,10 +517,11 @@ def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, 
 
 def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, scores: torch.Tensor, *,
            candidates: torch.Tensor | None = None, block: int = 1, block_scores: torch.Tensor | None = None,
-           q_scale: torch.Tensor | None = None, config: Config | None = None) -> None:
+           q_scale: torch.Tensor | None = None, config: Config | None = None, hist: torch.Tensor | None = None) -> None:
     """Launch 1 over all tokens of q: float32 scores of each token's visible entries into scores [T, >= W] (W = E_max,
     or Kc * block with candidates: slot p holds entry candidates[t, p // block] * block + p % block); with
-    block_scores [T, >= ceil(E_max / block)] also the block maxima (the newest block +inf) of the visible blocks."""
+    block_scores [T, >= ceil(E_max / block)] also the block maxima (the newest block +inf) of the visible blocks; with
+    hist (zeroed int32 [T * HIST_BINS]) also each token's count of scores per bin."""
     T, H, D = q.shape
     cfg = config or default_config(T, candidates is not None, q.is_cuda)
     cand, publish = candidates is not None, block_scores is not None
@@ -442,8 +547,11 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
     cand_t = candidates if cand else entries.token_row
     bsc = block_scores if publish else scores
     bt, data = entries.block_table, keys.data
+    if hist is not None and hist.numel() < T * HIST_BINS:
+        raise ValueError("score bins need HIST_BINS counts per token")
     _logits_kernel[(n_tb, split)](
         q, qs, w, data, bt, entries.token_row, entries.visible, cand_t, scores, bsc,
+        hist if hist is not None else scores,
         T, bt.shape[1], entries.num_blocks, n_cand,
         q.stride(0), q.stride(1), q.stride(2), qs.stride(0), qs.stride(1), w.stride(0), w.stride(1),
         data.stride(0), bt.stride(0), bt.stride(1), cand_t.stride(0), scores.stride(0), bsc.stride(0),
@@ -451,16 +559,18 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
         BLOCK_SIZE=entries.block_size, BLOCK_T=block_t, BLOCK_E=block_e, CB=cb, FORMAT=FORMATS[keys.codec.kind],
         CAND=cand, PUBLISH=publish, QFP8=qfp8, RAW_FP8=raw_fp8, KEY=TL_DTYPES[key_dt], DOT=dot, ACC=TL_DTYPES[acc],
         ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, REC_ALIGN=_alignment(data.stride(0)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        HIST=hist is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         **pdl_launch(scores))
 
 
 def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids: int, *,
            candidates: torch.Tensor | None = None, block: int = 1, per: int = 1,
-           config: Config | None = None) -> None:
+           config: Config | None = None, hist: torch.Tensor | None = None) -> None:
     """Launch 2: the top out.shape[1] of each token's scores -> out [T, K] int64 (descending, ties to the lower id,
     -1 past the picks). Dense rows: positions < ceil(visible / per) (per = 1: entries; per = block: the blocks of
-    visible entries); with candidates: the slots of launch 1. n_ids bounds the ids (E_max, or the number of blocks)."""
+    visible entries); with candidates: the slots of launch 1. n_ids bounds the ids (E_max, or the number of blocks).
+    hist: launch 1's per-token score bins of these rows (entries or candidate slots, per = 1), which this launch
+    zeroes again."""
     T, K = out.shape
     if T == 0 or K == 0:
         return
@@ -472,11 +582,19 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
     cand = candidates is not None
     cand_t = candidates if cand else visible
     K_pad = triton.next_power_of_2(K)
-    _select_kernel[(T,)](scores, visible, cand_t, out, candidates.shape[1] if cand else 0, scores.stride(0),
+    binned = hist is not None
+    if binned and (per != 1 or hist.numel() < T * HIST_BINS or cfg.select_block >= 1 << 16
+                   or cfg.select_cap & (cfg.select_cap - 1)):
+        raise ValueError(f"score bins need entry rows (not blocks), HIST_BINS counts per token, select_block < 2^16 "
+                         f"and a power-of-two select_cap: {cfg}")
+    cap = cfg.select_cap if binned else 1
+    scratch = torch.empty(T, cap, dtype=torch.long, device=out.device) if binned else out
+    _select_kernel[(T,)](scores, visible, cand_t, out, hist if binned else visible, scratch,
+                         candidates.shape[1] if cand else 0, scores.stride(0),
                          cand_t.stride(0), out.stride(0), K=K, K_PAD=K_pad, CAND=cand,
                          CB=block if cand else 1, DIV=per, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
                          DIGIT=cfg.select_digit, SMALL=_small_sort(K) if cfg.select_narrow else K_pad,
-                         RESIDENT=cfg.select_resident, num_warps=cfg.select_warps,
+                         RESIDENT=cfg.select_resident, HIST=binned, CAP=cap, num_warps=cfg.select_warps,
                          **pdl_launch(scores))
 
 
@@ -499,13 +617,15 @@ def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries
     chunk = T if scores_out is not None else max(1, min(T, SCORE_BUDGET // max(row_bytes, 1)))
     scores = scores_out if scores_out is not None else torch.empty(chunk, max(W, 1), dtype=torch.float32, device=dev)
     bscores = torch.empty(chunk, NB, dtype=torch.float32, device=dev) if publish else None
+    cfg = config or default_config(T, candidates is not None, q.is_cuda)
+    hist = _HIST.get(dev) if cfg.select_hist and chunk <= HIST_ROWS else None
     for lo in range(0, T, chunk):
         hi = min(T, lo + chunk)
         part = replace(entries, token_row=entries.token_row[lo:hi], visible=entries.visible[lo:hi])
         cands = candidates[lo:hi] if candidates is not None else None
         logits(q[lo:hi], w[lo:hi], keys, part, scores, candidates=cands, block=block, block_scores=bscores,
-               q_scale=q_scale[lo:hi] if q_scale is not None else None, config=config)
-        select(scores, part.visible, idx[lo:hi], E, candidates=cands, block=block, config=config)
+               q_scale=q_scale[lo:hi] if q_scale is not None else None, config=cfg, hist=hist)
+        select(scores, part.visible, idx[lo:hi], E, candidates=cands, block=block, config=cfg, hist=hist)
         if publish:
-            select(bscores, part.visible, blocks[lo:hi], NB, per=block, config=config)
+            select(bscores, part.visible, blocks[lo:hi], NB, per=block, config=cfg)
     return idx, blocks

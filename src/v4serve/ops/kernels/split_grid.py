@@ -23,16 +23,17 @@ class ArrivalCounters:
     so it can be captured in CUDA graphs. The first call on a device allocates it and must run eagerly; two launches
     of the same family must not run concurrently on different streams."""
 
-    def __init__(self) -> None:
+    def __init__(self, size: int = N_COUNTERS) -> None:
         self._buffers: dict[int, torch.Tensor] = {}
+        self.size = size
 
     def get(self, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
-            return torch.zeros(N_COUNTERS, dtype=torch.int32, device=device)  # interpreter: fresh each call
+            return torch.zeros(self.size, dtype=torch.int32, device=device)  # interpreter: fresh each call
         idx = device.index if device.index is not None else torch.cuda.current_device()
         buf = self._buffers.get(idx)
         if buf is None:
-            buf = self._buffers[idx] = torch.zeros(N_COUNTERS, dtype=torch.int32, device=device)
+            buf = self._buffers[idx] = torch.zeros(self.size, dtype=torch.int32, device=device)
         return buf
 
 
