@@ -351,6 +351,22 @@ if [[ $what == mhcpp ]]; then  # the small hc_post_pre cases that failed on the 
   timeout 200 python3 -m pytest tests/ops/test_mhc.py -k "post_pre" -q -p no:cacheprovider -o addopts="" --tb=short \
     -rf 2>&1 | tee "$OUT/mhc-post_pre.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -60
 fi
+if [[ $what == selprof ]]; then  # where the binned select's time goes: ncu's source view (per Triton source line: warp
+  # stall samples, instructions executed) of one select launch at 16K entries, batch 1
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  (cd benchmarks/kernels && timeout 150 $NCU --clock-control none -k regex:"_select_kernel" --launch-skip 3 \
+    --launch-count 1 --section SourceCounters --section WarpStateStats -o "$OUT/select-b1" -f \
+    python3 ncu_targets.py indexer 1 > "$OUT/ncu-select.log" 2>&1)
+  timeout 60 $NCU -i "$OUT/select-b1.ncu-rep" --page source --csv --print-source cuda > "$OUT/select-source.csv" 2>&1
+  timeout 60 $NCU -i "$OUT/select-b1.ncu-rep" --page details > "$OUT/select-details.txt" 2>&1
+  head -c 2000 "$OUT/select-source.csv"; grep -E "Duration|Warp Cycles|Issued" "$OUT/select-details.txt" | head
+fi
+if [[ $what == next3 ]]; then  # prepared for the eighth session: the mHC small-case failures with their assertions,
+  # where the binned select's time goes (ncu source view), then the ops tests at real shapes (then `b32` on its own)
+  OUT=$OUT bash "$0" mhcpp; OUT=$OUT bash "$0" selprof
+  timeout 200 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" 2>&1 | tee "$OUT/linear_shared_tests.log" | tail -3
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -3,8 +3,9 @@
     ncu --clock-control none -k regex:gate_up --launch-skip 4 --launch-count 1 --section WarpStateStats \
         python3 benchmarks/kernels/ncu_targets.py moe 1
 
-Targets: `moe T` (the routed experts over FP4 stacks, the default config, T tokens of random routing) and
-`gemv N K` (one FP8 block-scaled decode linear, M = 1). Each call uses other weights than the one before (the
+Targets: `moe T` (the routed experts over FP4 stacks, the default config, T tokens of random routing), `gemv N K`
+(one FP8 block-scaled decode linear, M = 1) and `indexer B` (the lightning indexer's logits + select at 64K context,
+16K entries, top-512, B decode rows, MXFP4 keys). Each call uses other weights than the one before (the
 routed experts hit differ; the GEMV rotates copies), so a profiled launch reads its weights from HBM even when
 ncu keeps the caches. Prints nothing but the op's name and the calls made: the figures are ncu's.
 """
@@ -15,17 +16,19 @@ import argparse
 
 import torch
 from fp8_gemm import weight
+from indexer import E, K, copy_pool, entries_for, make_pool, queries
 from moe import ACT_GROUP, BEFORE, LIMIT, inputs, make_experts
 
 from v4serve.ops import backend
+from v4serve.ops.kernels import indexer as ik
 from v4serve.ops.kernels import moe as mk
 from v4serve.ops.linear import linear
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("target", choices=("moe", "gemv"))
-    ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K")
+    ap.add_argument("target", choices=("moe", "gemv", "indexer"))
+    ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K; indexer: B")
     ap.add_argument("--calls", type=int, default=8)
     args = ap.parse_args()
     if args.target == "moe":
@@ -33,6 +36,15 @@ def main() -> None:
         calls = [inputs(args.shape[0], seed=s) for s in range(args.calls)]
         for x, w, ids in calls:
             mk.experts_forward(x, ex, w, ids, LIMIT, ACT_GROUP, BEFORE)
+    elif args.target == "indexer":
+        b = args.shape[0]
+        base = make_pool("mxfp4", b, seed=b)
+        pools = [base] + [copy_pool(base) for _ in range(args.calls - 1)]
+        ent = entries_for(b, b, decode=True)
+        q, w, _ = queries(b, seed=1, fp8=False)
+        for pool in pools:
+            ik.index_topk(q, w, pool, ent, K)
+        assert ent.max_entries == E
     else:
         n, k = args.shape
         weights = [weight(n, k, 128) for _ in range(args.calls)]

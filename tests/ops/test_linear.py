@@ -9,10 +9,12 @@ reference (ops/linear.py) on fresh random inputs, under Triton's interpreter on 
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 import torch
+from sm90_compile import run_compile
 
 from v4serve.ops import backend, quant
 from v4serve.ops.kernels import fp8_gemm, fp8_gemv
@@ -363,3 +365,36 @@ def test_wider_out_dtype_spares_the_widened_copy() -> None:
                            linear_reference(x.float(), w, None, 0, 0))
     with pytest.raises(ValueError, match="narrower"):
         linear(x.float(), w, None, 0, 0, backend.TRITON, torch.bfloat16)
+
+
+# The decode GEMV compiled for sm_90 (tests/ops/sm90_compile.py: Triton's ptxas, no GPU), plain and swapped
+SM90_GEMV = """
+import json, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from v4serve.ops.kernels import fp8_gemv
+fn = fp8_gemv._decode_gemm_kernel
+ptrs = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "part_ptr": "*fp32",
+        "y_ptr": "*bf16", "cnt_ptr": "*i32"}
+out = {}
+for swap in (False, True):
+    const = dict(SB=128, A_FP8=False, A_PRE=True, BM=16, BN=64, BK=128, SPLITS=4, INTERPRET=False, PDL=False,
+                 PREFETCH=False, SWAP=swap)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
+    ptx = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
+    out[str(swap)] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync")}
+print(json.dumps(out))
+"""
+
+
+def test_decode_gemv_fp8_dot_is_wgmma_when_swapped_on_sm90() -> None:
+    """sm_90 has FP8 tensor-core MMAs only as wgmma (64-row tiles): the GEMV's 16-row x tile first makes its FP8 dot
+    an mma.sync, which ptxas runs as FP8 -> f16 conversions + f16 MMAs. With `swap` the weight tile is the first
+    operand and the dot a wgmma (what the decode config picks for W8A8 up to 32 rows)."""
+    dots = json.loads(run_compile(SM90_GEMV).strip().splitlines()[-1])
+    assert dots["False"]["mma_sync"] > 0 and dots["False"]["wgmma"] == 0, dots
+    assert dots["True"]["wgmma"] > 0 and dots["True"]["mma_sync"] == 0, dots
+    assert fp8_gemv.config(1, 4096, 8192, 1, 128)["swap"] and fp8_gemv.config(32, 4096, 8192, 1, 128)["swap"]
+    assert not fp8_gemv.config(64, 4096, 8192, 1, 128)["swap"]
+    assert not fp8_gemv.config(1, 4096, 8192, 8, 128, w8a8=False)["swap"]

@@ -60,17 +60,19 @@ class Config:
     num_stages: int = 2
     select_block: int = 2048  # scores per step of the select passes
     select_warps: int = 8
-    # bits per radix digit: narrower digits take more passes, each with a cheaper histogram (tl.histogram: log2(bins)
-    # ballots plus bins/32 x log2(bins) bitwise ops a register of keys); sm_90 SASS of a pass over 16 keys a thread:
-    # ~1,300 instructions at 8 bits, ~950 at 5. Not yet timed: 8 everywhere
+    # The plain radix (select_hist off, or a crowded bin). Bits per radix digit: narrower digits take more passes, each
+    # with a cheaper histogram (tl.histogram: log2(bins) ballots plus bins/32 x log2(bins) bitwise ops a register of
+    # keys); sm_90 SASS of a pass over 16 keys a thread: ~1,300 instructions at 8 bits, ~950 at 5. H200, 16K entries,
+    # the plain select alone: 5-bit digits on 16384-position blocks 51.7 us (B=1) / 55.0 (B=32) against 8-bit on 8192
+    # 57.7 / 67.9 (`indexer.py --select-sweep`)
     select_digit: int = 8
-    # tokens with at most `_small_sort(K)` picks sort that many slots, not K_PAD; exact under the interpreter, not yet
-    # run on a GPU (the device time ran out), so the GPU configs leave it off until `indexer.py --select-sweep` has
+    # tokens with at most `_small_sort(K)` picks sort that many slots, not K_PAD (H200: 200 visible 16.5 -> 15.4 us;
+    # GPU-tested, off in the GPU configs, which the score bins now serve)
     select_narrow: bool = True
     # a row of <= select_block positions: its keys computed once and kept in registers through the radix passes
-    # (otherwise each pass reloads the scores and redoes the 64-bit key arithmetic: by the sm_90 SASS of a pass,
-    # comparable to its 256-bin histogram); exact under the interpreter, off in the GPU configs until timed; spills
-    # at 8192 positions on 16 warps, none at 4096
+    # (otherwise each pass reloads the scores and redoes the 64-bit key arithmetic); spills at 8192 positions on 16
+    # warps, none at 4096 (H200, 4096-position blocks: 200 visible 16.5 -> 10.2 us, 4000 visible 30.0 -> 17.4;
+    # GPU-tested, off in the GPU configs, which the score bins now serve)
     select_resident: bool = True
     # steps of up to HIST_ROWS tokens: the logits launch also counts each token's scores (entries or candidate
     # slots) in 4096 bins (global atomics spread over its programs); the select then finds the k-th largest key's bin
@@ -472,8 +474,8 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
     """GPU: decode-sized steps take one token per program and small key tiles spread over the SMs; prefills take two
     tokens of a row per program (N = 2 x 64 heads) and 128-entry tiles. Not yet tuned on a GPU
     (benchmarks/kernels/indexer.py --sweep). The interpreter gets small tiles (numpy cost, not speed)."""
-    if not on_gpu:
-        return Config(block_t=1 if candidates else 2, block_e=32, split=2, select_block=128)
+    if not on_gpu:  # (a bin of up to 256 keys: small register arrays, numpy's cost per element)
+        return Config(block_t=1 if candidates else 2, block_e=32, split=2, select_block=128, select_cap=256)
     if candidates or t <= 64:
         # select: the score bins, 4096-position steps on 16 warps, a bin of <= 1024 keys radix-selected in registers
         # (H200, 16K entries, top-512, logits + select: 67.2 -> 29.3 us at batch 1, 213 -> 166 us at 32, 200 visible
