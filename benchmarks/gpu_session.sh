@@ -1,12 +1,24 @@
 #!/usr/bin/env bash
 # One device call: install carried wheels, run the CUDA tests, then the offline benchmark.
-# usage (on the GPU machine, repo root): bash benchmarks/gpu_session.sh [tests|bench|all] [extra args for offline.py]
+# usage (on the GPU machine, repo root): bash benchmarks/gpu_session.sh [tests|bench|all|MODE] [extra args for offline.py]
 set -uo pipefail
 what=${1:-all}; shift || true
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
 export PYTHONUNBUFFERED=1 V4SERVE_TEST_DEVICE=cuda
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# Triton's compile cache travels between calls: a .tcache.tgz in the repo root (git-ignored; copied there from the
+# last call's $OUT) is unpacked first, and the cache goes back as $OUT/tcache.tgz on exit (when it fits the 16 MiB a
+# returned file may take), so that a call recompiles only the kernels that changed
+export TRITON_CACHE_DIR=/tmp/tcache
+mkdir -p "$TRITON_CACHE_DIR"
+[[ -f .tcache.tgz ]] && tar -xzf .tcache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null
+save_cache() {
+  tar -czf /tmp/tcache.tgz -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
+  if (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )); then cp /tmp/tcache.tgz "$OUT/tcache.tgz"
+  else echo "Triton cache $(du -h /tmp/tcache.tgz | cut -f1) compressed: too large to return"; fi
+}
+trap save_cache EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 git rev-parse --short HEAD 2>/dev/null || true
 rc=0
@@ -364,8 +376,8 @@ fi
 if [[ $what == next3 ]]; then  # prepared for the eighth session: the mHC small-case failures with their assertions,
   # where the binned select's time goes (ncu source view), then the ops tests at real shapes (then `b32` on its own)
   OUT=$OUT bash "$0" mhcpp; OUT=$OUT bash "$0" selprof
-  timeout 200 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
-    -o addopts="" 2>&1 | tee "$OUT/linear_shared_tests.log" | tail -3
+  timeout 260 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py tests/ops/test_indexer.py \
+    -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/ops_tests.log" | tail -3
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
