@@ -476,12 +476,14 @@ def _gpu_case(kind: str, rows: list[tuple[int, int]], heads: int, seed: int, fp8
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
 @pytest.mark.parametrize("kind,fp8_q", [("mxfp4", False), ("fp8_row", False), ("fp8_row", True)],
                          ids=["mxfp4", "fp8", "fp8-fp8q"])
-@pytest.mark.parametrize("shape", ["decode", "prefill"])
+@pytest.mark.parametrize("shape", ["decode", "prefill", "chunk"])
 def test_gpu_real_shapes(kind, fp8_q, shape):
-    """64 heads, top-512: 32 decode rows at contexts up to 16K; a 700-token prefill chunk beside 2 decode rows."""
+    """64 heads, top-512: 32 decode rows at contexts up to 16K; a 700-token prefill chunk beside 2 decode rows (more
+    than HIST_ROWS tokens: the plain radix); a 200-token chunk beside one decode row (the prefill tiles with the score
+    bins)."""
     g = _gen(99)
     rows = ([(int(p), 1) for p in torch.randint(100, 16384, (32,), generator=g)] if shape == "decode" else
-            [(12000, 700), (5000, 1), (16000, 1)])
+            [(12000, 700), (5000, 1), (16000, 1)] if shape == "prefill" else [(9000, 200), (15000, 1)])
     q, w, pool, entries, q_scale = _gpu_case(kind, rows, 64, seed=13, fp8_q=fp8_q)
     got = ik.index_topk(q, w, pool, entries, 512, q_scale=q_scale)[0]
     want = indexer.index_topk_reference(q, w, pool, entries, 512, q_scale=q_scale)[0]
