@@ -206,10 +206,18 @@ def select_sweep(kind: str, b: int) -> list[dict]:
     return rows
 
 
-# logits + select (index_topk) with the score bins (ik.Config.select_hist): (select_block, select_warps, select_digit,
-# select_cap); None = the bins off (the plain radix at the default's block / warps / digit)
-BINNED_SWEEP = [None, (4096, 8, 8, 4096), (4096, 16, 8, 4096), (8192, 16, 8, 4096), (16384, 16, 8, 4096),
-                (4096, 16, 5, 4096), (2048, 8, 8, 2048), (4096, 16, 8, 1024), (8192, 16, 8, 2048)]
+# logits + select (index_topk) per config: changes to the decode default (which has the score bins on). At batch 32
+# the logits launch dominates: its programs walk ~28 entry tiles each, one after the other (a block-table load, then
+# the dependent record loads, a tile), so more programs per token (split) may hide more of that latency
+BINNED_SWEEP = {"default": {}, "no bins": {"select_hist": False},
+                "bins 4096x8 cap 4096": {"select_block": 4096, "select_warps": 8, "select_cap": 4096},
+                "bins 8192x16 cap 2048": {"select_block": 8192, "select_cap": 2048},
+                "bins 16384x16 cap 4096": {"select_block": 16384, "select_cap": 4096},
+                "bins digit 5": {"select_digit": 5},
+                "bins 2048x8 cap 2048": {"select_block": 2048, "select_warps": 8, "select_cap": 2048},
+                "split 16": {"split": 16}, "split 32": {"split": 32}, "split 64": {"split": 64},
+                "split 32, 8 warps": {"split": 32, "num_warps": 8}, "block_e 32, split 64": {"block_e": 32, "split": 64},
+                "stages 3": {"num_stages": 3}, "split 32, stages 3": {"split": 32, "num_stages": 3}}
 
 
 def binned_sweep(kind: str, b: int, visible: int = E) -> list[dict]:
@@ -224,10 +232,10 @@ def binned_sweep(kind: str, b: int, visible: int = E) -> list[dict]:
     pools = [base] + [copy_pool(base) for _ in range(common.copies_past_l2(base.data.numel()) - 1)]
     default = ik.default_config(b, False, True)
     rows = []
-    for v in BINNED_SWEEP:
-        cfg = replace(default, select_hist=False) if v is None else replace(
-            default, select_hist=True, select_block=v[0], select_warps=v[1], select_digit=v[2], select_cap=v[3])
-        label = "no bins" if v is None else f"bins block {v[0]:>5} warps {v[1]:>2} digit {v[2]} cap {v[3]:>4}"
+    for label, change in BINNED_SWEEP.items():
+        if ("split" in change or "num_stages" in change) and b == 1:
+            continue  # one token's 256 tiles already fill the GPU
+        cfg = replace(default, **change)
         try:
             got = ik.index_topk(q, w, base, ent, K, config=cfg)[0]
             us = common.bench_graph_many([lambda p=p: ik.index_topk(q, w, p, ent, K, config=cfg) for p in pools]) * 1e3
@@ -235,9 +243,9 @@ def binned_sweep(kind: str, b: int, visible: int = E) -> list[dict]:
             print(f"index_topk {kind} B={b} visible {visible} {label}: {type(exc).__name__} {str(exc)[:160]}")
             continue
         same = int((got == want).all(-1).sum())
-        rows.append({"keys": kind, "batch": b, "visible": visible, "config": asdict(cfg), "both_us": us,
-                     "rows_identical": same})
-        print(f"index_topk {kind} B={b:<3} visible {visible:>5} {label:<44} {us:7.1f} us  rows {same}/{b}", flush=True)
+        rows.append({"keys": kind, "batch": b, "visible": visible, "variant": label, "config": asdict(cfg),
+                     "both_us": us, "rows_identical": same})
+        print(f"index_topk {kind} B={b:<3} visible {visible:>5} {label:<24} {us:7.1f} us  rows {same}/{b}", flush=True)
     return rows
 
 
