@@ -354,7 +354,8 @@ if [[ $what == bins ]]; then  # the indexer's score bins (select_hist): GPU test
     | tee "$OUT/binned_sweep.log" | tail -40
 fi
 if [[ $what == final2 ]]; then  # the GEMV / shared expert / indexer tests at real shapes, then the model-level GPU tests
-  timeout 260 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py tests/ops/test_indexer.py \
+  timeout 300 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py tests/ops/test_indexer.py \
+    tests/ops/test_compressor.py \
     -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/ops_tests.log" | tail -3
   timeout 200 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | tail -3
 fi
@@ -376,7 +377,8 @@ fi
 if [[ $what == next3 ]]; then  # prepared for the eighth session: the mHC small-case failures with their assertions,
   # where the binned select's time goes (ncu source view), then the ops tests at real shapes (then `b32` on its own)
   OUT=$OUT bash "$0" mhcpp; OUT=$OUT bash "$0" selprof
-  timeout 260 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py tests/ops/test_indexer.py \
+  timeout 300 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py tests/ops/test_indexer.py \
+    tests/ops/test_compressor.py \
     -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/ops_tests.log" | tail -3
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)

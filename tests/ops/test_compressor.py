@@ -27,7 +27,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 BLOCK = 16  # positions per block
 
 
-def _step(starts: list[int], lens: list[int], slots: list[int], g: torch.Generator) -> SimpleNamespace:
+def _step(starts: list[int], lens: list[int], slots: list[int], g: torch.Generator,
+          one_token_rows: bool = False) -> SimpleNamespace:
     R = len(starts)
     n_blocks = max(-(-(s + n) // BLOCK) for s, n in zip(starts, lens)) + 1
     table = torch.randperm(R * n_blocks + 3, generator=g)[: R * n_blocks].view(R, n_blocks)
@@ -42,28 +43,32 @@ def _step(starts: list[int], lens: list[int], slots: list[int], g: torch.Generat
         row_start=t(starts), row_len=t(lens), row_offset=t(offs), row_slot=t(slots), positions=t(positions),
         token_row=t(torch.repeat_interleave(torch.arange(R), torch.tensor(lens))),
         block_table=t(table), cached_len=t([min(s, 2 * BLOCK) if i % 2 else 0 for i, s in enumerate(starts)]),
-        num_tokens=int(sum(lens)), num_rows=R, n_blocks=R * n_blocks + 3)
+        num_tokens=int(sum(lens)), num_rows=R, n_blocks=R * n_blocks + 3, one_token_rows=one_token_rows)
 
 
-CASES = {  # (ratio, overlap, starts, lens)
+CASES = {  # (ratio, overlap, starts, lens); "+writes": one token per row, the state writes in the pooling launch
     "csa-prefill": (4, True, [0, 5, 13, 30], [11, 7, 1, 0]),
     "csa-decode": (4, True, [3, 7, 8, 21], [1, 1, 1, 1]),
+    "csa-decode+writes": (4, True, [3, 7, 8, 21], [1, 1, 1, 1]),
     "hca": (16, False, [0, 17, 40], [20, 15, 1]),
+    "hca-decode+writes": (16, False, [15, 17, 40], [1, 1, 1]),
     "csa2": (2, False, [0, 3, 9], [5, 2, 1]),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("ape", [True, False])
-def test_pool_groups_kernel_matches_reference(case: str, ape: bool) -> None:
+def test_pool_groups_kernel_matches_reference(case: str, ape: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     ratio, overlap, starts, lens = CASES[case]
+    if case.endswith("+writes"):  # one launch: the separate state-write kernel must not run
+        monkeypatch.setattr(kernel, "_write_state_kernel", None)
     if ape and not overlap:
         pytest.skip("APE comes with V4's overlapping compressors only")
     g = torch.Generator().manual_seed(sorted(CASES).index(case))
     hd = 512 if ON_GPU else 32
     C = 2 if overlap else 1
     slots = [2, 0, 3, 1][: len(starts)]
-    step = _step(starts, lens, slots, g)
+    step = _step(starts, lens, slots, g, one_token_rows=case.endswith("+writes"))
     T, W = step.num_tokens, C * hd
 
     def rnd(*shape):

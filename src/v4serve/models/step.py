@@ -38,6 +38,7 @@ class StepInput:
     engram_prev_ids: torch.Tensor | None = None  # [T, max_ngram - 1] ids at p-1, p-2, ... of each token (-1: none)
     engram_rows: torch.Tensor | None = None  # [T, n_engram_layers, heads] precomputed Engram row ids (tools, tests)
     uniform_decode: bool = False  # every row is one decode token (the captured decode graphs)
+    one_token_rows: bool = False  # no row has more than one token this step (known on the host: decode steps)
     decoder_trim: bool | None = None  # V4.1's decoder trim: None = the model checks the floors, else forced
 
     @property
@@ -103,6 +104,7 @@ class StepLayout:
     rows: int
     logits: int
     width: int
+    one_token_rows: bool = False  # every row has exactly one token (decode steps)
 
     ROW_FIELDS = ("row_slot", "row_start", "row_len", "row_offset", "window_floor", "cached_len", "decoder_floor")
 
@@ -123,7 +125,8 @@ class StepLayout:
         fields = dict(zip(self.ROW_FIELDS, rows))
         return StepInput(token_ids=tok[0], positions=tok[1], token_row=tok[2], **fields,
                          logits_index=packed[self.flat - self.logits:self.flat],
-                         block_table=packed[self.flat:self.size].view(R, self.width), max_context=int(max_context))
+                         block_table=packed[self.flat:self.size].view(R, self.width), max_context=int(max_context),
+                         one_token_rows=self.one_token_rows)
 
 
 def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tensor, StepLayout]:
@@ -153,7 +156,7 @@ def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tens
             raise ValueError(f"row {r} has {len(row.blocks)} blocks, more than the table's {nb} columns")
         table += row.blocks
         table += [-1] * (nb - len(row.blocks))
-    layout = StepLayout(len(toks), len(rows), len(lidx), nb)
+    layout = StepLayout(len(toks), len(rows), len(lidx), nb, bool(rows) and all(n == 1 for n in lens))
     # one conversion of one list (per-row tensor writes cost more than the whole list at decode sizes)
     packed = torch.tensor(
         toks + pos + trow + [r.slot for r in rows] + [r.start for r in rows] + lens + offs

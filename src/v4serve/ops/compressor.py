@@ -38,6 +38,7 @@ class StepRows(Protocol):
     token_row: torch.Tensor  # [T] the row of each token
     block_table: torch.Tensor  # [R, max_blocks] physical block of each logical block (-1 unused)
     cached_len: torch.Tensor  # [R] entries of groups ending at or before this position are already cached
+    one_token_rows: bool  # no row has more than one token this step (the Triton body's one-launch decode form)
 
     @property
     def num_tokens(self) -> int: ...

@@ -1,11 +1,13 @@
-"""The compressor's gated pooling in one launch (the Triton body of ops.compressor.pool_groups).
+"""The compressor's gated pooling (the Triton body of ops.compressor.pool_groups).
 
-Programs 0 .. G-1 each pool one (padded) group of the step's plan (ops.compressor.completed_groups, computed once
-per step and ratio): they resolve each of the group's m (2m with overlap) positions to this step's fresh projections
-(plus the APE bias) or the row's state, and take the per-channel softmax-weighted sum (padding programs only write
-zeros). Programs G .. G+R-1 each build one row's next state (its partial group and,
-with overlap, the last complete one) into a scratch buffer: the state is copied into place after the launch, since
-the group programs still read the old state. All shapes are static given (T, R), so the launch is graph-safe.
+`_pool_kernel`: programs (g, c), g < G, each pool channel block c of one (padded) group of the step's plan
+(ops.compressor.completed_groups, computed once per step and ratio): they resolve each of the group's m (2m with
+overlap) positions to this step's fresh projections (plus the APE bias) or the row's state, and take the
+per-channel softmax-weighted sum (padding programs only write zeros). `_write_state_kernel` then writes each token's
+projections into its position's state slot where a later step reads them: a launch of its own, since the pooling
+still reads the old state, except in a step of at most one token per row (`one_token_rows`: decode steps), where
+no token's slot is one a group reads from the state and the writes run as extra programs of the pooling launch.
+All shapes are static given (T, R), so both launches are graph-safe.
 """
 
 from __future__ import annotations
@@ -65,11 +67,32 @@ def _load_cols(t, st, pm, chan0, cols, kv_ptr, sc_ptr, stride_kv, stride_sc, ape
 
 @triton.jit
 def _pool_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, off_ptr, slot_ptr,
-                 grow_ptr, gentry_ptr, gvalid_ptr, out_ptr, stride_kv, stride_sc,
-                 M: tl.constexpr, OVERLAP: tl.constexpr, HD: tl.constexpr, W: tl.constexpr, SL: tl.constexpr,
-                 BD: tl.constexpr, HAS_APE: tl.constexpr, ACC: tl.constexpr, OUT: tl.constexpr,
-                 PDL: tl.constexpr = False):
+                 grow_ptr, gentry_ptr, gvalid_ptr, out_ptr, stride_kv, stride_sc, pos_ptr, trow_ptr, n_groups,
+                 trash_slot, M: tl.constexpr, OVERLAP: tl.constexpr, HD: tl.constexpr, W: tl.constexpr,
+                 SL: tl.constexpr, BD: tl.constexpr, HAS_APE: tl.constexpr, ACC: tl.constexpr, OUT: tl.constexpr,
+                 BW: tl.constexpr = 1, WRITE: tl.constexpr = False, PDL: tl.constexpr = False):
+    """Programs (g, c) < n_groups pool group g's channel block c; with WRITE (no row with more than one token) the
+    programs (n_groups + t, 0) also write token t's state, as _write_state_kernel does: a decode token's slot is
+    none that a group of this step reads from the state (a group's positions span SL consecutive slots, and the
+    token is one of them, read fresh)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    if WRITE and tl.program_id(0) >= n_groups:
+        if tl.program_id(1) == 0:
+            _write_token(tl.program_id(0).to(tl.int64) - n_groups, kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr,
+                         pos_ptr, trow_ptr, start_ptr, len_ptr, slot_ptr, trash_slot, stride_kv, stride_sc, M,
+                         OVERLAP, W, SL, BW, HAS_APE)
+    else:
+        _pool_group(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, off_ptr, slot_ptr, grow_ptr,
+                    gentry_ptr, gvalid_ptr, out_ptr, stride_kv, stride_sc, M, OVERLAP, HD, W, SL, BD, HAS_APE, ACC,
+                    OUT)
+
+
+@triton.jit
+def _pool_group(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, off_ptr, slot_ptr, grow_ptr,
+                gentry_ptr, gvalid_ptr, out_ptr, stride_kv, stride_sc, M: tl.constexpr, OVERLAP: tl.constexpr,
+                HD: tl.constexpr, W: tl.constexpr, SL: tl.constexpr, BD: tl.constexpr, HAS_APE: tl.constexpr,
+                ACC: tl.constexpr, OUT: tl.constexpr):
+    """One (padded) group of the step's plan, one block of BD channels: its softmax-weighted sum, or zeros."""
     pid = tl.program_id(0)
     row = tl.load(grow_ptr + pid)
     entry = tl.load(gentry_ptr + pid)
@@ -109,10 +132,17 @@ def _pool_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, 
 def _write_state_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, pos_ptr, trow_ptr, start_ptr, len_ptr, slot_ptr,
                         trash_slot, stride_kv, stride_sc, M: tl.constexpr, OVERLAP: tl.constexpr, W: tl.constexpr,
                         SL: tl.constexpr, BW: tl.constexpr, HAS_APE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    _write_token(tl.program_id(0).to(tl.int64), kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, pos_ptr, trow_ptr,
+                 start_ptr, len_ptr, slot_ptr, trash_slot, stride_kv, stride_sc, M, OVERLAP, W, SL, BW, HAS_APE)
+
+
+@triton.jit
+def _write_token(t, kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, pos_ptr, trow_ptr, start_ptr, len_ptr, slot_ptr,
+                 trash_slot, stride_kv, stride_sc, M: tl.constexpr, OVERLAP: tl.constexpr, W: tl.constexpr,
+                 SL: tl.constexpr, BW: tl.constexpr, HAS_APE: tl.constexpr):
     """Token t's kv and score (+ APE) to its position's state slot when a later step reads it (from the start of its
     row's last group, with overlap the one before too), else to the trash slot."""
-    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t)
     r = tl.load(trow_ptr + t)
     e = tl.load(start_ptr + r) + tl.load(len_ptr + r)
@@ -146,14 +176,16 @@ def pool_groups(kv, score, ape, step, groups, state_kv, state_score, ratio, over
     # row strides are the kernel's arguments: column views of a stacked projection stay as they are
     kv, score = (t if t.stride(-1) == 1 else t.contiguous() for t in (kv, score))
     pooled = torch.empty(G, head_dim, dtype=out_dtype, device=dev)
-    if G:
-        _pool_kernel[(G, head_dim // min(BLOCK_D, head_dim))](
+    # at most one token per row (decode steps): the state writes ride in the pooling launch
+    fused = step.one_token_rows and T > 0
+    if G or fused:
+        _pool_kernel[(G + (T if fused else 0), head_dim // min(BLOCK_D, head_dim))](
             kv, score, ape if ape is not None else kv, state_kv, state_score, step.row_start, step.row_len,
             step.row_offset, step.row_slot, groups.row, groups.entry, groups.valid, pooled, kv.stride(0),
-            score.stride(0), M=ratio, OVERLAP=overlap, HD=head_dim, W=W, SL=SL, BD=min(BLOCK_D, head_dim),
-            HAS_APE=ape is not None, ACC=TL_DTYPES[acc], OUT=TL_DTYPES[out_dtype], num_warps=4,
-            **pdl_launch(kv))
-    if T:  # after the pooling, which reads the positions these writes may replace
+            score.stride(0), step.positions, step.token_row, G, state_kv.shape[0] - 1, M=ratio, OVERLAP=overlap,
+            HD=head_dim, W=W, SL=SL, BD=min(BLOCK_D, head_dim), HAS_APE=ape is not None, ACC=TL_DTYPES[acc],
+            OUT=TL_DTYPES[out_dtype], BW=min(256, W), WRITE=fused, num_warps=4, **pdl_launch(kv))
+    if T and not fused:  # after the pooling, which reads the positions these writes may replace
         _write_state_kernel[(T,)](
             kv, score, ape if ape is not None else kv, state_kv, state_score, step.positions, step.token_row,
             step.row_start, step.row_len, step.row_slot, state_kv.shape[0] - 1, kv.stride(0), score.stride(0),
