@@ -73,22 +73,19 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
     block's product (FP8: x in e4m3), or W8A16, the weight tile dequantized to x's dtype (exact) for a half-precision
     dot. SWAP: acc is the transpose [BN, BM], w @ x^T: the weight is wgmma's 64-row operand, read from shared memory
     (BM = 16 puts x there; sm_90 has FP8 MMAs only as wgmma: its mma.sync form converts both operands to f16 first)."""
-    if FP8:
-        if SWAP:
-            acc += tl.dot(w, tl.trans(x)) * w_scale[:, None] * x_scale[None, :]
-        else:
-            acc += tl.dot(x, tl.trans(w)) * x_scale[:, None] * w_scale[None, :]
+    if not FP8:
+        w = (w.to(tl.float32) * w_scale[:, None]).to(x.dtype)
+    if SWAP:
+        lhs, rhs, s_lhs, s_rhs = w, x, w_scale, x_scale
     else:
-        wf = (w.to(tl.float32) * w_scale[:, None]).to(x.dtype)
-        if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
-            if SWAP:
-                acc += tl.dot(wf.to(tl.float32), tl.trans(x.to(tl.float32)), input_precision="ieee")
-            else:
-                acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(tl.float32)), input_precision="ieee")
-        elif SWAP:
-            acc += tl.dot(wf, tl.trans(x))
-        else:
-            acc += tl.dot(x, tl.trans(wf))
+        lhs, rhs, s_lhs, s_rhs = x, w, x_scale, w_scale
+    if INTERPRET and not FP8:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
+        prod = tl.dot(lhs.to(tl.float32), tl.trans(rhs.to(tl.float32)), input_precision="ieee")
+    else:
+        prod = tl.dot(lhs, tl.trans(rhs))
+    if FP8:
+        prod = prod * s_lhs[:, None] * s_rhs[None, :]
+    acc += prod
     return acc
 
 

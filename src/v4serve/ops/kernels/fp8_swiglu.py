@@ -174,5 +174,5 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         x2.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg.get("swap", False), **pdl_launch(x2))
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], **pdl_launch(x2))
     return h

@@ -301,13 +301,14 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, n_c
         b = tl.max(tl.where(total - tl.cumsum(h, 0) + h >= kk, hb, 0))  # the last bin with >= kk keys at or above
         gt = tl.sum(tl.where(hb > b, h, 0))  # keys above it: all picks
         eq = tl.sum(tl.where(hb == b, h, 0))  # keys in it: `kk - gt` of them are picks
-        if eq <= CAP:
+        binned = eq <= CAP  # else a bin crowded by equal or close scores: the plain radix
+        if binned:
             kk = _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, scratch_ptr + t * CAP, stride_st, stride_ct, b,
                                 gt, eq, kk, K, CAND, CB, ID_BITS, BLOCK, DIGIT, CAP)
-        else:  # a bin crowded by equal or close scores: the plain radix
-            kk = _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K, CAND, CB, ID_BITS, BLOCK,
-                               DIGIT, RESIDENT)
     else:
+        kk = tl.full([], 0, tl.int32)
+        binned = False
+    if not binned:
         kk = _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K, CAND, CB, ID_BITS, BLOCK,
                            DIGIT, RESIDENT)
     tl.debug_barrier()  # this program's scratch stores precede its loads
