@@ -216,7 +216,8 @@ BINNED_SWEEP = {"default": {}, "no bins": {"select_hist": False},
                 "bins digit 5": {"select_digit": 5},
                 "bins 2048x8 cap 2048": {"select_block": 2048, "select_warps": 8, "select_cap": 2048},
                 "split 16": {"split": 16}, "split 32": {"split": 32}, "split 64": {"split": 64},
-                "split 32, 8 warps": {"split": 32, "num_warps": 8}, "block_e 32, split 64": {"block_e": 32, "split": 64},
+                "split 32, 8 warps": {"split": 32, "num_warps": 8},
+                "block_e 32, split 64": {"block_e": 32, "split": 64},
                 "stages 3": {"num_stages": 3}, "split 32, stages 3": {"split": 32, "num_stages": 3}}
 
 

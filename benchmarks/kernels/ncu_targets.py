@@ -16,7 +16,7 @@ import argparse
 
 import torch
 from fp8_gemm import weight
-from indexer import E, K, copy_pool, entries_for, make_pool, queries
+from indexer import K, copy_pool, entries_for, make_pool, queries
 from moe import ACT_GROUP, BEFORE, LIMIT, inputs, make_experts
 
 from v4serve.ops import backend
@@ -44,7 +44,6 @@ def main() -> None:
         q, w, _ = queries(b, seed=1, fp8=False)
         for pool in pools:
             ik.index_topk(q, w, pool, ent, K)
-        assert ent.max_entries == E
     else:
         n, k = args.shape
         weights = [weight(n, k, 128) for _ in range(args.calls)]

@@ -371,9 +371,10 @@ def _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K: 
 def _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, crow, stride_st, stride_ct, b, gt, eq, kk, K: tl.constexpr,
                    CAND: tl.constexpr, CB: tl.constexpr, ID_BITS: tl.constexpr, BLOCK: tl.constexpr,
                    DIGIT: tl.constexpr, CAP: tl.constexpr):
-    """The picks of a row (its entries, or its candidate slots) whose k-th largest key lies in score bin b, with gt keys above that bin and eq <= CAP
-    in it: one pass puts the keys above the bin in row[:gt] and the bin's keys in crow[:eq]; a radix select over the
-    bin's keys (in registers) then appends the kk - gt largest of them. -> kk (the picks in row[:kk])."""
+    """The picks of a row (its entries, or its candidate slots) whose k-th largest key lies in score bin b, with gt
+    keys above that bin and eq <= CAP in it: one pass puts the keys above the bin in row[:gt] and the bin's keys in
+    crow[:eq]; a radix select over the bin's keys (in registers) then appends the kk - gt largest of them. -> kk (the
+    picks in row[:kk])."""
     n_above = tl.full([], 0, tl.int32)
     n_at = tl.full([], 0, tl.int32)
     for p0 in range(0, n_pos, BLOCK):  # BLOCK < 2^16: both running counts in one int32 scan
