@@ -130,9 +130,14 @@ def test_dense_mlp_triton_matches_reference(block: int, monkeypatch: pytest.Monk
         fused = x.numel() // D <= 64
         assert len(calls) == n + fused, shape  # the paired kernel at decode rows only
         assert out.dtype == ref.dtype == torch.float32 and out.shape == ref.shape
-        # beyond decode rows the three linears: under the interpreter their bf16 outputs are truncated (its float32
-        # -> bf16 cast), and w2's FP8 activation quantization of h turns that into e4m3 flips (up to 5e-2 measured)
-        tol = 1.6e-2 if fused else 3e-2 if GPU else 6e-2
+        if fused:  # w2 on the paired kernel's own h: only the accumulation order differs
+            h = paired(x.reshape(-1, D), w1[0], w1[1], w3[0], w3[1], block, act, limit)
+            own = linear_reference(h, *w2, act, out_dtype=torch.float32)
+            assert rel(out.reshape(-1, D), own) < 1e-2, (shape, limit, act, rel(out.reshape(-1, D), own))
+        # against the reference's own h: where h differs by a bf16 ulp (the interpreter truncates its float32 ->
+        # bf16 casts; on the GPU the sums' order), w2's FP8 activation quantization can flip an e4m3 code (1/8 of
+        # the value): up to 5e-2 measured under the interpreter, 1.9e-2 on the H200 at 17 rows of I = 96
+        tol = 3e-2 if GPU else 6e-2
         assert rel(out, ref) < tol, (shape, limit, act, rel(out, ref))
     if limit:  # the clamp took effect: the same inputs without it differ
         assert not torch.equal(dense_mlp(x[:64], w1, w2, w3, 0.0, act, backend.TRITON),
@@ -165,6 +170,10 @@ def test_real_shapes_on_gpu(M: int, model: str) -> None:
         assert ulps(h, composed_h(x, w1[:2], w3[:2], block, block, limit, cfg)) <= 1
         assert rel(h, reference_h(x.float(), w1[:2], w3[:2], block, block, limit)[0]) < 1.6e-2
         out = dense_mlp(x, w1, w2, w3, limit, block, backend.TRITON)
+        own = linear_reference(h, *w2, block, out_dtype=torch.float32)  # w2 on the kernel's own h
+        assert rel(out, own) < 1e-2, (M, model, limit, rel(out, own))
+        # against the float32 reference end to end: h is rounded to bf16 here and not there, and w2's FP8 activation
+        # quantization turns some of those ulps into e4m3 flips (1/8 of a value; 3.2e-2 measured on the H200)
         ref = dense_mlp(x.float(), w1, w2, w3, limit, block, backend.REFERENCE)  # float32 of the same values
-        assert rel(out, ref) < 3e-2, (M, model, limit, rel(out, ref))
+        assert rel(out, ref) < 6e-2, (M, model, limit, rel(out, ref))
         assert int(fp8_swiglu._COUNTERS.get(x.device).abs().sum()) == 0

@@ -46,6 +46,10 @@ from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, last_to_arrive, runs
 from .split_grid import TL_DTYPES as _TL
 
 _COUNTERS = ArrivalCounters()
+# No FMA contraction (ptxas --fmad=false): where a product and a sum fuse is otherwise ptxas's choice per kernel, and
+# the fused post+pre launch must give the bits of hc_post then hc_pre (on the H200, 7 of 24 small cases differed).
+# The hot products are explicit tl.fma calls, which stay fused.
+_EXACT = {"enable_fp_fusion": False}
 
 
 @dataclass(frozen=True)
@@ -126,10 +130,10 @@ def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.c
         wpp = tl.load(f_pp + kk, mask=pp_mask[:, None] & d_mask[None, :], other=0.0)
         wc = tl.load(f_c + kk, mask=d_mask[None, :], other=0.0)
     xf = xt.to(ACC)
-    if MIX == "fma":
-        ss += xf * xf
-        acc_pp += xf[:, None, :] * wpp.to(ACC)[None, :, :]
-        acc_c += xf[:, None, :] * wc.to(ACC)[None, :, :]
+    if MIX == "fma":  # explicit FMAs: the kernels launch without contraction (`_EXACT`)
+        ss = tl.fma(xf, xf, ss)
+        acc_pp = tl.fma(xf[:, None, :], wpp.to(ACC)[None, :, :], acc_pp)
+        acc_c = tl.fma(xf[:, None, :], wc.to(ACC)[None, :, :], acc_c)
     else:
         ss += tl.sum(xf * xf, axis=1)
         acc_pp = _dot(acc_pp, xt, wpp, ACC, MIX == "x3", INTERPRET)
@@ -418,10 +422,10 @@ def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d,
         c_j = tl.load(comb_ptr + offs_t[:, None] * sc_t + j * sc_j + offs_k[None, :] * sc_k,
                       mask=t_mask[:, None], other=0.0).to(ACC)
         x_j = tl.load(x_rows + j * sx_n, mask=m, other=0.0).to(ACC)
-        mixed += c_j[:, :, None] * x_j[:, None, :]
+        mixed = tl.fma(c_j[:, :, None], x_j[:, None, :], mixed)
     f = tl.load(f_ptr + t64[:, None] * sf_t + offs_d[None, :] * sf_d, mask=m, other=0.0).to(ACC)
     p = tl.load(post_ptr + offs_t[:, None] * sp_t + offs_k[None, :] * sp_n, mask=t_mask[:, None], other=0.0)
-    out = p.to(ACC)[:, :, None] * f[:, None, :] + mixed
+    out = tl.fma(p.to(ACC)[:, :, None], f[:, None, :], mixed)
     o = out_ptr + t64[:, None, None] * (N * D) + offs_k[None, :, None] * D + offs_d[None, None, :]
     tl.store(o, out.to(out_ptr.dtype.element_ty), mask=m[:, None, :])
 
@@ -455,9 +459,9 @@ def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs
             for j in tl.static_range(N):  # sum over j in order, as _hc_post_kernel
                 c_jk = tl.load(comb_ptr + offs_t * NN + j * N + k, mask=t_mask, other=0.0).to(ACC)
                 x_j = tl.load(xo_ptr + t64[:, None] * sxo_t + j * sxo_n + offs_d[None, :], mask=m, other=0.0)
-                mixed += c_jk[:, None] * x_j.to(ACC)
+                mixed = tl.fma(c_jk[:, None], x_j.to(ACC), mixed)
             p_k = tl.load(post_ptr + offs_t * N + k, mask=t_mask, other=0.0).to(ACC)
-            xt = (p_k[:, None] * fv + mixed).to(OUT)
+            xt = tl.fma(p_k[:, None], fv, mixed).to(OUT)
             tl.store(out_ptr + t64[:, None] * (N * D) + k * D + offs_d[None, :], xt, mask=m)
             # the next sub-layer's mixes, from the stored (rounded) streams
             kk = (k * D + offs_d).to(tl.int64)[None, :] * sf_k
@@ -633,7 +637,7 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
                                config)
     if launch is not None:
         _hc_pre_kernel[launch.grid](x, *launch.head, x.stride(0), x.stride(1), x.stride(2), fn.stride(0),
-                                    fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x))
+                                    fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x), **_EXACT)
     return outs
 
 
@@ -656,7 +660,8 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
         x = x if x.stride(-1) == 1 else x.contiguous()
         post, comb = post.contiguous(), comb.contiguous()
         _hc_post_pre_kernel[launch.grid](f, x, post, comb, new, *launch.head, f.stride(0), x.stride(0), x.stride(1),
-                                         fn.stride(0), fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x))
+                                         fn.stride(0), fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x),
+                                         **_EXACT)
     return (new, *outs)
 
 
@@ -676,5 +681,5 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     _hc_post_kernel[grid](f, x, post, comb, out, t, d, f.stride(0), f.stride(1), x.stride(0), x.stride(1),
                           x.stride(2), post.stride(0), post.stride(1), comb.stride(0), comb.stride(1),
                           comb.stride(2), N=n, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, ACC=_TL[acc],
-                          num_warps=cfg.num_warps, **pdl_launch(x))
+                          num_warps=cfg.num_warps, **pdl_launch(x), **_EXACT)
     return out
