@@ -395,6 +395,18 @@ if [[ $what == next4 ]]; then  # prepared for the eighth session's second call: 
     -o addopts="" --tb=short -rf 2>&1 | tee "$OUT/comp-idx.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -30
   MEASURE="v4-flash-e16:1" OUT=$OUT bash "$0" measure2
 fi
+if [[ $what == next5 ]]; then  # the eighth session's third call: the plain-weight GEMV (the compressors' projections
+  # and the indexer's head weights stacked) and the head-weight scale in the indexer: tests at real shapes, the
+  # compressor GEMM variants, the model-level GPU tests, then the V4 and V4.1 steps at batch 1
+  timeout -s INT 100 python3 -m pytest tests/ops/test_linear.py tests/ops/test_indexer.py -k "plain_weight or gpu" -q \
+    -p no:cacheprovider -o addopts="" --tb=short -rf 2>&1 | tee "$OUT/ops.log" | grep -E "^E |^FAILED|passed|failed|Error" \
+    | head -20
+  timeout 90 python3 benchmarks/kernels/fp8_gemm.py --compressor --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/compressor.log" | grep -E "M=  1 |M=  8 " | head -44
+  timeout -s INT 150 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" --tb=short -rf -s 2>&1 \
+    | tee "$OUT/gpu_tests.log" | grep -E "agreement|^E |^FAILED|passed|failed|Error" | tail -14
+  MEASURE="v4-flash-e16:1 v41-flash-e16-engram1m:1" OUT=$OUT bash "$0" measure2
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

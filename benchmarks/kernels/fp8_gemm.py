@@ -124,12 +124,17 @@ def shared_expert_rows(hbm: float) -> list[dict]:
     return rows
 
 
-# the compressors' stacked wkv / wgate (bf16 weights, float32 x): a CSA layer's main + indexer compressors (2 x 1024
-# + 2 x 256 rows), a HCA layer's one (2 x 512)
-COMPRESSOR = {"csa": (2560, 4096), "hca": (1024, 4096)}
+# the compressors' stacked wkv / wgate (bf16 weights, bf16 x, float32 out): a CSA layer's main + indexer compressors
+# (2 x 1024 + 2 x 256 rows) and the indexer's weights_proj (64 rows), a HCA layer's one (2 x 512)
+COMPRESSOR = {"csa": (2624, 4096), "hca": (1024, 4096)}
 COMPRESSOR_VARIANTS = {"default": None, "bn128": {"BN": 128}, "bn32": {"BN": 32}, "stages2": {"num_stages": 2},
                        "split_half": "half", "split2x": "double", "w8": {"num_warps": 8}, "bf16-x": "bf16-x",
-                       "cublas-bf16": "cublas"}
+                       "cublas-bf16": "cublas",
+                       # the decode GEMV without scales (fp8_gemv, plain weights: the path linear() takes now)
+                       "gemv": ("gemv", None), "gemv-bn128": ("gemv", {"BN": 128}), "gemv-bn32": ("gemv", {"BN": 32}),
+                       "gemv-s2": ("gemv", {"num_stages": 2}), "gemv-s6": ("gemv", {"num_stages": 6}),
+                       "gemv-bk256": ("gemv", {"BK": 256}), "gemv-w8": ("gemv", {"num_warps": 8}),
+                       "gemv-split2x": ("gemv", "double"), "gemv-split-half": ("gemv", "half")}
 
 
 def compressor_rows(hbm: float) -> list[dict]:
@@ -143,10 +148,20 @@ def compressor_rows(hbm: float) -> list[dict]:
             x = torch.randn(M, 1, K, device="cuda").bfloat16().float()
             ref = linear_reference(x.view(M, K), wbs[0], None, 0, 0)
             base = fp8_gemm._config(M, N, K, 1, 128, False, True)
+            gbase = fp8_gemv.config(M, N, K, 1, 128, False, plain=True)
             for vname, cfg in COMPRESSOR_VARIANTS.items():
-                if cfg in ("half", "double"):
+                if isinstance(cfg, tuple):  # the GEMV: bf16 x (the block's input as it is), float32 out
+                    gcfg = cfg[1]
+                    if gcfg in ("half", "double"):
+                        gcfg = {"splits": max(1, gbase["splits"] // 2 if gcfg == "half" else 2 * gbase["splits"])}
+                    xb = x.bfloat16()
+                    make = lambda w, _, xb=xb, c=gcfg: (  # noqa: E731
+                        lambda: fp8_gemv.run(xb, w, None, 128, 0, torch.float32, c))
+                elif cfg in ("half", "double"):
                     cfg = {"splits": max(1, base["splits"] // 2) if cfg == "half" else 2 * base["splits"]}
-                if cfg == "bf16-x":
+                    make = lambda w, _, c=cfg, x=x: (  # noqa: E731
+                        lambda: fp8_gemm.general(x, w, None, 128, 0, torch.float32, c))
+                elif cfg == "bf16-x":
                     xb = x.bfloat16()
                     make = lambda w, _, xb=xb: (  # noqa: E731
                         lambda: fp8_gemm.general(xb, w, None, 128, 0, torch.float32))

@@ -104,14 +104,14 @@ def _reference_scores(q, w, pool, entries, q_scale=None) -> torch.Tensor:
 def _same(q, w, pool, entries, k, config=None, check_scores: bool = True, **kw):
     """Kernel picks == reference picks; on dense rows also the visible scores (bitwise but for float64 operands)."""
     want = indexer.index_topk_reference(q, w, pool, entries, k, kw.get("candidates"), kw.get("publish", 0),
-                                        kw.get("block", 1), kw.get("q_scale"))
+                                        kw.get("block", 1), kw.get("q_scale"), kw.get("w_scale", 1.0))
     scores = None
     if check_scores and kw.get("candidates") is None:  # (a given score buffer runs the step in one chunk)
         scores = kw["scores_out"] = torch.full((q.shape[0], entries.max_entries), float("nan"))
     got = ik.index_topk(q, w, pool, entries, k, config=config, **kw)
     if scores is not None:
         vis = torch.arange(entries.max_entries)[None, :] < entries.visible[:, None]
-        ref = _reference_scores(q, w, pool, entries, kw.get("q_scale"))
+        ref = _reference_scores(q, indexer.weighted_heads(w, kw.get("w_scale", 1.0)), pool, entries, kw.get("q_scale"))
         if q.dtype != torch.float64:
             assert torch.equal(scores[vis], ref[vis])
         else:
@@ -227,6 +227,35 @@ def test_fp8_queries_with_row_scales():
     g = _gen(80)
     q_scale = 2.0 ** torch.randint(-2, 3, q.shape[:2], generator=g).float()
     _same(q.to(torch.float8_e4m3fn), w, pool, entries, 10, q_scale=q_scale)
+
+
+@CPU_ONLY
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_head_weights_scaled_as_loaded(dtype):
+    """w_scale (the model's 1 / sqrt(d * h), not a power of two) applied by the logits kernel as it loads w, over
+    half-precision head weights (the indexer's weights_proj output as it is): the picks and visible scores of the
+    reference, which widens w and multiplies (ops.indexer.weighted_heads); w_scale = 1 leaves w untouched. Random
+    values: the picks compare, the scores (summed over heads in another order) do not bit for bit."""
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, dtype, seed=12)
+    scale = 128 ** -0.5 * 64 ** -0.5
+    w_half = w.to(torch.bfloat16) if dtype == torch.float32 else w
+    _same(q, w_half, pool, entries, 8, check_scores=False, w_scale=scale)
+    heads = indexer.weighted_heads(w_half, scale)
+    scores = torch.full((q.shape[0], entries.max_entries), float("nan"))
+    ik.index_topk(q, w_half, pool, entries, 8, scores_out=scores, w_scale=scale)
+    vis = torch.arange(entries.max_entries)[None, :] < entries.visible[:, None]
+    ref = _reference_scores(q, heads, pool, entries)[vis]
+    assert torch.allclose(scores[vis], ref, rtol=1e-5, atol=1e-6)  # (random values: summed in another order)
+    assert not torch.allclose(scores[vis], ref / scale, rtol=1e-2)  # the scale is applied
+    assert heads.dtype == dtype and indexer.weighted_heads(w_half, 1.0) is w_half
+    hi, lo = indexer.scale_parts(scale)
+    assert torch.equal(heads, w_half.to(dtype) * (hi + lo))
+    if dtype == torch.float32:  # float32 math: the float32 rounding of the scale, as `w.float() * scale` in torch
+        assert torch.equal(heads, w_half.float() * scale)
+    else:  # float64: ~48 bits of it
+        assert abs((hi + lo) - scale) <= scale * 2.0 ** -47
+    assert torch.equal(indexer.index_topk_reference(q, w_half, pool, entries, 8, w_scale=scale)[0],
+                       indexer.index_topk_reference(q, heads, pool, entries, 8)[0])
 
 
 @pytest.mark.parametrize("cfg", [ik.Config(block_t=4, block_e=16, split=3, select_block=16),

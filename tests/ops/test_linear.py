@@ -367,6 +367,34 @@ def test_wider_out_dtype_spares_the_widened_copy() -> None:
         linear(x.float(), w, None, 0, 0, backend.TRITON, torch.bfloat16)
 
 
+@pytest.mark.parametrize("M", [1, 7, 64])
+def test_plain_weight_decode_rows_take_the_gemv(M: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain bf16 weight with a float32 output (the compressors' stacked wkv / wgate and the indexer's
+    weights_proj) runs through fp8_gemv at decode rows, without scales: exact bf16 products summed in float32, so
+    within float32 rounding of the reference; N and K ragged against the tiles, split-K included. 65 rows and a bf16
+    output keep their old paths (the general GEMM, cuBLAS)."""
+    g = torch.Generator().manual_seed(31 + M)
+    N, K = (2624, 4096) if GPU else (200, 416)
+    w = (torch.randn(N, K, generator=g) * 0.05).to(torch.bfloat16).to(DEV)
+    calls = []
+    run = fp8_gemv.run
+    monkeypatch.setattr(fp8_gemv, "run", lambda *a, **k: calls.append(a[1].dtype) or run(*a, **k))
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
+    got = linear(x, w, None, 32, 0, backend.TRITON, torch.float32)
+    assert calls == [torch.bfloat16] and got.dtype == torch.float32 and got.shape == (M, N)
+    assert rel(got, linear_reference(x, w, None, 32, 0, torch.float32)) < F32_TOL
+    for cfg in ({"splits": 1}, {"splits": 3, "BN": 64 if GPU else 128}):  # one split, and a split with a short tail
+        y = fp8_gemv.run(x[:, None], w, None, 32, 0, torch.float32, cfg)[:, 0]
+        assert rel(y, got) < F32_TOL, cfg
+    x65 = torch.randn(65, K, generator=g).to(torch.bfloat16).to(DEV)
+    assert rel(linear(x65, w, None, 32, 0, backend.TRITON, torch.float32),
+               linear_reference(x65, w, None, 32, 0, torch.float32)) < F32_TOL
+    assert linear(x, w, None, 32, 0, backend.TRITON).dtype == torch.bfloat16
+    assert len(calls) == 3  # neither the 65 rows nor the bf16 output went through the GEMV
+    assert not fp8_gemv.supports(x[:, None], w, 32, 32)  # activation quantization needs an FP8 weight
+    assert not fp8_gemv.supports(x[:, None].half(), w, 32, 0)  # a weight in another dtype than x
+
+
 # The decode GEMV compiled for sm_90 (tests/ops/sm90_compile.py: Triton's ptxas, no GPU), plain and swapped
 SM90_GEMV = """
 import json, triton

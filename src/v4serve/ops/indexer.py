@@ -163,10 +163,27 @@ def select_entries(scores: torch.Tensor, visible: torch.Tensor, k: int,
 
 # --- the entry point -----------------------------------------------------------------------------------------------
 
+def scale_parts(v: float) -> tuple[float, float]:
+    """v as the two float32 values whose sum the kernels apply (Triton passes float scalars as float32): in float32
+    math their sum is float32(v), in float64 math v to ~48 bits; the reference applies the same sum."""
+    hi = float(torch.tensor(v, dtype=torch.float32))
+    return hi, float(torch.tensor(v - hi, dtype=torch.float32))
+
+
+def weighted_heads(w: torch.Tensor, w_scale: float) -> torch.Tensor:
+    """The head weights the scores use: w as given, or widened to the accumulation dtype and times w_scale."""
+    if w_scale == 1.0:
+        return w
+    hi, lo = scale_parts(w_scale)
+    return w.to(acc_dtype(w)) * (hi + lo)
+
+
 def index_topk_reference(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int,
                          candidates: torch.Tensor | None = None, publish: int = 0, block: int = 1,
-                         q_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         q_scale: torch.Tensor | None = None,
+                         w_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain torch: decode the keys of every entry up to E_max, score them a chunk of tokens at a time, select."""
+    w = weighted_heads(w, w_scale)
     if q_scale is not None:  # FP8 queries with one scale per (token, head)
         q = q.float() * q_scale.float().unsqueeze(-1)
     T, E = q.shape[0], entries.max_entries
@@ -186,12 +203,14 @@ def index_topk_reference(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entrie
 
 def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int, *,
                candidates: torch.Tensor | None = None, publish: int = 0, block: int = 1,
-               q_scale: torch.Tensor | None = None,
+               q_scale: torch.Tensor | None = None, w_scale: float = 1.0,
                backend: str = kernels.REFERENCE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The top-k of each token's visible entries -> (idx [T, min(k, E_max)] int64, -1 = none; blocks or None).
 
     q [T, h, d] ready to score (RoPE'd, rotated / FP4-simulated as the model's numerics say), or FP8 e4m3 with
-    `q_scale` [T, h] (one scale per query row); w [T, h] head weights; `keys` the source layer's index-key pool.
+    `q_scale` [T, h] (one scale per query row); w [T, h] head weights, times `w_scale` in the accumulation dtype
+    (`weighted_heads`: the kernels apply it as they load w, no launch of its own); `keys` the source layer's
+    index-key pool.
     candidates [T, Kc]: distinct ids of blocks of `block` entries (-1 = none) outside which nothing is selected.
     publish > 0: also the top `publish` blocks of `block` entries [T, publish] (candidate_blocks; -1 = none).
     """
@@ -200,5 +219,5 @@ def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries
 
         if kernel.supports(q, w, keys, entries, candidates, publish, block, q_scale):
             return kernel.index_topk(q, w, keys, entries, k, candidates=candidates, publish=publish, block=block,
-                                     q_scale=q_scale)
-    return index_topk_reference(q, w, keys, entries, k, candidates, publish, block, q_scale)
+                                     q_scale=q_scale, w_scale=w_scale)
+    return index_topk_reference(q, w, keys, entries, k, candidates, publish, block, q_scale, w_scale)

@@ -15,7 +15,7 @@ from ...ops.attention import attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear, RowStack
-from ...ops.precision import acc_dtype, wide
+from ...ops.precision import acc_dtype
 from ...ops.profiling import family
 from ..numerics import Numerics
 from .context import StepContext
@@ -71,9 +71,11 @@ class V4Attention(nn.Module):
                 self.indexer.compressor = CompressorParams(c.dim, c.index_head_dim, 4, True, True, True, c.norm_eps)
         else:
             self.ratio = 0  # MTP blocks attend over their window only
-        # a CSA layer's two compressors (a HCA layer's one) project the same x: one GEMM once stacked
+        # a CSA layer's two compressors (a HCA layer's one) and the indexer's head weights project the same x: one GEMM
+        # once stacked (float32 sums; the head weights are rounded to x's dtype after, as their own bf16 linear)
         self.compressors = [m for m in (self.compressor, getattr(self.indexer, "compressor", None)) if m is not None]
-        self.compress_proj = RowStack(compressor_linears(*self.compressors))
+        heads = [self.indexer.weights_proj] if self.indexer is not None else []
+        self.compress_proj = RowStack(compressor_linears(*self.compressors) + heads)
         self.backend = backend.current()
         self.tp = parallel.current()
 
@@ -96,7 +98,8 @@ class V4Attention(nn.Module):
             L = self.layer
             # the compressors project x in float32 (x widened by the GEMM: exact bf16 products, float32 sums), one
             # GEMM for both of a CSA layer's compressors
-            projs = split_projections(self.compress_proj(x, acc_dtype(x)), *self.compressors)
+            outs = self.compress_proj(x, acc_dtype(x))
+            projs = split_projections(outs, *self.compressors)
             with family("compressor"):
                 run_compressor(self.compressor, *projs[0], x.dtype, ctx, L, pools.state[L], pools.compressed[L],
                                False, self.numerics.compressed_kv, c.rope_dim, self.backend)
@@ -105,7 +108,7 @@ class V4Attention(nn.Module):
                 entries = ctx.entry_refs(L)
             else:
                 with family("indexer"):
-                    idx = self._select(x, projs[1], qr, ctx, visible)
+                    idx = self._select(x, projs[1], outs[-1], qr, ctx, visible)
                 entries = ctx.entry_refs(L, picks=idx)
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
@@ -114,11 +117,11 @@ class V4Attention(nn.Module):
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
-    def _select(self, x: torch.Tensor, proj: tuple[torch.Tensor, torch.Tensor | None], qr: torch.Tensor,
-                ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
+    def _select(self, x: torch.Tensor, proj: tuple[torch.Tensor, torch.Tensor | None], head_sums: torch.Tensor,
+                qr: torch.Tensor, ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
         """The indexer: write this step's index keys, score every visible key, keep the top-k (the keys are read
         from the pool, paged and in their stored format, by ops.indexer.index_topk). proj: its compressor's (kv,
-        score) projections of x."""
+        score) projections of x; head_sums: weights_proj's float32 sums (from the same stacked GEMM)."""
         c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
         ix = self.indexer
         with family("compressor"):
@@ -128,6 +131,7 @@ class V4Attention(nn.Module):
         cos, sin = ctx.rope(True)
         qi = finish_rows(ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
                          self.numerics.index_rotate, self._index_fmt(), 0, backend=self.backend)
-        w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
+        w = head_sums.to(x.dtype)  # weights_proj(x) in x's dtype; the scale is applied as the kernel loads it
         entries = ctx.index_entries(L, visible)
-        return index_topk(qi, w, pools.index_keys[L], entries, c.index_topk, backend=self.backend)[0]
+        return index_topk(qi, w, pools.index_keys[L], entries, c.index_topk,
+                          w_scale=c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5, backend=self.backend)[0]

@@ -25,7 +25,7 @@ from ...ops.attention import EntryRefs, attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear, RowStack
-from ...ops.precision import acc_dtype, wide
+from ...ops.precision import acc_dtype
 from ...ops.profiling import family
 from ...ops.rope import apply_rope
 from ..numerics import Numerics
@@ -149,7 +149,7 @@ class V41Attention(nn.Module):
         cos, sin = ctx.rope(True)
         qi = finish_rows(ix.wq_b(qr).view(step.num_tokens, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
                          False, self._index_fmt(), 0, backend=self.backend)
-        w = wide(ix.weights_proj(x)) * (c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5)
+        w = ix.weights_proj(x)  # in x's dtype; the scale is applied as the indexer's kernel loads it
         if self.uses_candidates and sel.blocks is None:
             raise RuntimeError(f"layer {self.layer} masks to candidate blocks, but layer "
                                f"{c.candidate_source_layer} published none in this step")
@@ -157,6 +157,7 @@ class V41Attention(nn.Module):
         sel.topk, blocks = index_topk(qi, w, ctx.pools.index_keys[self.source], entries, c.index_topk,
                                       candidates=sel.blocks if self.uses_candidates else None,
                                       publish=c.candidate_topk_blocks if self.publishes_candidates else 0,
-                                      block=c.candidate_block_size, backend=self.backend)
+                                      block=c.candidate_block_size,
+                                      w_scale=c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5, backend=self.backend)
         if blocks is not None:
             sel.blocks = blocks

@@ -172,9 +172,9 @@ def _dot_mode(x: torch.Tensor, a_fp8: bool) -> int:
 
 def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
          out_dtype: torch.dtype) -> torch.Tensor:
-    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]: decode rows in fp8_gemv (one launch; two for large W8A8 weights),
-    the rest here."""
-    if scale is not None and fp8_gemv.supports(x3, weight, block, act_group):
+    """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]: decode rows in fp8_gemv (one launch; two for large W8A8 weights;
+    plain weights in x's dtype too), the rest here."""
+    if (scale is not None or weight.dtype == x3.dtype) and fp8_gemv.supports(x3, weight, block, act_group):
         return fp8_gemv.run(x3, weight, scale, block, act_group, out_dtype)
     return general(x3, weight, scale, block, act_group, out_dtype)
 

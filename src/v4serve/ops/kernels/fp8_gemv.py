@@ -12,6 +12,8 @@ quantization, GEMM, split-K sum) cost more than streaming the small weights, so 
 
 W8A8 (bf16/fp16 x, activation group = weight block) and W8A16 (no activation quantization: V4's grouped `wo_a`) over
 FP8 weights with e8m0 block scales (128 x 128 for V4, 32 x 32 for V4.1); G > 1 stacks G projections (grouped wo_a).
+Plain half-precision weights in x's dtype (the compressors' wkv / wgate and the indexer's weights_proj, stacked) take
+the same kernel without scales, for a float32 output (a bf16 output in x's dtype stays with cuBLAS).
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int)
     """Decode rows of half-precision x over an FP8 weight, with the activation quantization of the weight's block (or
     none); everything else takes fp8_gemm's general kernel."""
     M = x3.shape[0]
-    return (0 < M <= 64 and weight.dtype == torch.float8_e4m3fn and x3.dtype in (torch.bfloat16, torch.float16)
-            and act_group in (0, block) and (x3.is_cuda or interpreting()))
+    if not (0 < M <= 64 and x3.dtype in (torch.bfloat16, torch.float16) and (x3.is_cuda or interpreting())):
+        return False
+    if weight.dtype == x3.dtype:  # a plain weight: no scales, no activation quantization
+        return act_group == 0
+    return weight.dtype == torch.float8_e4m3fn and act_group in (0, block)
 
 
 def prequantize(weight: torch.Tensor, act_group: int) -> bool:
@@ -68,12 +73,14 @@ def quantize_rows(x):
 
 
 @triton.jit
-def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr, SWAP: tl.constexpr = False):
+def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr, SWAP: tl.constexpr = False,
+              W_SCALED: tl.constexpr = True):
     """acc + one scale block's x [BM, SB] @ w [BN, SB]^T: FP8 x FP8 on the tensor cores with both scales applied to the
     block's product (FP8: x in e4m3), or W8A16, the weight tile dequantized to x's dtype (exact) for a half-precision
     dot. SWAP: acc is the transpose [BN, BM], w @ x^T: the weight is wgmma's 64-row operand, read from shared memory
-    (BM = 16 puts x there; sm_90 has FP8 MMAs only as wgmma: its mma.sync form converts both operands to f16 first)."""
-    if not FP8:
+    (BM = 16 puts x there; sm_90 has FP8 MMAs only as wgmma: its mma.sync form converts both operands to f16 first).
+    W_SCALED false: a plain weight in x's dtype, used as it is."""
+    if not FP8 and W_SCALED:
         w = (w.to(tl.float32) * w_scale[:, None]).to(x.dtype)
     if SWAP:
         lhs, rhs, s_lhs, s_rhs = w, x, w_scale, x_scale
@@ -95,7 +102,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                         stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,
                         SB: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
-                        PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False):
+                        PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
+                        W_SCALED: tl.constexpr = True):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -107,7 +115,9 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
     k_lo = split * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     # the weight is never written by a predecessor: its rows may stream into L2 before the wait (kernels/pdl.py)
-    prefetch_rows(w_ptr + tl.where(n_ok, w_rows, g * N) * stride_wn + k_lo, (k_hi - k_lo) // 16 * 16, PREFETCH)
+    W_BYTES: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    prefetch_rows(w_ptr + tl.where(n_ok, w_rows, g * N) * stride_wn + k_lo, (k_hi - k_lo) * W_BYTES // 16 * 16,
+                  PREFETCH)
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     if SWAP:
         acc = tl.zeros((BN, BM), dtype=tl.float32)
@@ -123,8 +133,11 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                         mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
                         mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB, mask=n_ok & kb_ok,
-                                          other=127))
+            if W_SCALED:
+                w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB,
+                                              mask=n_ok & kb_ok, other=127))
+            else:  # a plain weight (no scale tensor)
+                w_scale = tl.full([BN], 1.0, tl.float32)
             if A_PRE:  # x already in e4m3 with its per-block scales (kernels/quant.act_quant): large weights
                 x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb0 // SB, mask=m_ok & kb_ok,
                                   other=1.0)
@@ -132,7 +145,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
                 x, x_scale = quantize_rows(x)
             else:  # W8A16: no activation scale
                 x_scale = w_scale
-            acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP)
+            acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED)
     if SWAP:
         acc = tl.trans(acc)
     y = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
@@ -152,11 +165,13 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
             tl.store(cnt_ptr + tile, 0)  # ready for the next launch / graph replay
 
 
-def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True) -> dict:
+def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bool = False) -> dict:
     """Tiles and splits: enough programs to stream the weight from every SM (about two waves). W8A8 up to 32 rows puts
     the weight first in the dot (`swap`, block_dot): H200, benchmarks/kernels/fp8_gemm.py --decode-only, M=1: wq_b
     12.8 -> 12.2 us, wo_b 15.7 -> 15.2, V4.1 wo_b 27.1 -> 25.2, the indexer's wq_b 10.4 -> 8.6; M=32: wo_b 22.5 -> 18.7;
-    at 64 rows it is as often slower, and W8A16 (grouped wo_a, a bf16 dot) is slower with it (M=1 15.7 -> 22.4)."""
+    at 64 rows it is as often slower, and W8A16 (grouped wo_a, a bf16 dot) is slower with it (M=1 15.7 -> 22.4).
+    Plain bf16 weights (`plain`: the compressors' stacked projections) take half the splits: `fp8_gemm.py
+    --compressor`, H200, CSA 2624 x 4096 M=1 10.6 -> 9.1 us, M=32 12.8 -> 10.0; HCA 1024 x 4096 M=1 6.5 -> 5.3."""
     bm = max(16, triton.next_power_of_2(M))
     swap = w8a8 and M <= 32
     if interpreting():  # the CPU interpreter pays per program: few, large ones (but still a split when K allows)
@@ -167,15 +182,21 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True) -> dict:
     bn, bk = 64, max(sb, 128)
     tiles = triton.cdiv(N, bn) * G
     splits = max(1, min(triton.cdiv(K, bk), triton.cdiv(2 * _SMS, tiles), 16))
+    if plain:
+        splits = max(1, splits // 2)
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap}
 
 
 def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
         out_dtype: torch.dtype, cfg: dict | None = None, prequant: bool | None = None) -> torch.Tensor:
-    """x3 [M, G, K] (M <= 64) -> y [M, G, N] with W [G*N, K] FP8 and its e8m0 block scales. `prequant` (default: by
-    the weight's size, `prequantize`) quantizes the activations in a launch of their own first."""
+    """x3 [M, G, K] (M <= 64) -> y [M, G, N] with W [G*N, K] FP8 and its e8m0 block scales (or a plain weight in x's
+    dtype, scale None). `prequant` (default: by the weight's size, `prequantize`) quantizes the activations in a launch
+    of their own first."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
+    scaled = weight.dtype == torch.float8_e4m3fn
+    if not scaled:  # no scale blocks: K tiles of 128, one dot each
+        block, act_group, scale = 128, 0, weight
     y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
@@ -183,7 +204,7 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     xs = x3
     if pre:
         x3, xs = act_quant(x3, block)  # e4m3 [M, G, K], float32 scales [M, G, K / block]
-    cfg = {**config(M, N, K, G, block, w8a8=bool(act_group)), **(cfg or {})}
+    cfg = {**config(M, N, K, G, block, w8a8=bool(act_group), plain=not scaled), **(cfg or {})}
     bk = cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
     splits = triton.cdiv(K, k_per_split)
@@ -199,5 +220,5 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         y.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"], BN=cfg["BN"], BK=bk,
         SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
-        SWAP=cfg["swap"], **pdl_launch(y))
+        SWAP=cfg["swap"], W_SCALED=scaled, **pdl_launch(y))
     return y

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..indexer import Entries, KeyPool
+from ..indexer import Entries, KeyPool, scale_parts
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS, TL_DTYPES, ArrivalCounters, runs_here
@@ -187,7 +187,7 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
                    FORMAT: tl.constexpr, CAND: tl.constexpr, PUBLISH: tl.constexpr, QFP8: tl.constexpr,
                    RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr,
                    ROUND_BF16: tl.constexpr, REC_ALIGN: tl.constexpr = 1, HIST: tl.constexpr = False,
-                   PDL: tl.constexpr = False):
+                   W_SCALED: tl.constexpr = False, ws_hi=1.0, ws_lo=0.0, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     NBT: tl.constexpr = BLOCK_E // CB  # candidate blocks per tile
     pid_t = tl.program_id(0)
@@ -213,6 +213,8 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
         qt = tl.load(q_ptr + tm.to(tl.int64)[:, None] * stride_qt + hm[:, None] * stride_qh
                      + offs_d[None, :] * stride_qd, mask=m_ok[:, None], other=0.0).to(DOT)
         wm = tl.load(w_ptr + tm.to(tl.int64) * stride_wt + hm * stride_wh, mask=m_ok, other=0.0).to(ACC)
+        if W_SCALED:  # ops.indexer.weighted_heads: the scale's two float32 parts summed in ACC
+            wm = wm * (tl.cast(ws_hi, ACC) + tl.cast(ws_lo, ACC))
         if QFP8:  # relu(s q8 . k) = s relu(q8 . k) for the positive per-row scale s: fold it into the head weight
             wm = wm * tl.load(qs_ptr + tm.to(tl.int64) * stride_qst + hm * stride_qsh, mask=m_ok, other=0.0).to(ACC)
         v_max = tl.max(tl.where(seg, vis, 0))  # the run's longest visible prefix: the loop bound, from memory
@@ -521,7 +523,8 @@ def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, 
 
 def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, scores: torch.Tensor, *,
            candidates: torch.Tensor | None = None, block: int = 1, block_scores: torch.Tensor | None = None,
-           q_scale: torch.Tensor | None = None, config: Config | None = None, hist: torch.Tensor | None = None) -> None:
+           q_scale: torch.Tensor | None = None, config: Config | None = None, hist: torch.Tensor | None = None,
+           w_scale: float = 1.0) -> None:
     """Launch 1 over all tokens of q: float32 scores of each token's visible entries into scores [T, >= W] (W = E_max,
     or Kc * block with candidates: slot p holds entry candidates[t, p // block] * block + p % block); with
     block_scores [T, >= ceil(E_max / block)] also the block maxima (the newest block +inf) of the visible blocks; with
@@ -553,6 +556,7 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
     bt, data = entries.block_table, keys.data
     if hist is not None and hist.numel() < T * HIST_BINS:
         raise ValueError("score bins need HIST_BINS counts per token")
+    ws = scale_parts(w_scale)
     _logits_kernel[(n_tb, split)](
         q, qs, w, data, bt, entries.token_row, entries.visible, cand_t, scores, bsc,
         hist if hist is not None else scores,
@@ -563,8 +567,8 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
         BLOCK_SIZE=entries.block_size, BLOCK_T=block_t, BLOCK_E=block_e, CB=cb, FORMAT=FORMATS[keys.codec.kind],
         CAND=cand, PUBLISH=publish, QFP8=qfp8, RAW_FP8=raw_fp8, KEY=TL_DTYPES[key_dt], DOT=dot, ACC=TL_DTYPES[acc],
         ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, REC_ALIGN=_alignment(data.stride(0)),
-        HIST=hist is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **pdl_launch(scores))
+        HIST=hist is not None, W_SCALED=w_scale != 1.0, ws_hi=ws[0], ws_lo=ws[1], num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **pdl_launch(scores))
 
 
 def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids: int, *,
@@ -605,7 +609,8 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
 def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int, *,
                candidates: torch.Tensor | None = None, publish: int = 0, block: int = 1,
                q_scale: torch.Tensor | None = None, config: Config | None = None,
-               scores_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+               scores_out: torch.Tensor | None = None,
+               w_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> (idx [T, min(k, E_max)], blocks [T, publish] or None), as ops.indexer.index_topk_reference. The score rows
     are E_max wide (memory, not work); a step whose rows exceed SCORE_BUDGET runs a chunk of tokens at a time.
     `scores_out` (tests): the [T, >= E_max] float32 score buffer to use (only the visible part is written)."""
@@ -628,7 +633,7 @@ def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries
         part = replace(entries, token_row=entries.token_row[lo:hi], visible=entries.visible[lo:hi])
         cands = candidates[lo:hi] if candidates is not None else None
         logits(q[lo:hi], w[lo:hi], keys, part, scores, candidates=cands, block=block, block_scores=bscores,
-               q_scale=q_scale[lo:hi] if q_scale is not None else None, config=cfg, hist=hist)
+               q_scale=q_scale[lo:hi] if q_scale is not None else None, config=cfg, hist=hist, w_scale=w_scale)
         select(scores, part.visible, idx[lo:hi], E, candidates=cands, block=block, config=cfg, hist=hist)
         if publish:
             select(bscores, part.visible, blocks[lo:hi], NB, per=block, config=cfg)
