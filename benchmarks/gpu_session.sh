@@ -407,6 +407,18 @@ if [[ $what == next5 ]]; then  # the eighth session's third call: the plain-weig
     | tee "$OUT/gpu_tests.log" | grep -E "agreement|^E |^FAILED|passed|failed|Error" | tail -14
   MEASURE="v4-flash-e16:1 v41-flash-e16-engram1m:1" OUT=$OUT bash "$0" measure2
 fi
+if [[ $what == final3 ]]; then  # the eighth session's last call: the graphed V4 step at batch 1 (graph-only: no eager
+  # profile), the plain-weight GEMV with half the splits at real shapes, then the graphed step at batch 32
+  graphed() {
+    timeout $2 python3 benchmarks/profile_step.py v4-flash-e16 --batch $1 --context 2048 --steps 10 --graph-only \
+      --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b$1.log" \
+      | grep -E "ceilings|graph"
+  }
+  graphed 1 100
+  timeout -s INT 50 python3 -m pytest tests/ops/test_linear.py -k "plain_weight" -q -p no:cacheprovider -o addopts="" \
+    --tb=short -rf 2>&1 | tee "$OUT/plain.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -10
+  graphed 32 90
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
