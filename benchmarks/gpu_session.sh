@@ -12,11 +12,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # returned file may take), so that a call recompiles only the kernels that changed
 export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$TRITON_CACHE_DIR"
-[[ -f .tcache.tgz ]] && tar -xzf .tcache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null
+[[ -f .tcache.tgz ]] && tar -xf .tcache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null  # gzip or xz
 save_cache() {
-  # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs)
-  tar -czf /tmp/tcache.tgz --exclude="*.ptx" --exclude="*.llir" --exclude="*.ttir" --exclude="*.ttgir" \
-    --exclude="*.source" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
+  # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs);
+  # gzip first (fast), xz when gzip's archive is over the 16 MiB a returned file may take
+  local ex=(--exclude="*.ptx" --exclude="*.llir" --exclude="*.ttir" --exclude="*.ttgir" --exclude="*.source")
+  tar -czf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
+  if (( $(stat -c %s /tmp/tcache.tgz) >= 16000000 )) && command -v xz > /dev/null; then
+    tar -cJf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
+  fi
   if (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )); then cp /tmp/tcache.tgz "$OUT/tcache.tgz"
   else echo "Triton cache $(du -h /tmp/tcache.tgz | cut -f1) compressed: too large to return"; fi
 }
@@ -407,16 +411,18 @@ if [[ $what == next5 ]]; then  # the eighth session's third call: the plain-weig
     | tee "$OUT/gpu_tests.log" | grep -E "agreement|^E |^FAILED|passed|failed|Error" | tail -14
   MEASURE="v4-flash-e16:1 v41-flash-e16-engram1m:1" OUT=$OUT bash "$0" measure2
 fi
-if [[ $what == final3 ]]; then  # the eighth session's last call: the graphed V4 step at batch 1 (graph-only: no eager
-  # profile), the plain-weight GEMV with half the splits at real shapes, then the graphed step at batch 32
+if [[ $what == final3 ]]; then  # prepared for the ninth session (the eighth had no device time left for it): the
+  # graphed V4 step at batch 1 (graph-only: no eager profile) after e7e6bba, the plain-weight GEMV with half the splits
+  # and the shared expert's new checks at real shapes, then the graphed step at batch 32
   graphed() {
     timeout $2 python3 benchmarks/profile_step.py v4-flash-e16 --batch $1 --context 2048 --steps 10 --graph-only \
       --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b$1.log" \
       | grep -E "ceilings|graph"
   }
   graphed 1 100
-  timeout -s INT 50 python3 -m pytest tests/ops/test_linear.py -k "plain_weight" -q -p no:cacheprovider -o addopts="" \
-    --tb=short -rf 2>&1 | tee "$OUT/plain.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -10
+  timeout -s INT 90 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py \
+    -k "plain_weight or real_shapes or dense_mlp" -q -p no:cacheprovider -o addopts="" --tb=short -rf 2>&1 \
+    | tee "$OUT/plain-shared.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -10
   graphed 32 90
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
