@@ -19,7 +19,7 @@ from sm90_compile import run_compile
 from v4serve.ops import backend, quant
 from v4serve.ops.kernels import fp8_gemm, fp8_gemv
 from v4serve.ops.kernels import quant as kquant
-from v4serve.ops.linear import Linear, RowStack, grouped_linear_reference, linear, linear_reference
+from v4serve.ops.linear import Linear, RowStack, grouped_linear, grouped_linear_reference, linear, linear_reference
 
 GPU = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch.cuda.is_available()
 DEV = "cuda" if GPU else "cpu"
@@ -393,6 +393,14 @@ def test_plain_weight_decode_rows_take_the_gemv(M: int, monkeypatch: pytest.Monk
     assert len(calls) == 3  # neither the 65 rows nor the bf16 output went through the GEMV
     assert not fp8_gemv.supports(x[:, None], w, 32, 32)  # activation quantization needs an FP8 weight
     assert not fp8_gemv.supports(x[:, None].half(), w, 32, 0)  # a weight in another dtype than x
+    # stacked projections of a plain weight (a bf16 `wo_a` from convert.py): G groups, x's dtype out
+    G = 4
+    xg = torch.randn(M, G, K // G, generator=g).to(torch.bfloat16).to(DEV)
+    wg = w[:N - N % G, :K // G]
+    got = grouped_linear(xg, wg, None, 32, 0, backend.TRITON)
+    assert calls[-1] == torch.bfloat16 and len(calls) == 4 and got.dtype == torch.bfloat16
+    want = grouped_linear_reference(xg.float(), wg.float(), None, 32, 0)
+    assert (got.float() - want).abs().max() <= 2 ** -7 * want.abs().max()  # within bf16 rounding
 
 
 # The decode GEMV compiled for sm_90 (tests/ops/sm90_compile.py: Triton's ptxas, no GPU), plain and swapped
