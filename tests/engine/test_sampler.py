@@ -345,3 +345,36 @@ def test_sample_captures_in_a_cuda_graph_without_host_sync() -> None:
     batch.steps.add_(1)
     graph.replay()
     assert torch.equal(captured.token_ids, sampler.sample(logits, batch).token_ids)
+
+
+# --- stages a step can skip ---------------------------------------------------------------------------------------------
+def test_without_chosen_logprobs_the_tokens_are_the_same() -> None:
+    """`chosen_logprobs` off (the runner's choice when no row asks for logprobs): the same tokens, greedy and seeded
+    rows alike, and no logprobs (no log-sum-exp over the vocabulary)."""
+    logits = torch.randn(5, 700, generator=torch.Generator().manual_seed(3))
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=4),
+              SamplingParams(temperature=1.0, top_p=0.9, seed=5), SamplingParams(temperature=0.0, presence_penalty=1.0),
+              SamplingParams(temperature=1.3, top_k=20, seed=6)]
+    outputs = [[3, 4], [], [9, 9, 2], [7], []]
+    full = sample(logits, build(params, 700, output_ids=outputs))
+    lean_batch = build(params, 700, output_ids=outputs)
+    lean_batch.chosen_logprobs = False
+    lean = sample(logits, lean_batch)
+    assert torch.equal(lean.token_ids, full.token_ids) and full.logprobs is not None
+    assert lean.logprobs is None and lean.top_ids is None
+    with_top = build([SamplingParams(temperature=0.0, logprobs=2)], 700)
+    with_top.chosen_logprobs = False  # top alternatives asked for: the chosen logprob comes with them
+    assert sample(logits[:1], with_top).logprobs is not None
+
+
+def test_unit_temperature_skips_the_division_and_changes_no_bit() -> None:
+    """Greedy rows and temperature-1 rows divide by 1: the batch skips the division, with the same processed logits
+    as dividing; any other temperature in the batch keeps it."""
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(8))
+    unit = build([SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, seed=1),
+                  SamplingParams(temperature=0.0, repetition_penalty=1.2)], 300, prompt_ids=[[5], [6], [7, 8]])
+    assert unit.unit_temperature
+    divided = sampler.process_logits(logits.to(unit.seeds.device),
+                                     SamplingBatch(**{**unit.__dict__, "unit_temperature": False}))
+    assert torch.equal(process_logits(logits, unit), divided.cpu())
+    assert not build([SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=2)], 300).unit_temperature

@@ -36,7 +36,7 @@ def apply_slot_ops(pools: KVPools, ops: list[SlotOp], device: torch.device) -> N
 class SampledToken:
     request: Request
     token_id: int
-    logprob: float
+    logprob: float | None  # None when no row of the step asked for logprobs
     top: dict[int, float] | None
 
 
@@ -188,6 +188,7 @@ class ModelRunner:
                 else None,
                 seeds=[r.seed for r in reqs], eos_id=self.eos_id,
                 guided=[r.guide is not None and r.guide.active for r in reqs])
+            batch.chosen_logprobs = any(r.params.logprobs is not None for r in reqs)  # else no log-sum-exp
             if masks is not None:
                 bitmask, rows = masks.result()
                 batch.bitmask = bitmask.to(logits.device, non_blocking=True)
@@ -197,7 +198,7 @@ class ModelRunner:
             rows = logits if idx == list(range(logits.shape[0])) else logits[to_device(torch.tensor(idx), logits.device)]
             out = sample(rows, batch)
             ids = out.token_ids.tolist()
-            lps = out.logprobs.tolist()
+            lps = out.logprobs.tolist() if out.logprobs is not None else [None] * len(reqs)
             tops = out.top_ids.tolist() if out.top_ids is not None else None
             topv = out.top_logprobs.tolist() if out.top_logprobs is not None else None
             for i, r in enumerate(reqs):

@@ -17,7 +17,9 @@ Pipeline, per row:  logits (float32)
 Logprobs are log_softmax of the processed logits: after penalties, banned tokens and temperature,
 before truncation (so the top-k alternatives have finite values). This is vLLM's
 "processed_logits" flavour minus truncation, not its default raw-model logprobs. Greedy rows report
-the penalised model distribution at temperature 1.
+the penalised model distribution at temperature 1. A step none of whose rows asks for logprobs skips
+them (`SamplingBatch.chosen_logprobs`: no log-sum-exp over the vocabulary), and a batch whose rows all
+divide by 1 skips the division (`unit_temperature`); neither changes a token.
 
 Randomness is a counter-based hash of (row seed, step, token id) computed with int64 tensor ops,
 so a seeded request draws the same noise at any batch position and on any device, without
@@ -105,6 +107,10 @@ class SamplingBatch:
     bitmask: torch.Tensor | None = None  # [R, ceil(V / 32)] int32, the allowed tokens of the constrained rows
     bitmask_rows: torch.Tensor | None = None  # [R] int64: each bitmask row's batch row (None: row i is row i)
     num_logprobs: int = 0  # top alternatives to return: max over rows of SamplingParams.logprobs
+    # the chosen tokens' logprobs (a log-sum-exp over the vocabulary): the runner clears it when no row asks for
+    # logprobs, and `sample` then returns none
+    chosen_logprobs: bool = True
+    unit_temperature: bool = False  # every row divides by 1 (greedy rows, temperature 1): the division is skipped
     all_greedy: bool = False
     use_top_k: bool = False
     use_top_p: bool = False
@@ -160,6 +166,7 @@ class SamplingBatch:
             temperature=f[0], greedy=i[3] != 0, top_k=i[0], top_p=f[1], min_p=f[2], presence_penalty=f[3],
             frequency_penalty=f[4], repetition_penalty=f[5], seeds=i[1], steps=i[2],
             num_logprobs=max((p.logprobs or 0 for p in params), default=0),
+            unit_temperature=all(p.greedy or p.temperature == 1.0 for p in params),
             all_greedy=all(p.greedy for p in params),
             use_top_k=any(k < vocab_size for k in top_k),
             use_top_p=any(p.top_p < 1.0 for p in params),
@@ -205,7 +212,7 @@ def token_counts(rows: Sequence[Sequence[int]], vocab_size: int, device: torch.d
 @dataclass
 class SamplerOutput:
     token_ids: torch.Tensor  # [B] int64
-    logprobs: torch.Tensor  # [B] float32, of the chosen tokens
+    logprobs: torch.Tensor | None  # [B] float32, of the chosen tokens (None: SamplingBatch.chosen_logprobs off)
     top_ids: torch.Tensor | None = None  # [B, num_logprobs] int64, most likely first
     top_logprobs: torch.Tensor | None = None  # [B, num_logprobs] float32
 
@@ -222,7 +229,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         x = x - batch.presence_penalty[:, None] * (counts > 0).to(torch.float32)
     if batch.banned is not None:
         x = x.masked_fill(batch.banned, float("-inf"))
-    x = x / batch.temperature[:, None]
+    if not batch.unit_temperature:  # (x / 1 is x: skipping it changes no bit)
+        x = x / batch.temperature[:, None]
     if batch.bitmask is not None:
         apply_bitmask_(x, batch.bitmask, batch.bitmask_rows)  # x is a fresh tensor here: in place is safe
     return x
@@ -291,6 +299,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         scores = scores + noise.masked_fill_(batch.greedy[:, None], 0.0)
     # torch.argmax returns the first maximal index: greedy ties go to the lowest id
     token_ids = torch.argmax(scores, dim=-1)
+    if not (batch.chosen_logprobs or batch.num_logprobs > 0):
+        return SamplerOutput(token_ids=token_ids, logprobs=None)
     log_norm = torch.logsumexp(processed, dim=-1)
     chosen = processed.gather(1, token_ids[:, None]).squeeze(1) - log_norm
     out = SamplerOutput(token_ids=token_ids, logprobs=chosen)
