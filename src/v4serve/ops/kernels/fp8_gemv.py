@@ -12,8 +12,9 @@ quantization, GEMM, split-K sum) cost more than streaming the small weights, so 
 
 W8A8 (bf16/fp16 x, activation group = weight block) and W8A16 (no activation quantization: V4's grouped `wo_a`) over
 FP8 weights with e8m0 block scales (128 x 128 for V4, 32 x 32 for V4.1); G > 1 stacks G projections (grouped wo_a).
-Plain half-precision weights in x's dtype (the compressors' wkv / wgate and the indexer's weights_proj, stacked) take
-the same kernel without scales, for a float32 output (a bf16 output in x's dtype stays with cuBLAS).
+Plain half-precision weights in x's dtype take the same kernel without scales: the compressors' wkv / wgate and the
+indexer's weights_proj, stacked, with a float32 output, and `grouped_linear`'s stacked plain projections (a plain
+`linear` whose output is in x's dtype stays with cuBLAS, ops/kernels/fp8_gemm.linear).
 """
 
 from __future__ import annotations
