@@ -232,6 +232,8 @@ def process_logits(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if not batch.unit_temperature:  # (x / 1 is x: skipping it changes no bit)
         x = x / batch.temperature[:, None]
     if batch.bitmask is not None:
+        if x is logits:  # no stage above made a new tensor: the caller's logits must not change
+            x = x.clone()
         apply_bitmask_(x, batch.bitmask, batch.bitmask_rows)  # x is a fresh tensor here: in place is safe
     return x
 
