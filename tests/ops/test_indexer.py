@@ -22,6 +22,7 @@ from v4serve.cache.formats import Codec
 from v4serve.cache.pool import RowPool
 from v4serve.ops import backend, indexer
 from v4serve.ops.kernels import indexer as ik
+from v4serve.ops.precision import hi_lo
 
 _GPU_RUN = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
 # the interpreter cases build CPU tensors; on a GPU run the device cases at the end of the file cover the kernels
@@ -248,7 +249,7 @@ def test_head_weights_scaled_as_loaded(dtype):
     assert torch.allclose(scores[vis], ref, rtol=1e-5, atol=1e-6)  # (random values: summed in another order)
     assert not torch.allclose(scores[vis], ref / scale, rtol=1e-2)  # the scale is applied
     assert heads.dtype == dtype and indexer.weighted_heads(w_half, 1.0) is w_half
-    hi, lo = indexer.scale_parts(scale)
+    hi, lo = hi_lo(scale)  # the two float32 parts the kernel gets
     assert torch.equal(heads, w_half.to(dtype) * (hi + lo))
     if dtype == torch.float32:  # float32 math: the float32 rounding of the scale, as `w.float() * scale` in torch
         assert torch.equal(heads, w_half.float() * scale)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend as kernels
-from .precision import acc_dtype
+from .precision import acc_dtype, hi_lo
 
 if TYPE_CHECKING:  # ops does not import cache at run time (cache imports ops.quant)
     from ..cache.formats import Codec
@@ -163,18 +163,11 @@ def select_entries(scores: torch.Tensor, visible: torch.Tensor, k: int,
 
 # --- the entry point -----------------------------------------------------------------------------------------------
 
-def scale_parts(v: float) -> tuple[float, float]:
-    """v as the two float32 values whose sum the kernels apply (Triton passes float scalars as float32): in float32
-    math their sum is float32(v), in float64 math v to ~48 bits; the reference applies the same sum."""
-    hi = float(torch.tensor(v, dtype=torch.float32))
-    return hi, float(torch.tensor(v - hi, dtype=torch.float32))
-
-
 def weighted_heads(w: torch.Tensor, w_scale: float) -> torch.Tensor:
     """The head weights the scores use: w as given, or widened to the accumulation dtype and times w_scale."""
     if w_scale == 1.0:
         return w
-    hi, lo = scale_parts(w_scale)
+    hi, lo = hi_lo(w_scale)  # the two float32 parts the kernel gets
     return w.to(acc_dtype(w)) * (hi + lo)
 
 

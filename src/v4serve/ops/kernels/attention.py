@@ -49,10 +49,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..precision import hi_lo
 from . import interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, hi_lo, last_to_arrive
+from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, last_to_arrive
 
 PLAIN, V4_FP8, FP8_B32, NVFP4 = 0, 1, 2, 3
 FORMATS = {"plain": PLAIN, "v4_fp8": V4_FP8, "fp8_b32": FP8_B32, "nvfp4": NVFP4}

@@ -29,11 +29,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..precision import hi_lo
 from . import interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil
-from .split_grid import TL_DTYPES, hi_lo
+from .split_grid import TL_DTYPES
 
 SIM = {None: 0, "v4_fp8": 1, "fp8_b32": 2, "nvfp4": 3, "mxfp4": 4}
 KINDS = {"plain": 1, "v4_fp8": 2, "fp8_b32": 3, "nvfp4": 4, "mxfp4": 5, "fp8_row": 6}

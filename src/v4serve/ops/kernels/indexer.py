@@ -38,7 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..indexer import Entries, KeyPool, scale_parts
+from ..indexer import Entries, KeyPool
+from ..precision import hi_lo
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS, TL_DTYPES, ArrivalCounters, runs_here
@@ -556,7 +557,7 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
     bt, data = entries.block_table, keys.data
     if hist is not None and hist.numel() < T * HIST_BINS:
         raise ValueError("score bins need HIST_BINS counts per token")
-    ws = scale_parts(w_scale)
+    ws = hi_lo(w_scale)
     _logits_kernel[(n_tb, split)](
         q, qs, w, data, bt, entries.token_row, entries.visible, cand_t, scores, bsc,
         hist if hist is not None else scores,

@@ -38,11 +38,12 @@ import torch
 import triton
 import triton.language as tl
 
+from ..precision import hi_lo
 from . import interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
-from .split_grid import N_COUNTERS, ArrivalCounters, hi_lo, last_to_arrive, runs_here
+from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive, runs_here
 from .split_grid import TL_DTYPES as _TL
 
 _COUNTERS = ArrivalCounters()

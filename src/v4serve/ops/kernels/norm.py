@@ -9,11 +9,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..precision import hi_lo
 from . import interpreting
 from .finish import cast_rounded, rms_inv, widen
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .split_grid import hi_lo
 
 MAX_D = 16384
 

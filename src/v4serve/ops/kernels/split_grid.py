@@ -1,10 +1,8 @@
 """Shared pieces of the kernels that split one launch over many programs and finish in the last one to arrive
-(router, mHC, attention, the decode GEMMs): the per-device arrival counters and the arrival itself, and fp64-exact
-float scalars for the interpreter's fp64 runs."""
+(router, mHC, attention, the decode GEMMs): the per-device arrival counters and the arrival itself (float scalars in
+two float32 parts: ops/precision.hi_lo)."""
 
 from __future__ import annotations
-
-import struct
 
 import torch
 import triton
@@ -44,12 +42,6 @@ def last_to_arrive(counter_ptr, n):
     once done, for the next launch or graph replay."""
     tl.debug_barrier()  # every thread's stores precede the release
     return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == n - 1
-
-
-def hi_lo(v: float) -> tuple[float, float]:
-    """v as the sum of two fp32 values: Triton passes float scalars as fp32, fp64 results need ~48 bits."""
-    hi = struct.unpack("f", struct.pack("f", v))[0]
-    return hi, v - hi
 
 
 def runs_here(x: torch.Tensor) -> bool:
