@@ -320,7 +320,7 @@ fi
 if [[ $what == measure2 ]]; then  # the step of V4 and V4.1 at batch 1, and V4 at batch 32
   for mb in ${MEASURE:-v4-flash-e16:1 v41-flash-e16-engram1m:1 v4-flash-e16:32}; do
     m=${mb%:*}; b=${mb#*:}
-    timeout 115 python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 2 --prefill 0 --top 25 \
+    timeout 115 python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 2 --prefill 0 --top ${TOP:-25} \
       --kv-cache-memory 8589934592 --out "$OUT/$m-b$b" 2>&1 | grep -v -e Warning -e USDT > "$OUT/profile-$m-b$b.log"
     echo "== $m b$b"; grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|other|\*\*total)|graph|step" \
       "$OUT/profile-$m-b$b.log" | head -14
@@ -424,6 +424,47 @@ if [[ $what == final3 ]]; then  # prepared for the ninth session (the eighth had
     -k "plain_weight or real_shapes or dense_mlp" -q -p no:cacheprovider -o addopts="" --tb=short -rf 2>&1 \
     | tee "$OUT/plain-shared.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -10
   graphed 32 90
+fi
+if [[ $what == ninth1 ]]; then  # the ninth session's first call: the q latent quantized by its norm, wo_a's output by
+  # its GEMV (then on 128-column tiles), the indexer's head weights rounded as loaded, decode window rows stored by their
+  # finish: the new tests at real shapes, the model-level GPU tests, the V4 and V4.1 steps at batch 1, every kernel listed
+  timeout -s INT 100 python3 -m pytest tests/ops/test_linear.py tests/ops/test_norm.py \
+    -k "producer_quantized or grouped_output_quantized or fp8_quantizes" -q -p no:cacheprovider -o addopts="" \
+    --tb=short -rf 2>&1 | tee "$OUT/ops.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -20
+  timeout -s INT 130 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" --tb=short -rf -s 2>&1 \
+    | tee "$OUT/gpu_tests.log" | grep -E "agreement|^E |^FAILED|passed|failed|Error" | tail -14
+  TOP=80 MEASURE="v4-flash-e16:1 v41-flash-e16-engram1m:1" OUT=$OUT bash "$0" measure2
+fi
+if [[ $what == ninth2 ]]; then  # the ninth session's second call: wo_a's quantized output on the GEMV's own tiles (a
+  # group over two tiles finished by the last of their programs): its tests and microbenchmark, the model-level GPU
+  # tests, the V4 step profile at batch 1 and its graphed step over 10 steps
+  timeout -s INT 100 python3 -m pytest tests/ops/test_linear.py tests/ops/test_norm.py \
+    -k "producer_quantized or grouped_output_quantized or fp8_quantizes or rms_norm" -q -p no:cacheprovider \
+    -o addopts="" --tb=short -rf 2>&1 | tee "$OUT/ops.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -12
+  timeout 70 python3 benchmarks/kernels/fp8_gemm.py --wo-a-quant --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/wo_a.log" | grep -E "wo_a|ceilings"
+  timeout -s INT 150 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" --tb=short -rf 2>&1 \
+    | tee "$OUT/gpu_tests.log" | grep -E "^E |^FAILED|passed|failed|Error" | tail -8
+  TOP=30 MEASURE="v4-flash-e16:1" OUT=$OUT bash "$0" measure2
+  timeout 100 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only \
+    --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1.log" \
+    | grep -E "ceilings|graph"
+fi
+if [[ $what == bisect ]]; then  # the graphed V4 step at batch 1 with fusions turned off (V4SERVE_UNFUSE, ops/backend.py):
+  # BISECT="label:names ..." (names comma-separated, "-" none), and with $AB_BASE (a snapshot of another commit carried
+  # beside this one, e.g. ../.snap_base) as "base" first and last when given, so that the machine's drift shows
+  graphed_ab() {  # label, src root, unfuse
+    echo "== $1"
+    V4SERVE_UNFUSE=${3#-} PYTHONPATH=/tmp/site:$2/src timeout ${AB_TIMEOUT:-65} python3 $2/benchmarks/profile_step.py \
+      v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/ab-$1.log" | grep -E "graph"
+  }
+  [[ -n ${AB_BASE:-} ]] && graphed_ab base "$AB_BASE" -
+  for v in ${BISECT:-on:- off:all no-norm-quant:norm_quant no-quant-out:gemv_quant_out no-early-window:early_window \
+             no-head-round:head_weight_round}; do
+    graphed_ab "${v%%:*}" "$PWD" "${v#*:}"
+  done
+  [[ -n ${AB_BASE:-} ]] && graphed_ab base2 "$AB_BASE" -
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

@@ -22,6 +22,7 @@ from common import bench_graph_many, bench_ms, copies_past_l2, describe, measure
 
 from v4serve.ops import backend, quant
 from v4serve.ops.kernels import fp8_gemm, fp8_gemv, fp8_swiglu
+from v4serve.ops.kernels import quant as kquant
 from v4serve.ops.linear import linear, linear_reference
 from v4serve.ops.moe import dense_mlp, swiglu
 
@@ -185,6 +186,48 @@ def compressor_rows(hbm: float) -> list[dict]:
     return rows
 
 
+# the grouped wo_a with its output quantized for wo_b in the GEMV's finish (a 1 x 128 group over two 64-column tiles is
+# finished by the last of their programs), beside the two launches it replaces (the GEMV, then kernels/quant.act_quant)
+WO_A = {"v4": (1024, 4096, 8, 128), "v41": (1024, 4096, 8, 32)}
+WO_A_VARIANTS = {"gemv+act_quant": "two", "quant_out": {}, "quant_out-2x-splits": "double",
+                 "quant_out-bn128": {"BN": 128}, "quant_out-bn128-2x-splits": "double-bn128"}
+
+
+def wo_a_rows(hbm: float) -> list[dict]:
+    rows = []
+    for name, (N, K, G, block) in WO_A.items():
+        q, s = weight(G * N, K, block)
+        wbytes = q.numel() + s.numel()
+        copies = [(q, s)] + [weight(G * N, K, block) for _ in range(copies_past_l2(wbytes) - 1)]
+        for M in (1, 8, 32):
+            x = torch.randn(M, G, K, device="cuda", dtype=torch.bfloat16)
+            base = fp8_gemv.config(M, N, K, G, block, w8a8=False)
+            for vname, cfg in WO_A_VARIANTS.items():
+                if cfg == "two":
+                    make = lambda qc, sc: (lambda: kquant.act_quant(  # noqa: E731
+                        fp8_gemv.run(x, qc, sc, block, 0, torch.bfloat16), block))
+                else:
+                    if isinstance(cfg, str):
+                        cfg = {"splits": min(16, 2 * base["splits"]), **({"BN": 128} if "bn128" in cfg else {})}
+                    make = lambda qc, sc, c=cfg: (lambda: fp8_gemv.run(  # noqa: E731
+                        x, qc, sc, block, 0, torch.bfloat16, c, quant_out=block))
+                try:
+                    got = make(q, s)()
+                    vals = got[0] if isinstance(got, tuple) else got.values
+                    want = quant.fp8_rows(fp8_gemv.run(x, q, s, block, 0, torch.bfloat16, {**base, **(cfg or {})}
+                                                       if isinstance(cfg, dict) else None), block)
+                    same = bool(torch.equal(vals.float(), want.values.float())) if isinstance(cfg, dict) else None
+                    ms = run(make, True, copies)
+                except Exception as e:  # noqa: BLE001 - a variant the compiler rejects
+                    print(f"wo_a {name} M={M} {vname}: failed ({type(e).__name__}: {str(e)[:120]})", flush=True)
+                    continue
+                pct = wbytes / (ms * 1e-3) / hbm * 100
+                rows.append({"shape": f"wo_a_{name}", "N": N, "K": K, "G": G, "M": M, "variant": vname, "ms": ms,
+                             "pct_hbm": pct, "equal_to_gemv_then_quant": same})
+                print(f"wo_a {name} M={M:3d} {vname:24s} {ms * 1e3:7.2f} us  {pct:5.1f}% HBM  same {same}", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -194,6 +237,7 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated decode/prefill variant names (default: all)")
     ap.add_argument("--shared-expert", action="store_true", help="only the shared expert's decode rows")
     ap.add_argument("--compressor", action="store_true", help="only the compressors' bf16 projections (f32 x)")
+    ap.add_argument("--wo-a-quant", action="store_true", help="only wo_a with its output quantized for wo_b")
     args = ap.parse_args()
     ceil = measure_ceilings()
     print(describe(ceil), flush=True)
@@ -204,6 +248,9 @@ def main() -> None:
         return
     if args.compressor:
         write_json(args.out, "fp8_gemm_compressor", {"ceilings": ceil, "rows": compressor_rows(hbm)})
+        return
+    if args.wo_a_quant:
+        write_json(args.out, "fp8_gemm_wo_a_quant", {"ceilings": ceil, "rows": wo_a_rows(hbm)})
         return
     wanted = args.shapes.split(",") if args.shapes else (QUICK if args.quick else tuple(SHAPES))
     shapes = {k: v for k, v in SHAPES.items() if k in wanted}

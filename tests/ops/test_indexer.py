@@ -259,6 +259,27 @@ def test_head_weights_scaled_as_loaded(dtype):
                        indexer.index_topk_reference(q, heads, pool, entries, 8)[0])
 
 
+@CPU_ONLY
+def test_head_weights_rounded_as_loaded():
+    """w_dtype: float32 head weights (the float32 sums of the stacked GEMM that holds weights_proj) rounded to bf16 by
+    the logits kernel as it loads them, no copy: the scores, bit for bit, and picks of a bf16 copy passed as is, and
+    the reference's (which rounds first); without w_dtype the float32 values score differently."""
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float32, seed=13)
+    w = w * (1 + torch.rand(w.shape, generator=torch.Generator().manual_seed(5)) * 2 ** -9)  # off the bf16 grid
+    scale = 128 ** -0.5 * 64 ** -0.5
+    got, want = (torch.full((q.shape[0], entries.max_entries), float("nan")) for _ in range(2))
+    picks = ik.index_topk(q, w, pool, entries, 8, scores_out=got, w_scale=scale, w_dtype=torch.bfloat16)[0]
+    ik.index_topk(q, w.to(torch.bfloat16), pool, entries, 8, scores_out=want, w_scale=scale)
+    vis = torch.arange(entries.max_entries)[None, :] < entries.visible[:, None]
+    assert torch.equal(got[vis], want[vis])
+    assert torch.equal(picks, indexer.index_topk(q, w, pool, entries, 8, w_scale=scale, w_dtype=torch.bfloat16)[0])
+    assert torch.equal(picks, indexer.index_topk_reference(q, w.to(torch.bfloat16), pool, entries, 8,
+                                                           w_scale=scale)[0])
+    unrounded = torch.full_like(got, float("nan"))
+    ik.index_topk(q, w, pool, entries, 8, scores_out=unrounded, w_scale=scale)
+    assert not torch.equal(unrounded[vis], got[vis])
+
+
 @pytest.mark.parametrize("cfg", [ik.Config(block_t=4, block_e=16, split=3, select_block=16),
                                  ik.Config(block_t=1, block_e=64, split=1, select_block=256),
                                  ik.Config(block_t=8, block_e=32, split=0, select_block=32)],
@@ -421,7 +442,7 @@ for name, fmt, cand, raw, stride in (("mxfp4", 1, False, False, 68), ("mxfp4+can
     const = dict(H=64, H_PAD=64, D=128, RATIO=4, BLOCK_SIZE=256, BLOCK_T=1, BLOCK_E=64, CB=8 if cand else 1,
                  FORMAT=fmt, CAND=cand, PUBLISH=False, QFP8=raw, RAW_FP8=raw, KEY=tl.bfloat16,
                  DOT=tl.float8e4nv if raw else tl.bfloat16, ACC=tl.float32, ROUND_BF16=False, PDL=True,
-                 REC_ALIGN=ik._alignment(stride), HIST=not cand)
+                 REC_ALIGN=ik._alignment(stride), HIST=not cand, W_SCALED=True, W_ROUND=True, W_DT=tl.bfloat16)
     ptrs = {"q_ptr": "*fp8e4nv" if raw else "*bf16", "qs_ptr": "*fp32", "w_ptr": "*fp32", "data_ptr": "*u8",
             "bt_ptr": "*i64", "row_ptr": "*i64", "vis_ptr": "*i64", "cand_ptr": "*i64", "out_ptr": "*fp32",
             "blk_ptr": "*fp32", "hist_ptr": "*i32"}

@@ -403,6 +403,89 @@ def test_plain_weight_decode_rows_take_the_gemv(M: int, monkeypatch: pytest.Monk
     assert (got.float() - want).abs().max() <= 2 ** -7 * want.abs().max()  # within bf16 rounding
 
 
+@pytest.mark.parametrize("M", [1, 5, 64, 65])
+@pytest.mark.parametrize("block", [32, 128])
+def test_producer_quantized_activations_give_the_same_output(M: int, block: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A W8A8 linear fed activations its producer already quantized (quant.Quantized, e.g. by the q latent's norm)
+    returns exactly what it returns for the activations themselves, on both paths: decode rows (the GEMV) and more
+    (the general GEMM), with no activation quantization launch of its own; the reference dequantizes them (values
+    that quantize to themselves). Another group than the linear's raises."""
+    g = torch.Generator().manual_seed(7 * M + block)
+    N, K = (4096, 1024) if GPU else (192, 256)
+    w, s = fp8_weight(N, K, block, g)
+    x = (torch.randn(M, K, generator=g) * torch.logspace(-2, 1, K)).to(torch.bfloat16).to(DEV)
+    xq = quant.fp8_rows(x, block)
+    launches = []
+    real = kquant.act_quant
+    monkeypatch.setattr(fp8_gemv, "act_quant", lambda *a: launches.append(1) or real(*a))
+    monkeypatch.setattr(fp8_gemm, "act_quant", lambda *a: launches.append(1) or real(*a))
+    for prequant in (False, True):  # the GEMV's in-register quantization, and the launch before (large weights)
+        monkeypatch.setattr(fp8_gemv, "prequantize", lambda *a, p=prequant: p)
+        want = linear(x, w, s, block, block, backend.TRITON)
+        launches.clear()
+        got = linear(xq, w, s, block, block, backend.TRITON)
+        assert not launches and got.dtype == torch.bfloat16 and torch.equal(got, want), prequant
+    three = quant.Quantized(xq.values.view(M, 1, K), xq.scales.view(M, 1, -1), block, x.dtype)
+    assert torch.equal(linear(three, w, s, block, block, backend.TRITON)[:, 0], want)  # leading dims kept
+    assert torch.equal(linear(xq, w, s, block, block, backend.REFERENCE),
+                       linear_reference(x, w, s, block, block))
+    with pytest.raises(ValueError, match="quantized per"):
+        linear(quant.fp8_rows(x, 16), w, s, block, block, backend.TRITON)
+
+
+@pytest.mark.parametrize("M", [1, 3, 16, 64, 65])
+@pytest.mark.parametrize("block", [32, 128])
+def test_grouped_output_quantized_for_its_consumer(M: int, block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grouped `wo_a` (W8A16, G projections) with its output quantized per 1 x block for `wo_b`: the decode GEMV
+    writes e4m3 values and scales as it finishes the output, bit for bit what quantizing its bf16 output gives, split-K
+    or not, groups inside a tile or across tiles (for any rows when asked directly; by default up to QUANT_OUT_ROWS);
+    more rows, the general GEMM (65) and groups that do not tile N give the plain output; the reference quantizes its
+    own output. Flattened, it feeds the consumer as its plain output would."""
+    g = torch.Generator().manual_seed(11 * M + block)
+    G, N, K = (8, 1024, 4096) if GPU else (4, 128, 256)
+    w, s = fp8_weight(G * N, K, block, g)
+    x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
+    plain = grouped_linear(x, w, s, block, 0, backend.TRITON)
+    got = grouped_linear(x, w, s, block, 0, backend.TRITON, quant_out=block)
+    assert torch.equal(grouped_linear(x[:, :, :2 * block], w[:G * 3 * block // 2, :2 * block], s, block, 0,
+                                      backend.TRITON, quant_out=2 * block), grouped_linear(  # N = 1.5 groups
+        x[:, :, :2 * block], w[:G * 3 * block // 2, :2 * block], s, block, 0, backend.TRITON))
+    if M > fp8_gemv.QUANT_OUT_ROWS:  # the plain output, which its consumer quantizes (the general GEMM past 64 rows)
+        assert torch.equal(got, plain)
+    else:
+        assert isinstance(got, quant.Quantized) and got.group == block and got.dtype == torch.bfloat16
+        assert got.scales.shape == (M, G, N // block)
+        want = quant.fp8_rows(plain, block)
+        assert torch.equal(got.values.float(), want.values.float())  # (zeros' signs may differ)
+        assert torch.equal(got.scales, want.scales)
+    if M > 64:
+        return
+    # one split or three; tiles holding groups, and groups spanning two or four tiles (finished by the last of all
+    # their programs): each against the plain output of the same tiles and splits
+    for cfg in ({"splits": 1}, {"splits": 3}, {"splits": 1, "BN": block // 2}, {"splits": 3, "BN": block // 2},
+                {"splits": 2, "BN": block // 4}):
+        want = quant.fp8_rows(fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, cfg), block)
+        one = fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, cfg, quant_out=block)
+        assert torch.equal(one.values.float(), want.values.float()), cfg
+        assert torch.equal(one.scales, want.scales), cfg
+    with pytest.raises(ValueError, match="neither hold nor tile"):
+        fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, {"BN": 3 * block // 4 if block > 32 else 48},
+                     quant_out=block)
+    ref = grouped_linear(x, w, s, block, 0, backend.REFERENCE, quant_out=block)
+    plain_ref = grouped_linear_reference(x, w, s, block, 0)
+    assert torch.equal(ref.dequantize(), quant.fp8_simulate(plain_ref, block))
+    flat = fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, quant_out=block).flatten(1)  # (past QUANT_OUT_ROWS too)
+    assert flat.values.shape == (M, G * N) and flat.scales.shape == (M, G * N // block)
+    w2, s2 = fp8_weight(64, G * N, block, g)
+    assert torch.equal(linear(flat, w2, s2, block, block, backend.TRITON),
+                       linear(plain.flatten(1), w2, s2, block, block, backend.TRITON))
+    with pytest.raises(ValueError, match="cannot quantize"):
+        fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, quant_out=48)
+    monkeypatch.setenv("V4SERVE_UNFUSE", "gemv_quant_out")  # the A/B switch: the plain output
+    assert torch.equal(grouped_linear(x, w, s, block, 0, backend.TRITON, quant_out=block), plain)
+
+
 # The decode GEMV compiled for sm_90 (tests/ops/sm90_compile.py: Triton's ptxas, no GPU), plain and swapped
 SM90_GEMV = """
 import json, triton
@@ -411,15 +494,18 @@ from triton.compiler import ASTSource
 from v4serve.ops.kernels import fp8_gemv
 fn = fp8_gemv._decode_gemm_kernel
 ptrs = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "part_ptr": "*fp32",
-        "y_ptr": "*bf16", "cnt_ptr": "*i32"}
+        "y_ptr": "*bf16", "ys_ptr": "*fp32", "cnt_ptr": "*i32"}
 out = {}
-for swap in (False, True):
-    const = dict(SB=128, A_FP8=False, A_PRE=True, BM=16, BN=64, BK=128, SPLITS=4, INTERPRET=False, PDL=False,
-                 PREFETCH=False, SWAP=swap)
-    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
+for case in ("False", "True", "quant_out"):
+    const = dict(SB=128, A_FP8=False, A_PRE=case != "quant_out", BM=16, BN=64, BK=128,
+                 SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False, SWAP=case == "True", W_SCALED=True,
+                 QG=128 if case == "quant_out" else 0, OUT_DT=triton.language.bfloat16)
+    types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
+    sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
     ptx = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
-    out[str(swap)] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync")}
+    out[case] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
+                 "e4m3_stores": ptx.count("st.global.b8") + ptx.count("st.global.v2.b8") + ptx.count("st.global.v4.b8")}
 print(json.dumps(out))
 """
 
@@ -431,6 +517,7 @@ def test_decode_gemv_fp8_dot_is_wgmma_when_swapped_on_sm90() -> None:
     dots = json.loads(run_compile(SM90_GEMV).strip().splitlines()[-1])
     assert dots["False"]["mma_sync"] > 0 and dots["False"]["wgmma"] == 0, dots
     assert dots["True"]["wgmma"] > 0 and dots["True"]["mma_sync"] == 0, dots
+    assert dots["quant_out"]["e4m3_stores"] > 0, dots  # wo_a's output quantized for wo_b (a group over 2 tiles)
     assert fp8_gemv.config(1, 4096, 8192, 1, 128)["swap"] and fp8_gemv.config(32, 4096, 8192, 1, 128)["swap"]
     assert not fp8_gemv.config(64, 4096, 8192, 1, 128)["swap"]
     assert not fp8_gemv.config(1, 4096, 8192, 8, 128, w8a8=False)["swap"]

@@ -52,3 +52,20 @@ def use(name: str) -> Iterator[None]:
         yield
     finally:
         _current.reset(token)
+
+
+# Fusions of neighbouring launches that an A/B run may turn off one by one: V4SERVE_UNFUSE=name[,name...] (names
+# below; "all" for every one). Each pair of paths gives the same values (tests/ops); only the launches differ.
+FUSIONS = ("norm_quant", "gemv_quant_out", "early_window", "head_weight_round")
+UNFUSE_ENV = "V4SERVE_UNFUSE"
+
+
+def fused(name: str) -> bool:
+    """Whether fusion `name` (FUSIONS) is on: unless V4SERVE_UNFUSE names it (or says "all")."""
+    if name not in FUSIONS:
+        raise ValueError(f"unknown fusion {name!r}; expected one of {FUSIONS}")
+    off = {v.strip() for v in os.environ.get(UNFUSE_ENV, "").split(",") if v.strip()}
+    unknown = off - set(FUSIONS) - {"all"}
+    if unknown:
+        raise ValueError(f"{UNFUSE_ENV} names unknown fusions {sorted(unknown)}; expected any of {FUSIONS} or all")
+    return name not in off and "all" not in off

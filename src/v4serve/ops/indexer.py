@@ -173,10 +173,10 @@ def weighted_heads(w: torch.Tensor, w_scale: float) -> torch.Tensor:
 
 def index_topk_reference(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int,
                          candidates: torch.Tensor | None = None, publish: int = 0, block: int = 1,
-                         q_scale: torch.Tensor | None = None,
-                         w_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         q_scale: torch.Tensor | None = None, w_scale: float = 1.0,
+                         w_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Plain torch: decode the keys of every entry up to E_max, score them a chunk of tokens at a time, select."""
-    w = weighted_heads(w, w_scale)
+    w = weighted_heads(w if w_dtype is None else w.to(w_dtype), w_scale)
     if q_scale is not None:  # FP8 queries with one scale per (token, head)
         q = q.float() * q_scale.float().unsqueeze(-1)
     T, E = q.shape[0], entries.max_entries
@@ -196,21 +196,24 @@ def index_topk_reference(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entrie
 
 def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, k: int, *,
                candidates: torch.Tensor | None = None, publish: int = 0, block: int = 1,
-               q_scale: torch.Tensor | None = None, w_scale: float = 1.0,
+               q_scale: torch.Tensor | None = None, w_scale: float = 1.0, w_dtype: torch.dtype | None = None,
                backend: str = kernels.REFERENCE) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The top-k of each token's visible entries -> (idx [T, min(k, E_max)] int64, -1 = none; blocks or None).
 
     q [T, h, d] ready to score (RoPE'd, rotated / FP4-simulated as the model's numerics say), or FP8 e4m3 with
     `q_scale` [T, h] (one scale per query row); w [T, h] head weights, times `w_scale` in the accumulation dtype
-    (`weighted_heads`: the kernels apply it as they load w, no launch of its own); `keys` the source layer's
-    index-key pool.
+    (`weighted_heads`: the kernels apply it as they load w, no launch of its own); w_dtype: w is rounded to it first
+    (float32 sums of a stacked GEMM whose own output dtype this is: the kernels round as they load, no copy);
+    `keys` the source layer's index-key pool.
     candidates [T, Kc]: distinct ids of blocks of `block` entries (-1 = none) outside which nothing is selected.
     publish > 0: also the top `publish` blocks of `block` entries [T, publish] (candidate_blocks; -1 = none).
     """
     if backend == kernels.TRITON:
         from .kernels import indexer as kernel
 
+        if w_dtype is not None and w_dtype != w.dtype and not kernels.fused("head_weight_round"):  # A/B: a copy
+            w, w_dtype = w.to(w_dtype), None
         if kernel.supports(q, w, keys, entries, candidates, publish, block, q_scale):
             return kernel.index_topk(q, w, keys, entries, k, candidates=candidates, publish=publish, block=block,
-                                     q_scale=q_scale, w_scale=w_scale)
-    return index_topk_reference(q, w, keys, entries, k, candidates, publish, block, q_scale, w_scale)
+                                     q_scale=q_scale, w_scale=w_scale, w_dtype=w_dtype)
+    return index_topk_reference(q, w, keys, entries, k, candidates, publish, block, q_scale, w_scale, w_dtype)

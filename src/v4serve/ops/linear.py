@@ -68,11 +68,23 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor 
     return F.linear(x, dequantize(weight, scale, block, x.dtype))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int = 0,
-           backend: str = kernels.REFERENCE, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor | quant.Quantized, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+           act_group: int = 0, backend: str = kernels.REFERENCE, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """y = x W^T for a weight in its stored format, computed as if x were cast to `out_dtype` first (default: x's
     dtype), the output in that dtype. A wider out_dtype than x's spares the kernels the widened copy of x: bf16 x
-    against a bf16 weight (the compressors) gives exact products summed in float32 either way."""
+    against a bf16 weight (the compressors) gives exact products summed in float32 either way. x may come quantized
+    by its producer (quant.Quantized, the activation quantization this weight applies): the same result, one launch
+    fewer on the kernels' path."""
+    if isinstance(x, quant.Quantized):
+        if x.group != act_group:
+            raise ValueError(f"activations quantized per {x.group} for a linear that quantizes per {act_group}")
+        with family("linear"):
+            if backend == kernels.TRITON and out_dtype in (None, x.dtype):
+                from .kernels import fp8_gemm
+
+                if fp8_gemm.supports_quantized(x, weight, block, act_group):
+                    return fp8_gemm.linear_quantized(x, weight, scale, block)
+        x = x.dequantize()  # the same values, and quantized again to the same ones (quant.Quantized)
     if out_dtype is not None and out_dtype.itemsize < x.dtype.itemsize:
         raise ValueError(f"out_dtype {out_dtype} is narrower than x's {x.dtype}: cast x instead")
     with family("linear"):
@@ -94,15 +106,20 @@ def grouped_linear_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
-                   act_group: int = 0, backend: str = kernels.REFERENCE) -> torch.Tensor:
-    """x [T, G, K], W [G*N, K] (G independent projections stacked, e.g. V4's grouped `wo_a`) -> [T, G, N]."""
+                   act_group: int = 0, backend: str = kernels.REFERENCE, quant_out: int = 0
+                   ) -> torch.Tensor | quant.Quantized:
+    """x [T, G, K], W [G*N, K] (G independent projections stacked, e.g. V4's grouped `wo_a`) -> [T, G, N]. With
+    `quant_out`, the output may come quantized per 1 x quant_out for the GEMM that consumes it (V4's `wo_b`) as a
+    quant.Quantized: where the decode kernel writes it from its accumulators (no launch of its own), and on the
+    reference path whenever quant_out groups tile N; otherwise the plain output, which its consumer quantizes."""
     with family("linear"):
         if backend == kernels.TRITON:
             from .kernels import fp8_gemm
 
             if fp8_gemm.supports(x, weight):
-                return fp8_gemm.grouped_linear(x, weight, scale, block, act_group)
-        return grouped_linear_reference(x, weight, scale, block, act_group)
+                return fp8_gemm.grouped_linear(x, weight, scale, block, act_group, quant_out)
+        y = grouped_linear_reference(x, weight, scale, block, act_group)
+        return quant.fp8_rows(y, quant_out) if quant_out and y.shape[-1] % quant_out == 0 else y
 
 
 # ------------------------------------------------------------------------------------------------
@@ -135,12 +152,13 @@ class Linear(nn.Module):
         self.weight = weight.view(torch.uint8) if fmt == "fp4" else weight
         self.scale = scale_bytes(scale) if self.quantized else None
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | quant.Quantized, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         return linear(x, self.weight, self.scale, self.block, self.act_group, self.backend, out_dtype)
 
-    def grouped(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, G, in/G] through this weight viewed as G stacked [out/G, in/G] projections -> [T, G, out/G]."""
-        return grouped_linear(x, self.weight, self.scale, self.block, self.act_group, self.backend)
+    def grouped(self, x: torch.Tensor, quant_out: int = 0) -> torch.Tensor | quant.Quantized:
+        """x [T, G, in/G] through this weight viewed as G stacked [out/G, in/G] projections -> [T, G, out/G]
+        (quantized per 1 x quant_out for its consumer when quant_out > 0: grouped_linear)."""
+        return grouped_linear(x, self.weight, self.scale, self.block, self.act_group, self.backend, quant_out)
 
     def dequantized(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A temporary full-precision view (tests and tools; never kept by the model)."""

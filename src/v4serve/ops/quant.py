@@ -12,6 +12,7 @@ a byte holds the even element.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -85,6 +86,36 @@ def fp8_simulate(x: torch.Tensor, group: int, pow2: bool = True) -> torch.Tensor
     """Quant-dequant round trip in x's dtype: what DeepSeek's reference applies to KV and activations."""
     q, s = fp8_quantize(x, group, pow2)
     return fp8_dequantize(q, s, group).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """Activations already quantized to FP8 per 1 x `group` for the GEMM that consumes them (a producer kernel wrote
+    them, sparing that GEMM its quantization launch): e4m3 `values` [..., K], float32 power-of-two `scales`
+    [..., K / group], and `dtype`, the activations' own dtype. The dequantized values equal fp8_simulate of the
+    activations, and quantizing them again gives the same values and scales (a fixed point: every e4m3 value times
+    2^j below 448 is an e4m3 value), so a consumer that cannot read them may take `dequantize()` instead, exactly."""
+    values: torch.Tensor
+    scales: torch.Tensor
+    group: int
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.values.shape
+
+    def flatten(self, start_dim: int) -> Quantized:
+        """Both tensors flattened from start_dim (a leading dim, < values.dim() - 1: groups stay whole)."""
+        return Quantized(self.values.flatten(start_dim), self.scales.flatten(start_dim), self.group, self.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return fp8_dequantize(self.values, self.scales, self.group).to(self.dtype)
+
+
+def fp8_rows(x: torch.Tensor, group: int) -> Quantized:
+    """x quantized per 1 x group as a Quantized (the reference of the producers that fuse it: ops/norm.py)."""
+    q, s = fp8_quantize(x, group)
+    return Quantized(q, s, group, x.dtype)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -88,10 +88,11 @@ class V4Attention(nn.Module):
         T, H, hd = step.num_tokens, c.n_heads, c.head_dim
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)
-        qr = self.q_norm(qa)
-        q = self.wq_b(qr).view(T, H, hd)  # normalised per head and rotated inside the attention
+        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr quantized for wq_b by the norm's launch
+        q = self.wq_b(q_in).view(T, H, hd)  # normalised per head and rotated inside the attention
+        store = ctx.early_window_store(self.layer)  # decode steps: the window rows stored by their finish
         kv = finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
-                         c.rope_dim, backend=self.backend)
+                         c.rope_dim, *store, backend=self.backend)
 
         entries = None
         if self.ratio:
@@ -113,8 +114,10 @@ class V4Attention(nn.Module):
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
                        self.backend)
-            ctx.write_window(self.layer, kv, self.backend)
-        o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1))  # [T, g, o_lora_rank]
+            if store[0] is None:
+                ctx.write_window(self.layer, kv, self.backend)
+        # [T, g, o_lora_rank], quantized for wo_b by wo_a's own launch
+        o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1), quant_out=self.wo_b.act_group)
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
     def _select(self, x: torch.Tensor, proj: tuple[torch.Tensor, torch.Tensor | None], head_sums: torch.Tensor,
@@ -131,7 +134,8 @@ class V4Attention(nn.Module):
         cos, sin = ctx.rope(True)
         qi = finish_rows(ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
                          self.numerics.index_rotate, self._index_fmt(), 0, backend=self.backend)
-        w = head_sums.to(x.dtype)  # weights_proj(x) in x's dtype; the scale is applied as the kernel loads it
         entries = ctx.index_entries(L, visible)
-        return index_topk(qi, w, pools.index_keys[L], entries, c.index_topk,
-                          w_scale=c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5, backend=self.backend)[0]
+        # weights_proj(x) rounded to x's dtype (as its own linear would be) and scaled, both as the kernel loads it
+        return index_topk(qi, head_sums, pools.index_keys[L], entries, c.index_topk,
+                          w_scale=c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5, w_dtype=x.dtype,
+                          backend=self.backend)[0]

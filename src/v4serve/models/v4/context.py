@@ -10,9 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...cache.pool import KVPools
+from ...cache.pool import KVPools, RowPool
 from ...config import ModelConfig
 from ...ops.attention import EntryRefs, WindowRefs
+from ...ops.backend import fused
 from ...ops.compressor import Groups, completed_groups, dest_rows
 from ...ops.finish import finish_rows
 from ...ops.indexer import Entries
@@ -71,6 +72,15 @@ class StepContext:
 
     def write_window(self, layer: int, kv: torch.Tensor, backend: str) -> None:
         finish_rows(kv, None, 0.0, None, None, False, None, 0, self.pools.window[layer], self.win_write, backend)
+
+    def early_window_store(self, layer: int) -> tuple[RowPool | None, torch.Tensor | None]:
+        """(pool, rows) to store this step's window rows as they are finished, before the attention reads the ring,
+        when every row has one token (decode steps): the slot a row's token takes held position p - W, outside the
+        window p - W + 1 .. p, so no read of the step needs it (the finish writes them, one launch fewer than
+        write_window). (None, None) otherwise: a row's later tokens would overwrite slots its earlier tokens read."""
+        if self.step.one_token_rows and fused("early_window"):
+            return self.pools.window[layer], self.win_write
+        return None, None
 
     # --- compressed entries -----------------------------------------------------------------------
     def max_entries(self, ratio: int) -> int:

@@ -8,6 +8,8 @@ from torch import nn
 from ...ops import backend
 from ...ops.finish import finish_rows
 from ...ops.linear import Linear
+from ...ops.norm import rms_norm_fp8
+from ...ops.quant import Quantized
 
 
 class Norm(nn.Module):
@@ -21,6 +23,14 @@ class Norm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return finish_rows(x, self.weight, self.eps, None, None, False, None, 0, backend=self.backend)
+
+    def feeding(self, x: torch.Tensor, gemm: Linear) -> tuple[torch.Tensor, torch.Tensor | Quantized]:
+        """(the normed rows, the input `gemm` takes): for a GEMM that quantizes its activations, the rows already
+        quantized, in the norm's launch on the kernels' path (ops.norm.rms_norm_fp8); the rows themselves otherwise."""
+        if not gemm.act_group or not backend.fused("norm_quant"):
+            y = self(x)
+            return y, y
+        return rms_norm_fp8(x, self.weight, self.eps, gemm.act_group, self.backend)
 
 
 class CompressorParams(nn.Module):

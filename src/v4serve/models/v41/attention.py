@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ...cache.pool import RowPool
 from ...config import ModelConfig
 from ...dist import parallel
 from ...ops import backend
@@ -72,8 +73,8 @@ class V41Attention(nn.Module):
 
     def _queries_from(self, qa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        qr = self.q_norm(qa)
-        return self.wq_b(qr).view(qa.shape[0], c.n_heads, c.head_dim), qr
+        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr quantized for wq_b by the norm's launch
+        return self.wq_b(q_in).view(qa.shape[0], c.n_heads, c.head_dim), qr
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, qr = self.project_queries(x)
@@ -82,15 +83,18 @@ class V41Attention(nn.Module):
     def window_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return self._window_kv_from(self.wkv(x), cos, sin)
 
-    def _window_kv_from(self, kva: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def _window_kv_from(self, kva: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pool: RowPool | None = None,
+                        rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The finished window rows (stored at `rows` of `pool` too, when given)."""
         c = self.config
         return finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
-                           c.rope_dim, backend=self.backend)
+                           c.rope_dim, pool, rows, backend=self.backend)
 
     def project_output(self, o: torch.Tensor) -> torch.Tensor:
         """The grouped output projection of attention outputs already rotated back."""
         c = self.config
-        o = self.wo_a.grouped(o.reshape(o.shape[0], c.o_groups, -1))  # [T, g, o_lora_rank]
+        # [T, g, o_lora_rank], quantized for wo_b by wo_a's own launch
+        o = self.wo_a.grouped(o.reshape(o.shape[0], c.o_groups, -1), quant_out=self.wo_b.act_group)
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
     def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -101,7 +105,8 @@ class V41Attention(nn.Module):
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)  # wq_a and wkv
         q, qr = self._queries_from(qa)  # rotated inside the attention
-        kv = self._window_kv_from(kva, cos, sin)
+        store = ctx.early_window_store(self.layer)  # decode steps: the window rows stored by their finish
+        kv = self._window_kv_from(kva, cos, sin, *store)
         entries = None
         if self.ratio:
             if self.compressor is not None:
@@ -114,7 +119,8 @@ class V41Attention(nn.Module):
         with family("attention"):
             o = attend(q, cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
                        ctx.window_refs(self.layer), entries, self.backend)
-            ctx.write_window(self.layer, kv, self.backend)
+            if store[0] is None:
+                ctx.write_window(self.layer, kv, self.backend)
         return self.project_output(o)
 
     def entries(self, ctx: StepContext, sel: Selection) -> EntryRefs:

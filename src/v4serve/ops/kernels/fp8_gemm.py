@@ -22,6 +22,7 @@ import triton.language as tl
 from . import fp8_gemv, interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
+from ..quant import Quantized
 from .quant import act_quant, act_simulate
 from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 
@@ -171,27 +172,35 @@ def _dot_mode(x: torch.Tensor, a_fp8: bool) -> int:
 
 
 def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
-         out_dtype: torch.dtype) -> torch.Tensor:
+         out_dtype: torch.dtype, quant_out: int = 0, xs: torch.Tensor | None = None) -> torch.Tensor | Quantized:
     """x3 [M, G, K] -> y [M, G, N] with W [G*N, K]: decode rows in fp8_gemv (one launch; two for large W8A8 weights;
-    plain weights in x's dtype too), the rest here."""
-    if (scale is not None or weight.dtype == x3.dtype) and fp8_gemv.supports(x3, weight, block, act_group):
+    plain weights in x's dtype too), the rest here. xs: x3 is already quantized (e4m3, its scales [M, G, K/block]).
+    quant_out: the GEMV quantizes its output per 1 x quant_out for the consumer (a Quantized in out_dtype) where it
+    can (fp8_gemv.quantizes_output); elsewhere the plain output, which its consumer quantizes as usual."""
+    if xs is None and (scale is not None or weight.dtype == x3.dtype) and fp8_gemv.supports(x3, weight, block,
+                                                                                            act_group):
+        if fp8_gemv.quantizes_output(weight, x3.shape[1], quant_out, x3.shape[0]):
+            return fp8_gemv.run(x3, weight, scale, block, act_group, out_dtype, quant_out=quant_out)
         return fp8_gemv.run(x3, weight, scale, block, act_group, out_dtype)
-    return general(x3, weight, scale, block, act_group, out_dtype)
+    if xs is not None and x3.shape[0] <= 64:
+        return fp8_gemv.run(x3, weight, scale, block, block, out_dtype, quantized=xs)
+    return general(x3, weight, scale, block, act_group, out_dtype, xs=xs)
 
 
 def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
-            out_dtype: torch.dtype, cfg: dict | None = None) -> torch.Tensor:
+            out_dtype: torch.dtype, cfg: dict | None = None, xs: torch.Tensor | None = None) -> torch.Tensor:
     """Any M and mode: activation quantization, the GEMM, and a split-K sum when split. `cfg` overrides the tile
-    choice (benchmarks)."""
+    choice (benchmarks). xs: x3 is already quantized (e4m3, its float32 scales [M, G, K/block])."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
     if M == 0:  # e.g. the head of a prefill chunk that samples nothing (no tiles: no config either)
         return torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     w_fp8 = weight.dtype == torch.float8_e4m3fn
     half = x3.dtype in (torch.bfloat16, torch.float16)
-    a_fp8 = bool(act_group) and half and w_fp8 and act_group == block
-    xs = None
-    if a_fp8:
+    a_fp8 = xs is not None or (bool(act_group) and half and w_fp8 and act_group == block)
+    if xs is not None:
+        pass  # quantized by its producer
+    elif a_fp8:
         xq, xs = act_quant(x3, block)
         x3 = xq
     elif act_group:
@@ -242,6 +251,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, bl
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
-                   act_group: int = 0) -> torch.Tensor:
-    """x [T, G, K], W [G*N, K] -> [T, G, N] in x's dtype."""
-    return _run(x, weight, scale, block, act_group, x.dtype)
+                   act_group: int = 0, quant_out: int = 0) -> torch.Tensor | Quantized:
+    """x [T, G, K], W [G*N, K] -> [T, G, N] in x's dtype (quant_out > 0: quantized per 1 x quant_out in the decode
+    GEMV's finish where it can, ops.linear.grouped_linear)."""
+    return _run(x, weight, scale, block, act_group, x.dtype, quant_out)
+
+
+def supports_quantized(x: Quantized, weight: torch.Tensor, block: int, act_group: int) -> bool:
+    """Activations quantized by their producer, for an FP8 weight whose activation quantization they are."""
+    v = x.values
+    return (weight.dtype == torch.float8_e4m3fn and x.group == act_group == block and v.dim() >= 1
+            and x.dtype in (torch.bfloat16, torch.float16) and (v.is_cuda or interpreting())
+            and x.scales.dtype == torch.float32)
+
+
+def linear_quantized(x: Quantized, weight: torch.Tensor, scale: torch.Tensor, block: int) -> torch.Tensor:
+    """y = x W^T in x's dtype from the producer's e4m3 values and scales (no activation quantization here)."""
+    K = x.shape[-1]
+    lead = x.shape[:-1]
+    xs = x.scales.reshape(-1, 1, K // block)
+    y = _run(x.values.reshape(-1, 1, K), weight, scale, block, block, x.dtype, xs=xs)
+    return y.view(*lead, weight.shape[0])

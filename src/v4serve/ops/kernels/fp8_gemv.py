@@ -23,13 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backend import fused
+from ..quant import Quantized
 from . import interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .pdl import prefetch as pdl_prefetch
 from .pdl import prefetch_rows
-from .quant import act_quant, e4m3_round, pow2_ceil
-from .split_grid import ArrivalCounters, last_to_arrive
+from .quant import act_quant, quantize_rows
+from .split_grid import TL_DTYPES, ArrivalCounters, last_to_arrive
 
 _SMS = 132  # H200 multiprocessors
 # Measured on the H200 (benchmarks/kernels/fp8_gemm.py, 2026-11-30 and 2026-12-01): in-register activation
@@ -64,16 +66,6 @@ def e8m0_to_f32(b):
 
 
 @triton.jit
-def quantize_rows(x):
-    """One activation block [BM, SB] quantized as kernels/quant.py does, per row: amax floored at 1e-4, power-of-two
-    scale, e4m3 RNE. Returns (the e4m3 values, the float32 scales [BM])."""
-    xf = x.to(tl.float32)
-    x_scale = pow2_ceil(tl.maximum(tl.max(tl.abs(xf), 1), 1e-4) / 448.0)
-    xq = e4m3_round(tl.minimum(tl.maximum(xf / x_scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
-    return xq, x_scale
-
-
-@triton.jit
 def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr, SWAP: tl.constexpr = False,
               W_SCALED: tl.constexpr = True):
     """acc + one scale block's x [BM, SB] @ w [BN, SB]^T: FP8 x FP8 on the tensor cores with both scales applied to the
@@ -98,13 +90,14 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
 
 
 @triton.jit
-def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
+def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, cnt_ptr,
                         M, N, K, k_per_split,
                         stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,
+                        stride_ysm, stride_ysg,
                         SB: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
-                        W_SCALED: tl.constexpr = True):
+                        W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -149,21 +142,47 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, cnt_ptr,
             acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED)
     if SWAP:
         acc = tl.trans(acc)
-    y = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
-    out_ok = m_ok[:, None] & n_ok[None, :]
-    if SPLITS == 1:
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    # a quantization group wider than a tile spans TILES tiles: the last of all their programs finishes it
+    TILES: tl.constexpr = QG // BN if QG > BN else 1
+    if SPLITS == 1 and TILES == 1:
+        _store_out(acc, y_ptr, ys_ptr, offs_m, offs_n, g, m_ok, N, stride_ym, stride_yg, stride_ysm, stride_ysg, BM, BN,
+                   QG, OUT_DT)
     else:
         tile = g * tl.num_programs(0) + pid_n
         slot = (offs_m[:, None] * BN + tl.arange(0, BN)[None, :])
         tile_part = part_ptr + tile * (SPLITS * BM * BN)
         tl.store(tile_part + split * (BM * BN) + slot, acc)
-        if last_to_arrive(cnt_ptr + tile, SPLITS):  # the last of this tile's programs: add the partials in split order
-            total = tl.zeros((BM, BN), dtype=tl.float32)
+        first = tile // TILES * TILES  # the group's first tile (a group's tiles are consecutive: N % QG == 0)
+        if last_to_arrive(cnt_ptr + tile // TILES, SPLITS * TILES):
+            # the partials in split order, per column: the sums of the plain output, bit for bit, whoever came last
+            c = tl.arange(0, BN * TILES)
+            parts = part_ptr + (first + c // BN)[None, :] * (SPLITS * BM * BN) + offs_m[:, None] * BN + (c % BN)[None, :]
+            total = tl.zeros((BM, BN * TILES), dtype=tl.float32)
             for s in tl.static_range(SPLITS):
-                total += tl.load(tile_part + s * (BM * BN) + slot, cache_modifier=".cg")
-            tl.store(y, total.to(y_ptr.dtype.element_ty), mask=out_ok)
-            tl.store(cnt_ptr + tile, 0)  # ready for the next launch / graph replay
+                total += tl.load(parts + s * (BM * BN), cache_modifier=".cg")
+            _store_out(total, y_ptr, ys_ptr, offs_m, (first - g * tl.num_programs(0)) * BN + c, g, m_ok, N, stride_ym,
+                       stride_yg, stride_ysm, stride_ysg, BM, BN * TILES, QG, OUT_DT)
+            tl.store(cnt_ptr + tile // TILES, 0)  # ready for the next launch / graph replay
+
+
+@triton.jit
+def _store_out(acc, y_ptr, ys_ptr, offs_m, offs_n, g, m_ok, N, stride_ym, stride_yg, stride_ysm, stride_ysg,
+               BM: tl.constexpr, W: tl.constexpr, QG: tl.constexpr, OUT_DT: tl.constexpr):
+    """Finished output columns offs_n [W] (acc [BM, W]) in the output dtype, or (QG > 0, groups whole: W % QG == 0 and
+    offs_n starting on a group) rounded to it (OUT_DT) and then quantized per 1 x QG as kernels/quant.act_quant would
+    quantize the rounded output: e4m3 values and float32 scales. Rows past M and columns past N are not stored."""
+    y = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
+    out_ok = m_ok[:, None] & (offs_n < N)[None, :]
+    if QG == 0:
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        NG: tl.constexpr = W // QG
+        v = tl.reshape(acc.to(OUT_DT).to(tl.float32), (BM * NG, QG))
+        q, scale = quantize_rows(v)
+        tl.store(y, tl.reshape(q, (BM, W)), mask=out_ok)
+        grp = tl.min(offs_n, 0) // QG + tl.arange(0, NG)
+        ys = ys_ptr + offs_m[:, None] * stride_ysm + g * stride_ysg + grp[None, :]
+        tl.store(ys, tl.reshape(scale, (BM, NG)), mask=m_ok[:, None] & (grp * QG < N)[None, :])
 
 
 def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bool = False) -> dict:
@@ -188,38 +207,67 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap}
 
 
+# Up to this many rows the grouped wo_a quantizes its output for wo_b in its finish (H200, `fp8_gemm.py --wo-a-quant`,
+# in isolation: V4 M=1 17.2 us vs 16.7 for the GEMV + act_quant, M=8 17.6 vs 17.5, M=32 27.2 vs 21.1; V4.1 M=1 20.3
+# vs 21.2, M=8 21.4 vs 22.5, M=32 31.0 vs 26.8): the finishing program's wider tail costs more than the launch it
+# saves once the tile holds many rows. V4SERVE_UNFUSE=gemv_quant_out turns it off (A/B runs, ops/backend.fused).
+QUANT_OUT_ROWS = 16
+
+
+def quantizes_output(weight: torch.Tensor, G: int, quant_out: int, M: int = 1) -> bool:
+    """Whether `run` quantizes its output per 1 x quant_out in its finish for M rows: groups of a power-of-two size
+    that tile each projection's N (a tile holds whole groups, or a group whole tiles), up to QUANT_OUT_ROWS rows."""
+    N = weight.shape[0] // G
+    return (quant_out > 0 and quant_out & (quant_out - 1) == 0 and N % quant_out == 0 and M <= QUANT_OUT_ROWS
+            and fused("gemv_quant_out"))
+
+
 def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
-        out_dtype: torch.dtype, cfg: dict | None = None, prequant: bool | None = None) -> torch.Tensor:
+        out_dtype: torch.dtype, cfg: dict | None = None, prequant: bool | None = None,
+        quantized: torch.Tensor | None = None, quant_out: int = 0) -> torch.Tensor | Quantized:
     """x3 [M, G, K] (M <= 64) -> y [M, G, N] with W [G*N, K] FP8 and its e8m0 block scales (or a plain weight in x's
     dtype, scale None). `prequant` (default: by the weight's size, `prequantize`) quantizes the activations in a launch
-    of their own first."""
+    of their own first. `quantized`: x3 is already quantized by its producer (e4m3), these are its float32 scales
+    [M, G, K / block]. `quant_out` (quantizes_output): the output rounded to out_dtype, then quantized per
+    1 x quant_out as the consumer's activation quantization would -> a Quantized."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
     scaled = weight.dtype == torch.float8_e4m3fn
     if not scaled:  # no scale blocks: K tiles of 128, one dot each
         block, act_group, scale = 128, 0, weight
-    y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
+    if quant_out and (quant_out & (quant_out - 1) or N % quant_out):
+        raise ValueError(f"cannot quantize outputs of {N} columns per {quant_out}")
+    y = torch.empty(M, G, N, dtype=torch.float8_e4m3fn if quant_out else out_dtype, device=x3.device)
+    ys = torch.empty(M, G, N // quant_out, dtype=torch.float32, device=x3.device) if quant_out else y
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
-    pre = prequantize(weight, act_group) if prequant is None else bool(prequant and act_group)
-    xs = x3
-    if pre:
-        x3, xs = act_quant(x3, block)  # e4m3 [M, G, K], float32 scales [M, G, K / block]
+    if quantized is not None:
+        pre, xs = True, quantized
+    else:
+        pre = prequantize(weight, act_group) if prequant is None else bool(prequant and act_group)
+        xs = x3
+        if pre:
+            x3, xs = act_quant(x3, block)  # e4m3 [M, G, K], float32 scales [M, G, K / block]
     cfg = {**config(M, N, K, G, block, w8a8=bool(act_group), plain=not scaled), **(cfg or {})}
+    bn = cfg["BN"]
+    if quant_out and (bn % quant_out if bn > quant_out else quant_out % bn):
+        raise ValueError(f"tiles of {bn} columns neither hold nor tile groups of {quant_out}")
+    tiles_per_group = quant_out // bn if quant_out > bn else 1
     bk = cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
     splits = triton.cdiv(K, k_per_split)
     n_tiles = triton.cdiv(N, cfg["BN"])
     part = (torch.empty(n_tiles * G * splits * cfg["BM"] * cfg["BN"], dtype=torch.float32, device=x3.device)
-            if splits > 1 else y)
+            if splits > 1 or tiles_per_group > 1 else y)
     cnt = _COUNTERS.get(x3.device)
     if n_tiles * G > cnt.numel():
         raise ValueError(f"{n_tiles * G} output tiles exceed the {cnt.numel()} arrival counters")
     _decode_gemm_kernel[(n_tiles, G, splits)](
-        x3, xs, weight, scale, part, y, cnt, M, N, K, k_per_split,
+        x3, xs, weight, scale, part, y, ys, cnt, M, N, K, k_per_split,
         x3.stride(0), x3.stride(1), xs.stride(0), xs.stride(1), weight.stride(0), scale.stride(0), y.stride(0),
-        y.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"], BN=cfg["BN"], BK=bk,
-        SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        y.stride(1), ys.stride(0), ys.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"],
+        BN=cfg["BN"], BK=bk, SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
-        SWAP=cfg["swap"], W_SCALED=scaled, **pdl_launch(y))
-    return y
+        SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], **pdl_launch(y))
+    return Quantized(y, ys, quant_out, out_dtype) if quant_out else y

@@ -40,6 +40,7 @@ import triton.language as tl
 
 from ..indexer import Entries, KeyPool
 from ..precision import hi_lo
+from .finish import cast_rounded
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS, TL_DTYPES, ArrivalCounters, runs_here
@@ -188,7 +189,8 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
                    FORMAT: tl.constexpr, CAND: tl.constexpr, PUBLISH: tl.constexpr, QFP8: tl.constexpr,
                    RAW_FP8: tl.constexpr, KEY: tl.constexpr, DOT: tl.constexpr, ACC: tl.constexpr,
                    ROUND_BF16: tl.constexpr, REC_ALIGN: tl.constexpr = 1, HIST: tl.constexpr = False,
-                   W_SCALED: tl.constexpr = False, ws_hi=1.0, ws_lo=0.0, PDL: tl.constexpr = False):
+                   W_SCALED: tl.constexpr = False, ws_hi=1.0, ws_lo=0.0, W_ROUND: tl.constexpr = False,
+                   W_DT: tl.constexpr = tl.bfloat16, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     NBT: tl.constexpr = BLOCK_E // CB  # candidate blocks per tile
     pid_t = tl.program_id(0)
@@ -213,7 +215,10 @@ def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, can
         m_ok = (hm < H) & (tm >= cur) & (tm < seg_end)
         qt = tl.load(q_ptr + tm.to(tl.int64)[:, None] * stride_qt + hm[:, None] * stride_qh
                      + offs_d[None, :] * stride_qd, mask=m_ok[:, None], other=0.0).to(DOT)
-        wm = tl.load(w_ptr + tm.to(tl.int64) * stride_wt + hm * stride_wh, mask=m_ok, other=0.0).to(ACC)
+        wm = tl.load(w_ptr + tm.to(tl.int64) * stride_wt + hm * stride_wh, mask=m_ok, other=0.0)
+        if W_ROUND:  # float32 sums of the head weights' GEMM, rounded to their own dtype as they load
+            wm = cast_rounded(wm.to(tl.float32), W_DT, False).to(tl.float32)
+        wm = wm.to(ACC)
         if W_SCALED:  # ops.indexer.weighted_heads: the scale's two float32 parts summed in ACC
             wm = wm * (tl.cast(ws_hi, ACC) + tl.cast(ws_lo, ACC))
         if QFP8:  # relu(s q8 . k) = s relu(q8 . k) for the positive per-row scale s: fold it into the head weight
@@ -525,7 +530,7 @@ def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, 
 def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, scores: torch.Tensor, *,
            candidates: torch.Tensor | None = None, block: int = 1, block_scores: torch.Tensor | None = None,
            q_scale: torch.Tensor | None = None, config: Config | None = None, hist: torch.Tensor | None = None,
-           w_scale: float = 1.0) -> None:
+           w_scale: float = 1.0, w_dtype: torch.dtype | None = None) -> None:
     """Launch 1 over all tokens of q: float32 scores of each token's visible entries into scores [T, >= W] (W = E_max,
     or Kc * block with candidates: slot p holds entry candidates[t, p // block] * block + p % block); with
     block_scores [T, >= ceil(E_max / block)] also the block maxima (the newest block +inf) of the visible blocks; with
@@ -568,7 +573,8 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
         BLOCK_SIZE=entries.block_size, BLOCK_T=block_t, BLOCK_E=block_e, CB=cb, FORMAT=FORMATS[keys.codec.kind],
         CAND=cand, PUBLISH=publish, QFP8=qfp8, RAW_FP8=raw_fp8, KEY=TL_DTYPES[key_dt], DOT=dot, ACC=TL_DTYPES[acc],
         ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, REC_ALIGN=_alignment(data.stride(0)),
-        HIST=hist is not None, W_SCALED=w_scale != 1.0, ws_hi=ws[0], ws_lo=ws[1], num_warps=cfg.num_warps,
+        HIST=hist is not None, W_SCALED=w_scale != 1.0, ws_hi=ws[0], ws_lo=ws[1],
+        W_ROUND=w_dtype is not None and w_dtype != w.dtype, W_DT=TL_DTYPES[w_dtype or w.dtype], num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **pdl_launch(scores))
 
 
@@ -611,7 +617,7 @@ def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries
                candidates: torch.Tensor | None = None, publish: int = 0, block: int = 1,
                q_scale: torch.Tensor | None = None, config: Config | None = None,
                scores_out: torch.Tensor | None = None,
-               w_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+               w_scale: float = 1.0, w_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> (idx [T, min(k, E_max)], blocks [T, publish] or None), as ops.indexer.index_topk_reference. The score rows
     are E_max wide (memory, not work); a step whose rows exceed SCORE_BUDGET runs a chunk of tokens at a time.
     `scores_out` (tests): the [T, >= E_max] float32 score buffer to use (only the visible part is written)."""
@@ -634,7 +640,8 @@ def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries
         part = replace(entries, token_row=entries.token_row[lo:hi], visible=entries.visible[lo:hi])
         cands = candidates[lo:hi] if candidates is not None else None
         logits(q[lo:hi], w[lo:hi], keys, part, scores, candidates=cands, block=block, block_scores=bscores,
-               q_scale=q_scale[lo:hi] if q_scale is not None else None, config=cfg, hist=hist, w_scale=w_scale)
+               q_scale=q_scale[lo:hi] if q_scale is not None else None, config=cfg, hist=hist, w_scale=w_scale,
+               w_dtype=w_dtype)
         select(scores, part.visible, idx[lo:hi], E, candidates=cands, block=block, config=cfg, hist=hist)
         if publish:
             select(bscores, part.visible, blocks[lo:hi], NB, per=block, config=cfg)

@@ -42,6 +42,17 @@ def e4m3_round(v):
 
 
 @triton.jit
+def quantize_rows(x):
+    """Activation groups [R, G] quantized as act_quant does, per row: amax floored at 1e-4, power-of-two scale, e4m3
+    RNE. Returns (the e4m3 values, the float32 scales [R]): kernels that quantize their own inputs (fp8_gemv) or
+    outputs (fp8_gemv's finish, norm.py) call it."""
+    xf = x.to(tl.float32)
+    x_scale = pow2_ceil(tl.maximum(tl.max(tl.abs(xf), 1), 1e-4) / 448.0)
+    xq = e4m3_round(tl.minimum(tl.maximum(xf / x_scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
+    return xq, x_scale
+
+
+@triton.jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_qm, stride_sm,
                       GROUP: tl.constexpr, PAIRS: tl.constexpr, SIMULATE: tl.constexpr, PDL: tl.constexpr = False):
     """One program quantizes PAIRS (row, group) pairs: a [PAIRS, GROUP] tile, amax per tile row."""
