@@ -450,18 +450,18 @@ if [[ $what == ninth2 ]]; then  # the ninth session's second call: wo_a's quanti
     --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1.log" \
     | grep -E "ceilings|graph"
 fi
-if [[ $what == bisect ]]; then  # the graphed V4 step at batch 1 with fusions turned off (V4SERVE_UNFUSE, ops/backend.py):
-  # BISECT="label:names ..." (names comma-separated, "-" none), and with $AB_BASE (a snapshot of another commit carried
-  # beside this one, e.g. ../.snap_base) as "base" first and last when given, so that the machine's drift shows
-  graphed_ab() {  # label, src root, unfuse
+if [[ $what == bisect ]]; then  # the graphed V4 step at batch 1 with the opt-in fusions (V4SERVE_FUSIONS, ops/backend.py)
+  # on one at a time: BISECT="label:names ..." (names comma-separated, "-" none, "all"), with $AB_BASE (a snapshot of
+  # another commit carried beside this one, e.g. ../.snap_base) as "base" first and last when given (the drift)
+  graphed_ab() {  # label, src root, fusions
     echo "== $1"
-    V4SERVE_UNFUSE=${3#-} PYTHONPATH=/tmp/site:$2/src timeout ${AB_TIMEOUT:-65} python3 $2/benchmarks/profile_step.py \
+    V4SERVE_FUSIONS=${3#-} PYTHONPATH=/tmp/site:$2/src timeout ${AB_TIMEOUT:-65} python3 $2/benchmarks/profile_step.py \
       v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
       | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/ab-$1.log" | grep -E "graph"
   }
   [[ -n ${AB_BASE:-} ]] && graphed_ab base "$AB_BASE" -
-  for v in ${BISECT:-on:- off:all no-norm-quant:norm_quant no-quant-out:gemv_quant_out no-early-window:early_window \
-             no-head-round:head_weight_round}; do
+  for v in ${BISECT:-none:- all:all norm_quant:norm_quant gemv_quant_out:gemv_quant_out early_window:early_window \
+             head_weight_round:head_weight_round none2:-}; do
     graphed_ab "${v%%:*}" "$PWD" "${v#*:}"
   done
   [[ -n ${AB_BASE:-} ]] && graphed_ab base2 "$AB_BASE" -

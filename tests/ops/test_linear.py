@@ -441,7 +441,8 @@ def test_grouped_output_quantized_for_its_consumer(M: int, block: int, monkeypat
     writes e4m3 values and scales as it finishes the output, bit for bit what quantizing its bf16 output gives, split-K
     or not, groups inside a tile or across tiles (for any rows when asked directly; by default up to QUANT_OUT_ROWS);
     more rows, the general GEMM (65) and groups that do not tile N give the plain output; the reference quantizes its
-    own output. Flattened, it feeds the consumer as its plain output would."""
+    own output. Flattened, it feeds the consumer as its plain output would. (On only with V4SERVE_FUSIONS naming it.)"""
+    monkeypatch.setenv("V4SERVE_FUSIONS", "gemv_quant_out")
     g = torch.Generator().manual_seed(11 * M + block)
     G, N, K = (8, 1024, 4096) if GPU else (4, 128, 256)
     w, s = fp8_weight(G * N, K, block, g)
@@ -482,7 +483,7 @@ def test_grouped_output_quantized_for_its_consumer(M: int, block: int, monkeypat
                        linear(plain.flatten(1), w2, s2, block, block, backend.TRITON))
     with pytest.raises(ValueError, match="cannot quantize"):
         fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, quant_out=48)
-    monkeypatch.setenv("V4SERVE_UNFUSE", "gemv_quant_out")  # the A/B switch: the plain output
+    monkeypatch.setenv("V4SERVE_FUSIONS", "norm_quant")  # the switch: the plain output unless gemv_quant_out is on
     assert torch.equal(grouped_linear(x, w, s, block, 0, backend.TRITON, quant_out=block), plain)
 
 

@@ -54,18 +54,21 @@ def use(name: str) -> Iterator[None]:
         _current.reset(token)
 
 
-# Fusions of neighbouring launches that an A/B run may turn off one by one: V4SERVE_UNFUSE=name[,name...] (names
-# below; "all" for every one). Each pair of paths gives the same values (tests/ops); only the launches differ.
+# Fusions of neighbouring launches, opt-in by name until each is shown not to slow the graphed step: V4SERVE_FUSIONS=
+# name[,name...] ("all": every one). Each gives the values of the launches it replaces (tests/ops, tests/models/
+# test_fusions.py); only the launches differ. All together they took the V4 step from 1,255 to 1,092 launches but its
+# graph replay from 9.84-9.87 to 10.08-10.12 ms (H200, benchmarks/RESULTS.md, ninth session): off by default until
+# `gpu_session.sh bisect` finds which of them cost time.
 FUSIONS = ("norm_quant", "gemv_quant_out", "early_window", "head_weight_round")
-UNFUSE_ENV = "V4SERVE_UNFUSE"
+FUSIONS_ENV = "V4SERVE_FUSIONS"
 
 
 def fused(name: str) -> bool:
-    """Whether fusion `name` (FUSIONS) is on: unless V4SERVE_UNFUSE names it (or says "all")."""
+    """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all")."""
     if name not in FUSIONS:
         raise ValueError(f"unknown fusion {name!r}; expected one of {FUSIONS}")
-    off = {v.strip() for v in os.environ.get(UNFUSE_ENV, "").split(",") if v.strip()}
-    unknown = off - set(FUSIONS) - {"all"}
+    on = {v.strip() for v in os.environ.get(FUSIONS_ENV, "").split(",") if v.strip()}
+    unknown = on - set(FUSIONS) - {"all"}
     if unknown:
-        raise ValueError(f"{UNFUSE_ENV} names unknown fusions {sorted(unknown)}; expected any of {FUSIONS} or all")
-    return name not in off and "all" not in off
+        raise ValueError(f"{FUSIONS_ENV} names unknown fusions {sorted(unknown)}; expected any of {FUSIONS} or all")
+    return name in on or "all" in on

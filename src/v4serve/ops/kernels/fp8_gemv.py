@@ -210,7 +210,7 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
 # Up to this many rows the grouped wo_a quantizes its output for wo_b in its finish (H200, `fp8_gemm.py --wo-a-quant`,
 # in isolation: V4 M=1 17.2 us vs 16.7 for the GEMV + act_quant, M=8 17.6 vs 17.5, M=32 27.2 vs 21.1; V4.1 M=1 20.3
 # vs 21.2, M=8 21.4 vs 22.5, M=32 31.0 vs 26.8): the finishing program's wider tail costs more than the launch it
-# saves once the tile holds many rows. V4SERVE_UNFUSE=gemv_quant_out turns it off (A/B runs, ops/backend.fused).
+# saves once the tile holds many rows. On with V4SERVE_FUSIONS=gemv_quant_out (ops/backend.fused).
 QUANT_OUT_ROWS = 16
 
 
