@@ -9,6 +9,7 @@ constructed and hands it to its entry point on each call. Model code never branc
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -67,8 +68,15 @@ def fused(name: str) -> bool:
     """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all")."""
     if name not in FUSIONS:
         raise ValueError(f"unknown fusion {name!r}; expected one of {FUSIONS}")
-    on = {v.strip() for v in os.environ.get(FUSIONS_ENV, "").split(",") if v.strip()}
+    on = _fusions_on(os.environ.get(FUSIONS_ENV, ""))
+    return name in on or "all" in on
+
+
+@functools.lru_cache(maxsize=16)
+def _fusions_on(value: str) -> frozenset[str]:
+    """The names in a V4SERVE_FUSIONS value (parsed once per value: the layers ask on every eager step)."""
+    on = frozenset(v.strip() for v in value.split(",") if v.strip())
     unknown = on - set(FUSIONS) - {"all"}
     if unknown:
         raise ValueError(f"{FUSIONS_ENV} names unknown fusions {sorted(unknown)}; expected any of {FUSIONS} or all")
-    return name in on or "all" in on
+    return on
