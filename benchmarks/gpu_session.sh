@@ -452,12 +452,16 @@ if [[ $what == ninth2 ]]; then  # the ninth session's second call: wo_a's quanti
 fi
 if [[ $what == bisect ]]; then  # the graphed V4 step at batch 1 with the opt-in fusions (V4SERVE_FUSIONS, ops/backend.py)
   # on one at a time: BISECT="label:names ..." (names comma-separated, "-" none, "all"), with $AB_BASE (a snapshot of
-  # another commit carried beside this one, e.g. ../.snap_base) as "base" first and last when given (the drift)
+  # another commit carried beside this one, e.g. ../.snap_base) as "base" first and last when given (the drift);
+  # REPLAY_TRACE=3 also traces this tree's replays kernel by kernel (profile_step.py --replay-trace: where the
+  # replay's time goes, by kernel and by the idle seams before them)
   graphed_ab() {  # label, src root, fusions
     echo "== $1"
+    local trace=""  # this tree's replays traced kernel by kernel too (REPLAY_TRACE=N; the base has no such option)
+    [[ $2 == "$PWD" && -n ${REPLAY_TRACE:-} ]] && trace="--replay-trace $REPLAY_TRACE --out $OUT/trace-$1"
     V4SERVE_FUSIONS=${3#-} PYTHONPATH=/tmp/site:$2/src timeout ${AB_TIMEOUT:-65} python3 $2/benchmarks/profile_step.py \
-      v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
-      | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/ab-$1.log" | grep -E "graph"
+      v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 $trace 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/ab-$1.log" | grep -E "graph|replay span"
   }
   [[ -n ${AB_BASE:-} ]] && graphed_ab base "$AB_BASE" -
   for v in ${BISECT:-none:- all:all norm_quant:norm_quant gemv_quant_out:gemv_quant_out early_window:early_window \

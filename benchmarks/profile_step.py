@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import floors  # noqa: E402
+import replay_trace  # noqa: E402
 from decoding import start_decoding  # noqa: E402
 
 from v4serve.engine.config import EngineConfig  # noqa: E402
@@ -143,6 +144,22 @@ def replay_ms(eng: LLMEngine, batch: int, n: int = 20) -> float:
     return start.elapsed_time(end) / n
 
 
+def trace_replays(eng: LLMEngine, batch: int, n: int) -> dict:
+    """replay_trace.attribute over n replays of the captured decode graph, each profiled on its own (ns)."""
+    g = eng.runner.graphs.graphs[eng.runner.graphs.bucket(batch)]
+    g.replay()
+    torch.cuda.synchronize()
+    replays = []
+    for _ in range(n):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            g.replay()
+            torch.cuda.synchronize()
+        spans = [(e.name(), e.start_ns(), e.end_ns()) for e in prof.profiler.kineto_results.events()
+                 if e.device_type() == torch.autograd.DeviceType.CUDA and not e.name().startswith("v4serve.")]
+        replays.append(replay_trace.attribute(spans))
+    return replay_trace.merge(replays)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -158,6 +175,9 @@ def main() -> int:
                     help="also time graphed decode steps (a second engine)")
     ap.add_argument("--top", type=int, default=0, help="also list the N costliest decode kernels (GPU)")
     ap.add_argument("--graph-only", action="store_true", help="only the CUDA-graph step time (A/B runs)")
+    ap.add_argument("--replay-trace", type=int, default=0,
+                    help="with --graph-only: trace N graph replays kernel by kernel (replay_trace.py: each kernel's "
+                         "exposed time and the idle time before it)")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -201,6 +221,13 @@ def main() -> int:
         ms = timed_steps(geng, max(args.steps, 10))
         print(f"decode with CUDA graphs: {ms:.2f} ms/step, of which the graph replay alone "
               f"{replay_ms(geng, args.batch):.2f} ms (V4SERVE_PDL={os.environ.get('V4SERVE_PDL', '1')})", flush=True)
+        if args.replay_trace:
+            trace = trace_replays(geng, args.batch, args.replay_trace)
+            print("\n".join(replay_trace.table(trace, top=max(args.top, 25))), flush=True)
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, f"replay-trace-{args.model}-b{args.batch}.json"), "w") as f:
+                    json.dump(trace, f, indent=1)
         return 0
     eng = engine(eager=True)
     c = eng.model_config
