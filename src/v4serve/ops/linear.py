@@ -110,8 +110,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
                    ) -> torch.Tensor | quant.Quantized:
     """x [T, G, K], W [G*N, K] (G independent projections stacked, e.g. V4's grouped `wo_a`) -> [T, G, N]. With
     `quant_out`, the output may come quantized per 1 x quant_out for the GEMM that consumes it (V4's `wo_b`) as a
-    quant.Quantized: where the decode kernel writes it from its accumulators (no launch of its own), and on the
-    reference path whenever quant_out groups tile N; otherwise the plain output, which its consumer quantizes."""
+    quant.Quantized, when the `gemv_quant_out` fusion is on (ops/backend.fused): where the decode kernel writes it from
+    its accumulators (no launch of its own), and on the reference path whenever quant_out groups tile N; otherwise the
+    plain output, which its consumer quantizes."""
     with family("linear"):
         if backend == kernels.TRITON:
             from .kernels import fp8_gemm
@@ -119,7 +120,9 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
             if fp8_gemm.supports(x, weight):
                 return fp8_gemm.grouped_linear(x, weight, scale, block, act_group, quant_out)
         y = grouped_linear_reference(x, weight, scale, block, act_group)
-        return quant.fp8_rows(y, quant_out) if quant_out and y.shape[-1] % quant_out == 0 else y
+        if quant_out and y.shape[-1] % quant_out == 0 and kernels.fused("gemv_quant_out"):
+            return quant.fp8_rows(y, quant_out)
+        return y
 
 
 # ------------------------------------------------------------------------------------------------

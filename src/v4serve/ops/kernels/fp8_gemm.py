@@ -19,10 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant import Quantized
 from . import fp8_gemv, interpreting
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from ..quant import Quantized
 from .quant import act_quant, act_simulate
 from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 
