@@ -88,9 +88,9 @@ class V4Attention(nn.Module):
         T, H, hd = step.num_tokens, c.n_heads, c.head_dim
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)
-        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr quantized for wq_b by the norm's launch
+        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
         q = self.wq_b(q_in).view(T, H, hd)  # normalised per head and rotated inside the attention
-        store = ctx.early_window_store(self.layer)  # decode steps: the window rows stored by their finish
+        store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
                          c.rope_dim, *store, backend=self.backend)
 
@@ -116,7 +116,7 @@ class V4Attention(nn.Module):
                        self.backend)
             if store[0] is None:
                 ctx.write_window(self.layer, kv, self.backend)
-        # [T, g, o_lora_rank], quantized for wo_b by wo_a's own launch
+        # [T, g, o_lora_rank] (quantized for wo_b by wo_a's launch with gemv_quant_out)
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1), quant_out=self.wo_b.act_group)
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 

@@ -73,7 +73,7 @@ class V41Attention(nn.Module):
 
     def _queries_from(self, qa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr quantized for wq_b by the norm's launch
+        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
         return self.wq_b(q_in).view(qa.shape[0], c.n_heads, c.head_dim), qr
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,7 +93,7 @@ class V41Attention(nn.Module):
     def project_output(self, o: torch.Tensor) -> torch.Tensor:
         """The grouped output projection of attention outputs already rotated back."""
         c = self.config
-        # [T, g, o_lora_rank], quantized for wo_b by wo_a's own launch
+        # [T, g, o_lora_rank] (quantized for wo_b by wo_a's launch with gemv_quant_out)
         o = self.wo_a.grouped(o.reshape(o.shape[0], c.o_groups, -1), quant_out=self.wo_b.act_group)
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
@@ -105,7 +105,7 @@ class V41Attention(nn.Module):
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)  # wq_a and wkv
         q, qr = self._queries_from(qa)  # rotated inside the attention
-        store = ctx.early_window_store(self.layer)  # decode steps: the window rows stored by their finish
+        store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = self._window_kv_from(kva, cos, sin, *store)
         entries = None
         if self.ratio:

@@ -156,7 +156,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
         if last_to_arrive(cnt_ptr + tile // TILES, SPLITS * TILES):
             # the partials in split order, per column: the sums of the plain output, bit for bit, whoever came last
             c = tl.arange(0, BN * TILES)
-            parts = part_ptr + (first + c // BN)[None, :] * (SPLITS * BM * BN) + offs_m[:, None] * BN + (c % BN)[None, :]
+            parts = (part_ptr + (first + c // BN)[None, :] * (SPLITS * BM * BN) + offs_m[:, None] * BN
+                     + (c % BN)[None, :])
             total = tl.zeros((BM, BN * TILES), dtype=tl.float32)
             for s in tl.static_range(SPLITS):
                 total += tl.load(parts + s * (BM * BN), cache_modifier=".cg")
