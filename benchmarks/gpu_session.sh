@@ -469,6 +469,8 @@ if [[ $what == bisect ]]; then  # the graphed V4 step at batch 1 with the opt-in
     graphed_ab "${v%%:*}" "$PWD" "${v#*:}"
   done
   [[ -n ${AB_BASE:-} ]] && graphed_ab base2 "$AB_BASE" -
+  timeout 60 python3 benchmarks/kernels/norm.py --fp8 128 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/norm_fp8.log" | grep -E "ceiling|decode"  # norm_quant's kernel alone (never timed yet)
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

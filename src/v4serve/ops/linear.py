@@ -75,24 +75,21 @@ def linear(x: torch.Tensor | quant.Quantized, weight: torch.Tensor, scale: torch
     against a bf16 weight (the compressors) gives exact products summed in float32 either way. x may come quantized
     by its producer (quant.Quantized, the activation quantization this weight applies): the same result, one launch
     fewer on the kernels' path."""
-    if isinstance(x, quant.Quantized):
-        if x.group != act_group:
-            raise ValueError(f"activations quantized per {x.group} for a linear that quantizes per {act_group}")
-        with family("linear"):
-            if backend == kernels.TRITON and out_dtype in (None, x.dtype):
-                from .kernels import fp8_gemm
-
-                if fp8_gemm.supports_quantized(x, weight, block, act_group):
-                    return fp8_gemm.linear_quantized(x, weight, scale, block)
-        x = x.dequantize()  # the same values, and quantized again to the same ones (quant.Quantized)
-    if out_dtype is not None and out_dtype.itemsize < x.dtype.itemsize:
-        raise ValueError(f"out_dtype {out_dtype} is narrower than x's {x.dtype}: cast x instead")
+    given = isinstance(x, quant.Quantized)
+    if given and x.group != act_group:
+        raise ValueError(f"activations quantized per {x.group} for a linear that quantizes per {act_group}")
     with family("linear"):
         if backend == kernels.TRITON:
             from .kernels import fp8_gemm
 
-            if fp8_gemm.supports(x, weight):
-                return fp8_gemm.linear(x, weight, scale, block, act_group, out_dtype)
+            if given and out_dtype in (None, x.dtype) and fp8_gemm.supports_quantized(x, weight, block, act_group):
+                return fp8_gemm.linear_quantized(x, weight, scale, block)
+        if given:
+            x = x.dequantize()  # the same values, and quantized again to the same ones (quant.Quantized)
+        if out_dtype is not None and out_dtype.itemsize < x.dtype.itemsize:
+            raise ValueError(f"out_dtype {out_dtype} is narrower than x's {x.dtype}: cast x instead")
+        if backend == kernels.TRITON and fp8_gemm.supports(x, weight):
+            return fp8_gemm.linear(x, weight, scale, block, act_group, out_dtype)
         return linear_reference(x, weight, scale, block, act_group, out_dtype)
 
 

@@ -198,12 +198,9 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     w_fp8 = weight.dtype == torch.float8_e4m3fn
     half = x3.dtype in (torch.bfloat16, torch.float16)
     a_fp8 = xs is not None or (bool(act_group) and half and w_fp8 and act_group == block)
-    if xs is not None:
-        pass  # quantized by its producer
-    elif a_fp8:
-        xq, xs = act_quant(x3, block)
-        x3 = xq
-    elif act_group:
+    if a_fp8 and xs is None:  # (xs given: quantized by its producer)
+        x3, xs = act_quant(x3, block)
+    elif not a_fp8 and act_group:
         x3 = act_simulate(x3, act_group)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()

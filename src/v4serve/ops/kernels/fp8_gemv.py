@@ -145,8 +145,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
     # a quantization group wider than a tile spans TILES tiles: the last of all their programs finishes it
     TILES: tl.constexpr = QG // BN if QG > BN else 1
     if SPLITS == 1 and TILES == 1:
-        _store_out(acc, y_ptr, ys_ptr, offs_m, offs_n, g, m_ok, N, stride_ym, stride_yg, stride_ysm, stride_ysg, BM, BN,
-                   QG, OUT_DT)
+        _store_out(acc, y_ptr, ys_ptr, offs_m, pid_n * BN, g, m_ok, N, stride_ym, stride_yg, stride_ysm, stride_ysg, BM,
+                   BN, QG, OUT_DT)
     else:
         tile = g * tl.num_programs(0) + pid_n
         slot = (offs_m[:, None] * BN + tl.arange(0, BN)[None, :])
@@ -161,17 +161,18 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
             total = tl.zeros((BM, BN * TILES), dtype=tl.float32)
             for s in tl.static_range(SPLITS):
                 total += tl.load(parts + s * (BM * BN), cache_modifier=".cg")
-            _store_out(total, y_ptr, ys_ptr, offs_m, (first - g * tl.num_programs(0)) * BN + c, g, m_ok, N, stride_ym,
+            _store_out(total, y_ptr, ys_ptr, offs_m, (first - g * tl.num_programs(0)) * BN, g, m_ok, N, stride_ym,
                        stride_yg, stride_ysm, stride_ysg, BM, BN * TILES, QG, OUT_DT)
             tl.store(cnt_ptr + tile // TILES, 0)  # ready for the next launch / graph replay
 
 
 @triton.jit
-def _store_out(acc, y_ptr, ys_ptr, offs_m, offs_n, g, m_ok, N, stride_ym, stride_yg, stride_ysm, stride_ysg,
+def _store_out(acc, y_ptr, ys_ptr, offs_m, col0, g, m_ok, N, stride_ym, stride_yg, stride_ysm, stride_ysg,
                BM: tl.constexpr, W: tl.constexpr, QG: tl.constexpr, OUT_DT: tl.constexpr):
-    """Finished output columns offs_n [W] (acc [BM, W]) in the output dtype, or (QG > 0, groups whole: W % QG == 0 and
-    offs_n starting on a group) rounded to it (OUT_DT) and then quantized per 1 x QG as kernels/quant.act_quant would
+    """Finished output columns col0 .. col0 + W - 1 (acc [BM, W]) in the output dtype, or (QG > 0, groups whole:
+    W % QG == 0, col0 on a group) rounded to it (OUT_DT) and then quantized per 1 x QG as kernels/quant.act_quant would
     quantize the rounded output: e4m3 values and float32 scales. Rows past M and columns past N are not stored."""
+    offs_n = col0 + tl.arange(0, W)
     y = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
     out_ok = m_ok[:, None] & (offs_n < N)[None, :]
     if QG == 0:
@@ -181,7 +182,7 @@ def _store_out(acc, y_ptr, ys_ptr, offs_m, offs_n, g, m_ok, N, stride_ym, stride
         v = tl.reshape(acc.to(OUT_DT).to(tl.float32), (BM * NG, QG))
         q, scale = quantize_rows(v)
         tl.store(y, tl.reshape(q, (BM, W)), mask=out_ok)
-        grp = tl.min(offs_n, 0) // QG + tl.arange(0, NG)
+        grp = col0 // QG + tl.arange(0, NG)
         ys = ys_ptr + offs_m[:, None] * stride_ysm + g * stride_ysg + grp[None, :]
         tl.store(ys, tl.reshape(scale, (BM, NG)), mask=m_ok[:, None] & (grp * QG < N)[None, :])
 
@@ -215,12 +216,16 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
 QUANT_OUT_ROWS = 16
 
 
+def _groups_tile(N: int, quant_out: int) -> bool:
+    """Groups of a power-of-two size that tile a projection's N (so a tile holds whole groups, or a group whole
+    tiles)."""
+    return quant_out > 0 and quant_out & (quant_out - 1) == 0 and N % quant_out == 0
+
+
 def quantizes_output(weight: torch.Tensor, G: int, quant_out: int, M: int = 1) -> bool:
-    """Whether `run` quantizes its output per 1 x quant_out in its finish for M rows: groups of a power-of-two size
-    that tile each projection's N (a tile holds whole groups, or a group whole tiles), up to QUANT_OUT_ROWS rows."""
-    N = weight.shape[0] // G
-    return (quant_out > 0 and quant_out & (quant_out - 1) == 0 and N % quant_out == 0 and M <= QUANT_OUT_ROWS
-            and fused("gemv_quant_out"))
+    """Whether `run` quantizes its output per 1 x quant_out in its finish for M rows by default: groups that tile each
+    projection's N, up to QUANT_OUT_ROWS rows, with the gemv_quant_out fusion on."""
+    return _groups_tile(weight.shape[0] // G, quant_out) and M <= QUANT_OUT_ROWS and fused("gemv_quant_out")
 
 
 def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
@@ -236,7 +241,7 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     scaled = weight.dtype == torch.float8_e4m3fn
     if not scaled:  # no scale blocks: K tiles of 128, one dot each
         block, act_group, scale = 128, 0, weight
-    if quant_out and (quant_out & (quant_out - 1) or N % quant_out):
+    if quant_out and not _groups_tile(N, quant_out):
         raise ValueError(f"cannot quantize outputs of {N} columns per {quant_out}")
     y = torch.empty(M, G, N, dtype=torch.float8_e4m3fn if quant_out else out_dtype, device=x3.device)
     ys = torch.empty(M, G, N // quant_out, dtype=torch.float32, device=x3.device) if quant_out else y

@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from ..precision import hi_lo
-from . import interpreting
 from ..quant import Quantized
+from . import interpreting
 from .finish import cast_rounded, rms_inv, widen
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch

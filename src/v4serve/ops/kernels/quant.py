@@ -44,8 +44,8 @@ def e4m3_round(v):
 @triton.jit
 def quantize_rows(x):
     """Activation groups [R, G] quantized as act_quant does, per row: amax floored at 1e-4, power-of-two scale, e4m3
-    RNE. Returns (the e4m3 values, the float32 scales [R]): kernels that quantize their own inputs (fp8_gemv) or
-    outputs (fp8_gemv's finish, norm.py) call it."""
+    RNE. Returns (the e4m3 values, the float32 scales [R]): act_quant's kernel, and the kernels that quantize their own
+    inputs (fp8_gemv) or outputs (fp8_gemv's finish, norm.py)."""
     xf = x.to(tl.float32)
     x_scale = pow2_ceil(tl.maximum(tl.max(tl.abs(xf), 1), 1e-4) / 448.0)
     xq = e4m3_round(tl.minimum(tl.maximum(xf / x_scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
@@ -61,10 +61,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_
     ok = p < n_pairs
     row, grp = p // n_groups, p % n_groups
     cols = grp[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
-    x = tl.load(x_ptr + row[:, None] * stride_xm + cols, mask=ok[:, None], other=0.0).to(tl.float32)
-    amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-4)
-    scale = pow2_ceil(amax / 448.0)
-    q = e4m3_round(tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
+    q, scale = quantize_rows(tl.load(x_ptr + row[:, None] * stride_xm + cols, mask=ok[:, None], other=0.0))
     if SIMULATE:  # quant-dequant round trip in x's dtype
         tl.store(q_ptr + row[:, None] * stride_qm + cols,
                  (q.to(tl.float32) * scale[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
