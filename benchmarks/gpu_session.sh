@@ -472,6 +472,33 @@ if [[ $what == bisect ]]; then  # the graphed V4 step at batch 1 with the opt-in
   timeout 60 python3 benchmarks/kernels/norm.py --fp8 128 --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/norm_fp8.log" | grep -E "ceiling|decode"  # norm_quant's kernel alone (never timed yet)
 fi
+if [[ $what == tenth1 ]]; then  # the MoE's fp8 decode body (W4A8 on FP8 wgmma): GPU tests, microbenchmark, step A/B
+  timeout -s INT 170 python3 -m pytest tests/ops/test_moe.py -k "fp8 or e4m3 or flash or graph or ptx" -q \
+    -p no:cacheprovider -o addopts="" --tb=short -rf 2>&1 | tee "$OUT/moe_tests.log" \
+    | grep -E "^E |^FAILED|passed|failed|Error" | head -12
+  timeout 170 python3 benchmarks/kernels/moe.py --variants default,swap,fp8,fp8-s4,fp8-w8,fp8-k64s4 --no-reference \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/moe_bench.log" | grep -E "^T=|relative|ceilings"
+  for v in dot fp8 dot fp8; do  # the graphed V4 step at batch 1, interleaved
+    echo "== b1 $v"
+    V4SERVE_MOE_DECODE_BODY=$v timeout ${AB_TIMEOUT:-60} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
+      --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/step_ab.log" | grep -E "graph"
+  done
+  for v in dot fp8; do
+    echo "== b32 $v"
+    V4SERVE_MOE_DECODE_BODY=$v timeout ${AB_TIMEOUT:-80} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 \
+      --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/step_ab.log" | grep -E "graph"
+  done
+fi
+if [[ $what == traces ]]; then  # where the graphed V4 step's replay goes, kernel by kernel, at batch 32 and 1
+  for b in ${TRACE_BATCHES:-32 1}; do
+    timeout ${AB_TIMEOUT:-100} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b --context 2048 --steps 10 \
+      --graph-only --kv-cache-memory 8589934592 --replay-trace 3 --top 40 --out "$OUT" 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/trace-b$b.log"
+    head -30 "$OUT/trace-b$b.log"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -14,12 +14,15 @@ from collections import defaultdict
 
 def attribute(spans: list[tuple[str, float, float]]) -> dict:
     """spans: (name, start, end) of one replay's kernels in any order (any time unit) -> {"span", "busy", "idle",
-    "kernels": {name: {"count", "duration", "idle_before", "exposed"}}}; idle + sum of exposed == span."""
+    "kernels": {name: {"count", "duration", "idle_before", "exposed"}}, "sequence": [[name, duration, exposed,
+    idle_before] per kernel in start order]}; idle + sum of exposed == span. The sequence tells the launches of one
+    kernel apart (the decode GEMV runs every projection of a layer) by their place in the step."""
     spans = sorted(spans, key=lambda s: (s[1], s[2]))
     per: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "duration": 0.0, "idle_before": 0.0,
                                                             "exposed": 0.0})
     frontier = spans[0][1] if spans else 0.0
     idle = 0.0
+    sequence = []
     for name, start, end in spans:
         k = per[name]
         k["count"] += 1
@@ -27,14 +30,16 @@ def attribute(spans: list[tuple[str, float, float]]) -> dict:
         gap = max(0.0, start - frontier)
         k["idle_before"] += gap
         idle += gap
-        k["exposed"] += max(0.0, end - max(start, frontier))
+        exposed = max(0.0, end - max(start, frontier))
+        k["exposed"] += exposed
         frontier = max(frontier, end)
+        sequence.append([name, end - start, exposed, gap])
     span = (frontier - spans[0][1]) if spans else 0.0
-    return {"span": span, "busy": span - idle, "idle": idle, "kernels": dict(per)}
+    return {"span": span, "busy": span - idle, "idle": idle, "kernels": dict(per), "sequence": sequence}
 
 
 def merge(replays: list[dict]) -> dict:
-    """The mean of attribute() over replays."""
+    """The mean of attribute() over replays (the first replay's sequence)."""
     n = max(1, len(replays))
     out = {key: sum(r[key] for r in replays) / n for key in ("span", "busy", "idle")}
     kernels: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -43,6 +48,7 @@ def merge(replays: list[dict]) -> dict:
             for key, v in k.items():
                 kernels[name][key] += v / n
     out["kernels"] = {name: dict(k) for name, k in kernels.items()}
+    out["sequence"] = replays[0]["sequence"] if replays else []
     return out
 
 

@@ -106,6 +106,12 @@ VARIANTS = {
         "swap-n256w8": lambda t: body(t, "swap", block_n=256, num_warps=8),
         "swap-s4": lambda t: body(t, "swap", num_stages=4),
         "swap-w8": lambda t: body(t, "swap", num_warps=8),
+        # fp8 = W4A8: FP4 bytes -> e4m3 in registers, FP8 wgmma per 32-group with both scales on the product
+        "fp8": lambda t: body(t, "fp8"),
+        "fp8-k64s4": lambda t: body(t, "fp8", block_k=64, num_stages=4),
+        "fp8-s4": lambda t: body(t, "fp8", num_stages=4),
+        "fp8-w8": lambda t: body(t, "fp8", num_warps=8),
+        "fp8-n256w8": lambda t: body(t, "fp8", block_n=256, num_warps=8),
         "fma": lambda t: body(t, "fma"),  # block_m from the rows per expert hit
         "fma-m1": lambda t: body(t, "fma", 1),
         "fma-m1-k128w4": lambda t: body(t, "fma", 1, block_n=128, block_k=128, num_warps=4),
@@ -238,22 +244,29 @@ def compile_only(names: list[str] | None) -> None:
             gu, dn, dot = cfg.gate_up, cfg.down, cfg.body == "dot"
             quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
             body = {} if dot else {"BODY": cfg.body}
+            fp8 = cfg.body == "fp8"  # x and h as e4m3 bytes with float32 scales
+            act = {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"} if fp8 else {
+                "x_ptr": "*bf16", "h_ptr": "*bf16"}
             common_c = dict(BM=cfg.block_m, GROUP_M=cfg.group_m, G=ACT_GROUP, ASM=cfg.dequant != "bits", PREC="tf32",
                             ACC=tl.float32, F32=False, EVEN_K=True, PDL=True, **body)
             jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
-                     {n: "*bf16" for n in ("x_ptr", "h_ptr")} | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
+                     act | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
                      dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,
-                          CLAMP=LIMIT > 0, FINISH=False, **({} if dot else {"STAGES": gu.num_stages}))),
+                          CLAMP=LIMIT > 0, FINISH=False, **({} if dot else {"STAGES": gu.num_stages}),
+                          **({} if dot else {"HDT": tl.bfloat16 if fp8 else None}),
+                          **({} if dot or fp8 else {"xs_ptr": None, "hs_ptr": None}))),
                     ("down", mk._down_kernel if dot else moe_decode.down_kernel, dn,
-                     {"h_ptr": "*bf16", "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"},
+                     {"h_ptr": act["h_ptr"], "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"} | (
+                         {"hs_ptr": "*fp32"} if fp8 else {}),
                      dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
-                          QUANT_A=not quant_h, **({} if dot else {"STAGES": dn.num_stages})))]
+                          QUANT_A=not quant_h, **({} if dot else {"STAGES": dn.num_stages}),
+                          **({} if dot or fp8 else {"hs_ptr": None})))]
             for gemm_name, fn, gemm, ptrs, const in jobs:
                 key = (fn, gemm.num_warps, gemm.num_stages, tuple(sorted({**common_c, **const}.items(), key=str)))
                 if key in seen:
                     continue
                 seen.add(key)
-                ptrs = {n: "*u8" for n in fn.arg_names if n[:1] in "ws" and n.endswith("_ptr")} | {
+                ptrs = {n: "*u8" for n in fn.arg_names if n[:2] in ("w1", "w2", "w3", "s1", "s2", "s3")} | {
                     "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "cnt_ptr": "*i32"} | ptrs
                 try:
                     out = build(fn, ptrs, {**common_c, **const}, gemm)

@@ -1,4 +1,4 @@
-"""The opt-in launch fusions (ops/backend.fused, V4SERVE_FUSIONS): the switch itself, and the early store of decode
+"""The launch fusions (ops/backend.fused, V4SERVE_FUSIONS): the switch itself, and the early store of decode
 steps' window rows (models/v4/context.py early_window_store), which must give the same logits as the store after the
 attention, bit for bit, and skip that store's launch."""
 
@@ -16,7 +16,11 @@ from v4serve.ops import backend
 
 def test_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(backend.FUSIONS_ENV, raising=False)
-    assert not any(backend.fused(n) for n in backend.FUSIONS)  # opt-in
+    assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, False, True]  # the defaults
+    monkeypatch.setenv(backend.FUSIONS_ENV, "none")
+    assert not any(backend.fused(n) for n in backend.FUSIONS)
+    monkeypatch.setenv(backend.FUSIONS_ENV, "")
+    assert not any(backend.fused(n) for n in backend.FUSIONS)
     monkeypatch.setenv(backend.FUSIONS_ENV, "norm_quant, early_window")
     assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, True, False]
     monkeypatch.setenv(backend.FUSIONS_ENV, "all")
@@ -65,7 +69,7 @@ def test_decode_window_rows_stored_by_their_finish(preset: str, monkeypatch: pyt
     n_layers = preset_model(preset, dtype=torch.float64).config.n_layers
     assert calls[0] >= n_layers and calls[1:] == [0, 0, 0, 0]
     calls.clear()
-    monkeypatch.delenv(backend.FUSIONS_ENV)
+    monkeypatch.setenv(backend.FUSIONS_ENV, "none")
     late = _decode_logits(preset, calls)
     assert all(c >= n_layers for c in calls)
     assert torch.equal(early, late)
@@ -106,7 +110,7 @@ def test_every_fusion_on_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
     fused = decode([])
     assert calls["norm"] > 0 and calls["quant_out"] == 0
     calls.update(norm=0, quant_out=0)
-    monkeypatch.delenv(backend.FUSIONS_ENV)
+    monkeypatch.setenv(backend.FUSIONS_ENV, "none")
     plain = decode([])
     assert calls == {"norm": 0, "quant_out": 0}
     err = ((fused - plain).abs().max() / plain.abs().max()).item()

@@ -13,10 +13,13 @@ import os
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from sm90_compile import run_compile
 
 from v4serve.ops import moe, quant
 from v4serve.ops.kernels import moe as mk
+from v4serve.ops.kernels.moe_decode import _fp4_e4m3
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
 DEV = torch.device("cuda" if ON_GPU else "cpu")
@@ -135,13 +138,22 @@ def test_gate_up_split_k_finished_in_the_kernel(body, dtype, act_group, before):
         dataclasses.replace(cfg, finish="atomic")
 
 
-def test_default_config_selection():
+def test_default_config_selection(monkeypatch):
     # V4-Flash at T=1 hits 6 experts: K split so the grids fill the GPU; T=8 does not need it
+    monkeypatch.delenv(mk.DECODE_BODY_ENV, raising=False)
     one = mk.select_config(6, 256, 4096, 2048)
     assert (one.block_m, one.gate_up.split_k, one.down.split_k) == (16, 4, 2)
     assert mk.select_config(48, 256, 4096, 2048) == mk.DECODE and mk.select_config(8192 * 6, 256) is mk.PREFILL
     # the production decode tiles (larger than this problem): masks only
     check(3, 64, 32, 8, 2, torch.float32, 32, True, 1.0, config=None)
+    # the decode body from the environment (an A/B switch for the step), never for the prefill configs
+    monkeypatch.setenv(mk.DECODE_BODY_ENV, "fp8")
+    assert mk.select_config(6, 256).body == "fp8" and mk.select_config(8192 * 6, 256).body == "dot"
+    assert mk.decode_config(6, 256, body="dot").body == "dot"
+    check(3, 64, 32, 8, 2, torch.float32, 32, True, 1.0, config=None)
+    monkeypatch.setenv(mk.DECODE_BODY_ENV, "fma")
+    with pytest.raises(ValueError, match="one of dot, swap, fp8"):
+        mk.select_config(6, 256)
 
 
 def test_bf16():
@@ -215,6 +227,71 @@ def test_decode_bodies_bf16_and_poisoned_buffers(body, monkeypatch):
 
     monkeypatch.setattr(mk, "_empty", poisoned)
     check(9, 64, 32, 8, 2, torch.float32, 32, False, 1.0, config=BODIES[body], skew=1)
+
+
+FP8 = mk.MoeConfig(16, G(32, 64), G(32, 64), body="fp8")
+
+
+@pytest.fixture
+def fp8_taken(monkeypatch):
+    """Records whether each call's fp8 body applied (else it falls back to swap)."""
+    taken: list[bool] = []
+    real = mk._fp8_body_applies
+    monkeypatch.setattr(mk, "_fp8_body_applies", lambda *a: taken.append(real(*a)) or taken[-1])
+    return taken
+
+
+@pytest.mark.parametrize("case", ["one-token", "ragged", "tails", "split-k", "group-64"])
+def test_fp8_body(case, fp8_taken, monkeypatch):
+    """W4A8 on FP8 tensor cores (moe_decode.py "fp8"): FP4 bytes turned into e4m3 (value * 2^-6) in registers and the
+    FP8-simulated activations re-quantized to e4m3 per 32-group with their own scales, exactly; float32 sums (under
+    the interpreter the FP8 dot is exact, so float32's tolerance holds). On the GPU: bf16 within 4e-2 (the tensor
+    core's FP8 accumulation is not float32's; H200: the tails case 0.032 where bf16's 3e-2 holds the other bodies)."""
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    if ON_GPU:
+        monkeypatch.setitem(TOL, torch.bfloat16, 4e-2)
+    if case == "one-token":
+        check(1, 64, 32, 8, 2, dtype, 32, True, 1.0, config=FP8)
+    elif case == "ragged":  # a 20-row run over two 16-row blocks, the rest scattered
+        check(20, 64, 32, 8, 2, dtype, 32, False, 1.0, config=FP8, skew=3)
+    elif case == "tails":  # D=96 / I=64 against 64-wide K tiles: the last K tile's second 32-group is past K
+        check(7, 96, 64, 6, 3, dtype, 32, True, 0.0, config=FP8)
+    elif case == "split-k":  # partials summed by the tile's last program, and by the combine
+        check(5, 96, 64, 6, 3, dtype, 32, True, 2.0, config=dataclasses.replace(FP8, **SPLIT), skew=2)
+    else:  # act_group 64 over 64-wide gate-up tiles: each 32-slice re-quantized within its 64-group
+        check(6, 128, 64, 4, 2, dtype, 64, False, 1.0, config=mk.MoeConfig(16, G(64, 64), G(32, 64), body="fp8"))
+    assert fp8_taken and all(fp8_taken)
+
+
+def test_fp8_body_bf16_and_where_it_does_not_apply(fp8_taken):
+    check(6, 64, 32, 8, 2, torch.bfloat16, 32, True, 1.0, config=FP8)
+    assert fp8_taken == [True]
+    # no activation quantization, a group that 32-slices do not tile, h quantized in the down kernel: swap instead
+    check(5, 64, 32, 8, 2, torch.float32, 0, True, 1.0, config=FP8)
+    check(5, 128, 64, 4, 2, torch.float32, 64, False, 1.0, config=FP8)  # 64-groups > the 32-wide gate-up tile
+    assert fp8_taken == [True, False, False]
+    if not ON_GPU:
+        check(5, 64, 32, 8, 2, torch.float64, 32, True, 1.0, config=FP8)
+        assert fp8_taken[-1] is False
+
+
+@triton.jit
+def _e4m3_of_bytes(p_ptr, lo_ptr, hi_ptr, ASM: tl.constexpr):
+    offs = tl.arange(0, 256)
+    lo, hi = _fp4_e4m3(tl.load(p_ptr + offs), ASM)
+    tl.store(lo_ptr + offs, lo.to(tl.float32))
+    tl.store(hi_ptr + offs, hi.to(tl.float32))
+
+
+@pytest.mark.parametrize("asm", [False, True] if ON_GPU else [False])
+def test_fp4_to_e4m3_is_exact(asm):
+    """Every byte: the two e4m3 values from `_fp4_e4m3` (portable form; PTX on the GPU) are the e2m1 nibbles times
+    2^-6."""
+    p = torch.arange(256, dtype=torch.uint8, device=DEV)
+    lo, hi = torch.empty(256, device=DEV), torch.empty(256, device=DEV)
+    _e4m3_of_bytes[(1,)](p, lo, hi, ASM=asm)
+    table = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6] + [-0.0, -0.5, -1, -1.5, -2, -3, -4, -6], device=DEV)
+    assert torch.equal(lo * 64, table[(p & 15).long()]) and torch.equal(hi * 64, table[(p >> 4).long()])
 
 
 def test_decode_config():
@@ -317,7 +394,7 @@ def test_v4_flash_shapes_bf16(T):
 
 
 @gpu_only
-@pytest.mark.parametrize("body", ["swap", "fma"])
+@pytest.mark.parametrize("body", ["swap", "fma", "fp8"])
 @pytest.mark.parametrize("T", [1, 8, 64])
 def test_v4_flash_decode_bodies_bf16(body, T):
     # E=256, k=6 as released: T=1 hits 6 experts (split K), T=64 ~1.5 rows per expert hit (fma: 2-row blocks)
@@ -327,7 +404,7 @@ def test_v4_flash_decode_bodies_bf16(body, T):
 
 @gpu_only
 @pytest.mark.parametrize("T,body", [(1, "dot"), (8, "dot"), (512, "dot"), (1, "swap"), (64, "swap"), (1, "fma"),
-                                    (64, "fma")])
+                                    (64, "fma"), (1, "fp8"), (8, "fp8")])
 def test_ptx_dequant_matches_the_portable_one(T, body):
     experts = _flash_experts()
     x = torch.randn(T, 4096, device=DEV, dtype=torch.bfloat16)
@@ -340,8 +417,8 @@ def test_ptx_dequant_matches_the_portable_one(T, body):
 
 
 @gpu_only
-@pytest.mark.parametrize("T,body", [(1, "dot"), (8, "dot"), (1, "swap"), (8, "fma")])  # T=1 splits K
-def test_cuda_graph_replay(T, body):
+@pytest.mark.parametrize("T,body", [(1, "dot"), (8, "dot"), (1, "swap"), (8, "fma"), (1, "fp8"), (8, "fp8")])
+def test_cuda_graph_replay(T, body):  # T=1 splits K
     experts = _flash_experts()
     x = torch.randn(T, 4096, device=DEV, dtype=torch.bfloat16)
     weights, ids = routing(T, 6, 16, 5)
@@ -412,15 +489,21 @@ SM90_LOOP = """
 import json, re, triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from v4serve.ops.kernels import moe as mk
-cfg = mk.select_config(6, 256)  # one decode row, top-6 of 256 experts
+from v4serve.ops.kernels import moe as mk, moe_decode as md
+cfg = mk.select_config(6, 256, body="dot")  # one decode row, top-6 of 256 experts
 out = {}
 gu_ptrs = {"x_ptr": "*bf16", "h_ptr": "*bf16", "part_ptr": "*fp32", "rw_ptr": "*fp32", "limit": "fp32"}
 for name, fn, gemm, extra, ptrs in (
         ("gate_up", mk._gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True), gu_ptrs),
         ("gate_up+finish", mk._gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True,
                                                                 FINISH=True), gu_ptrs),
-        ("down", mk._down_kernel, cfg.down, dict(QUANT_A=False), {"h_ptr": "*bf16", "y_ptr": "*fp32"})):
+        ("down", mk._down_kernel, cfg.down, dict(QUANT_A=False), {"h_ptr": "*bf16", "y_ptr": "*fp32"}),
+        ("fp8 gate_up+finish", md.gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True,
+                                                                   FINISH=True, BODY="fp8", STAGES=3,
+                                                                   HDT=tl.bfloat16),
+         gu_ptrs | {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"}),
+        ("fp8 down", md.down_kernel, cfg.down, dict(QUANT_A=False, BODY="fp8", STAGES=3),
+         {"h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "y_ptr": "*fp32"})):
     const = dict(BM=cfg.block_m, BN=gemm.block_n, BK=gemm.block_k, GROUP_M=1, SPLIT=gemm.split_k, G=128, ASM=True,
                  PREC="tf32", ACC=tl.float32, F32=False, EVEN_K=True, **extra)
     sig, attrs = {}, {}
@@ -449,3 +532,6 @@ def test_decode_k_loop_loads_are_all_async_copies_on_sm90() -> None:
     assert loops["gate_up"] == {"sync": 0, "async": 5}, loops  # x, w1, w3, s1, s3
     assert loops["gate_up+finish"] == loops["gate_up"], loops  # the in-kernel split-K finish leaves the loop alone
     assert loops["down"] == {"sync": 0, "async": 3}, loops  # h, w2, s2
+    # the fp8 body: per 32-group of a 128-wide K tile, x's e4m3 rows and each weight's bytes; a tile's scales
+    assert loops["fp8 gate_up+finish"] == {"sync": 0, "async": 4 * 3 + 3}, loops  # + s1, s3, xs
+    assert loops["fp8 down"] == {"sync": 0, "async": 4 * 2 + 2}, loops  # + s2, hs

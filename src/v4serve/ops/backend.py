@@ -55,28 +55,32 @@ def use(name: str) -> Iterator[None]:
         _current.reset(token)
 
 
-# Fusions of neighbouring launches, opt-in by name until each is shown not to slow the graphed step: V4SERVE_FUSIONS=
-# name[,name...] ("all": every one). Each gives the values of the launches it replaces (tests/ops, tests/models/
-# test_fusions.py); only the launches differ. All together they took the V4 step from 1,255 to 1,092 launches but its
-# graph replay from 9.84-9.87 to 10.08-10.12 ms (H200, benchmarks/RESULTS.md, ninth session): off by default until
-# `gpu_session.sh bisect` finds which of them cost time.
+# Fusions of neighbouring launches, by name: V4SERVE_FUSIONS=name[,name...] ("all": every one, "none": none); unset,
+# the ones that the bisect found not to slow the graphed step (DEFAULT_FUSIONS). Each gives the values of the launches
+# it replaces (tests/ops, tests/models/test_fusions.py); only the launches differ. The graph replay of the V4 step at
+# batch 1 (H200, `gpu_session.sh bisect`, benchmarks/RESULTS.md, tenth session), 9.82 ms with none: norm_quant 9.80,
+# head_weight_round 9.81, gemv_quant_out 9.88, early_window 10.05 (the GEMM launches after the KV finish lose ~6 us a
+# layer, more than the window store's launch saves), all 10.07.
 FUSIONS = ("norm_quant", "gemv_quant_out", "early_window", "head_weight_round")
+DEFAULT_FUSIONS = ("norm_quant", "head_weight_round")
 FUSIONS_ENV = "V4SERVE_FUSIONS"
 
 
 def fused(name: str) -> bool:
-    """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all")."""
+    """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all"); unset, DEFAULT_FUSIONS."""
     if name not in FUSIONS:
         raise ValueError(f"unknown fusion {name!r}; expected one of {FUSIONS}")
-    on = _fusions_on(os.environ.get(FUSIONS_ENV, ""))
-    return name in on or "all" in on
+    return name in _fusions_on(os.environ.get(FUSIONS_ENV))
 
 
 @functools.lru_cache(maxsize=16)
-def _fusions_on(value: str) -> frozenset[str]:
-    """The names in a V4SERVE_FUSIONS value (parsed once per value: the layers ask on every eager step)."""
-    on = frozenset(v.strip() for v in value.split(",") if v.strip())
-    unknown = on - set(FUSIONS) - {"all"}
+def _fusions_on(value: str | None) -> frozenset[str]:
+    """The fusions a V4SERVE_FUSIONS value turns on (parsed once per value: the layers ask on every eager step)."""
+    if value is None:
+        return frozenset(DEFAULT_FUSIONS)
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
+    unknown = names - set(FUSIONS) - {"all", "none"}
     if unknown:
-        raise ValueError(f"{FUSIONS_ENV} names unknown fusions {sorted(unknown)}; expected any of {FUSIONS} or all")
-    return on
+        raise ValueError(f"{FUSIONS_ENV} names unknown fusions {sorted(unknown)}; expected any of {FUSIONS}, all or "
+                         "none")
+    return frozenset(FUSIONS) if "all" in names else names - {"none"}

@@ -16,7 +16,9 @@ each K tile is two dots, (A even columns) x (low nibbles) + (A odd columns) x (h
 bf16 on CUDA dequantizes in PTX on 32-bit words (`_fp4_asm`, 2.5 instructions per value: decode is bound by this
 issue rate as much as by HBM); float32/float64 and the interpreter use plain bit arithmetic (`_fp4_bits`).
 FP8 simulation (e4m3, 1 x act_group, power-of-two scales) is bit-identical to `quant.fp8_simulate`.
-`MoeConfig.body` picks the GEMMs' inner product: "dot" (here), or the decode bodies "swap" / "fma" (moe_decode.py).
+`MoeConfig.body` picks the GEMMs' inner product: "dot" (here), or the decode bodies "swap" / "fma" / "fp8"
+(moe_decode.py; fp8 takes x from the prologue and h from the gate-up epilogue as e4m3 bytes in the K32 order with
+float32 scales, `_store_e4m3`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import triton.language as tl
 from ..linear import scale_bytes, stored_format
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .quant import e4m3_round, pow2_ceil
+from .quant import e4m3_round, pow2_ceil, quantize_rows
 from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 
 # ------------------------------------------------------------------------------------------------------------
@@ -47,6 +49,29 @@ def _fp8_sim(v, R: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
     inv = 1.0 / scale  # exact: a power of two
     q = tl.clamp(g * inv[:, :, None], -448.0, 448.0)
     return tl.reshape(e4m3_round(q) * scale[:, :, None], (R, C))
+
+
+@triton.jit
+def _k32_order(cols):
+    """Where column k is stored in the fp8 decode body's activations (moe_decode.py): within each 32-group, the even
+    columns first, then the odd ones (the K order of that body's FP4 -> e4m3 weight registers)."""
+    kk = cols % 32
+    return cols - kk + tl.where(kk % 2 == 0, kk // 2, 16 + kk // 2)
+
+
+@triton.jit
+def _store_e4m3(v, q_ptr, s_ptr, rows, cols, stride_q, mask_r, N, R: tl.constexpr, C: tl.constexpr,
+                G: tl.constexpr):
+    """Float32 rows v [R, C] (columns `cols`: whole 1 x G groups, G | C, 32 | G) quantized per 1 x G exactly as
+    `_fp8_sim` (its values = these e4m3 bytes times the scales): the bytes stored at q[row, _k32_order(col)], the
+    float32 scales at s[row, col // G] (a row of N // G)."""
+    q, sc = quantize_rows(tl.reshape(v, (R * (C // G), G)))
+    mask_c = cols < N
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_q + _k32_order(cols)[None, :], tl.reshape(q, (R, C)),
+             mask=mask_r[:, None] & mask_c[None, :])
+    gcol = tl.max(tl.reshape(cols, (C // G, G)), 1) // G
+    tl.store(s_ptr + rows[:, None].to(tl.int64) * (N // G) + gcol[None, :], tl.reshape(sc, (R, C // G)),
+             mask=mask_r[:, None] & (gcol < N // G)[None, :])
 
 
 @triton.jit
@@ -192,9 +217,10 @@ def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x
                      stride_xq,
                      BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                      QUANT_X: tl.constexpr, G: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     PDL: tl.constexpr = False):
+                     PDL: tl.constexpr = False, xs_ptr=None, X8: tl.constexpr = False):
     """Program 0 sorts; programs 1.. (QUANT_X) FP8-simulate x, one [BR, BC] tile each (one launch for both: a tile per
-    program, so that a decode row's D is spread over programs rather than walked by one, a memory latency a chunk)."""
+    program, so that a decode row's D is spread over programs rather than walked by one, a memory latency a chunk);
+    X8 (the fp8 decode body): as e4m3 bytes in the K32 order into xq [T, D] and float32 scales xs [T, D / G]."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid = tl.program_id(0)
     if pid == 0:
@@ -205,8 +231,11 @@ def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x
         cols = ((pid - 1) % n_chunks) * BC + tl.arange(0, BC)
         mask = (rows < T)[:, None] & (cols < D)[None, :]
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-        y = _fp8_sim(x.to(tl.float32), BR, BC, G).to(x.dtype)
-        tl.store(xq_ptr + rows[:, None] * stride_xq + cols[None, :], y, mask=mask)
+        if X8:
+            _store_e4m3(x.to(tl.float32), xq_ptr, xs_ptr, rows, cols, stride_xq, rows < T, D, BR, BC, G)
+        else:
+            y = _fp8_sim(x.to(tl.float32), BR, BC, G).to(x.dtype)
+            tl.store(xq_ptr + rows[:, None] * stride_xq + cols[None, :], y, mask=mask)
 
 
 @triton.jit
@@ -249,9 +278,11 @@ def _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB,
 @triton.jit
 def _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
                   BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr,
-                  WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr):
+                  WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr,
+                  hs_ptr=None, H8: tl.constexpr = False):
     """h = silu(min(g, limit)) * clamp(u, +-limit) (* routing weight), in DT (FP8-simulated when the tile holds whole
-    1 x G groups: BN % G == 0). Every row of the block is written (padding rows: zeros)."""
+    1 x G groups: BN % G == 0). Every row of the block is written (padding rows: zeros). H8 (the fp8 decode body,
+    QUANT_H): those values as e4m3 bytes in the K32 order into h and their float32 scales into hs [P, I / G]."""
     if CLAMP:
         acc_g = tl.minimum(acc_g, limit)
         acc_u = tl.clamp(acc_u, -limit, limit)
@@ -259,9 +290,12 @@ def _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, va
     if WEIGHT_H:
         h *= tl.load(rw_ptr + a_idx, mask=valid, other=0.0).to(ACC)[:, None]
     h = h.to(DT)
-    if QUANT_H:
-        h = _fp8_sim(h.to(tl.float32), BM, BN, G).to(DT)
-    tl.store(h_ptr + rows[:, None].to(tl.int64) * stride_h + offs_n[None, :], h, mask=(offs_n < I)[None, :])
+    if H8:
+        _store_e4m3(h.to(tl.float32), h_ptr, hs_ptr, rows, offs_n, stride_h, rows >= 0, I, BM, BN, G)
+    else:
+        if QUANT_H:
+            h = _fp8_sim(h.to(tl.float32), BM, BN, G).to(DT)
+        tl.store(h_ptr + rows[:, None].to(tl.int64) * stride_h + offs_n[None, :], h, mask=(offs_n < I)[None, :])
 
 
 @triton.jit
@@ -329,7 +363,8 @@ def _split_sums(p, mask, stride_ps, stride_pg, BM: tl.constexpr, BN: tl.constexp
 def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h,
                  stride_ps, stride_pg, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
                  QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ASM: tl.constexpr,
-                 ACC: tl.constexpr, DT: tl.constexpr, FINISH: tl.constexpr = False):
+                 ACC: tl.constexpr, DT: tl.constexpr, FINISH: tl.constexpr = False, hs_ptr=None,
+                 H8: tl.constexpr = False):
     """Gate-up accumulators [BM, BN] -> the SwiGLU epilogue, or (SPLIT > 1) float partials of the real rows in
     [SPLIT, 2, P, I]: for `_swiglu_kernel`, or (FINISH) summed here by the tile's last program to arrive (its
     arrival counter, per program_id(0), re-zeroed after), in the same order and with the same epilogue as
@@ -339,7 +374,7 @@ def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a
         acc_u *= 4294967296.0
     if SPLIT == 1:
         _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
-                      BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT)
+                      BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT, hs_ptr, H8)
     else:
         p = part_ptr + rows[:, None].to(tl.int64) * I + offs_n[None, :]
         mask = valid[:, None] & (offs_n < I)[None, :]
@@ -350,7 +385,7 @@ def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a
             if last_to_arrive(tile, SPLIT):
                 acc_g, acc_u = _split_sums(p, mask, stride_ps, stride_pg, BM, BN, SPLIT, ACC)
                 _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, valid, I, limit,
-                              BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT)
+                              BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, DT, hs_ptr, H8)
                 tl.store(tile, 0)  # ready for the next launch / graph replay
 
 
@@ -452,7 +487,7 @@ class GemmConfig:
     split_k: int = 1  # K shares per tile (float partials summed in order): CTAs for the few-expert decode steps
 
 
-BODIES = ("dot", "swap", "fma")
+BODIES = ("dot", "swap", "fma", "fp8")
 FINISHES = ("launch", "kernel")
 _COUNTERS = ArrivalCounters()  # gate-up split-K tiles finished in the kernel (kernels/split_grid.py)
 
@@ -465,7 +500,9 @@ class MoeConfig:
     down: GemmConfig
     group_m: int = 1
     dequant: str = "auto"  # "bits" (portable), "asm" (bf16 on CUDA, PTX), "auto" = asm where it applies
-    body: str = "dot"  # the K-tile product: "dot" (x @ W^T), "swap" (W @ x^T), "fma" (no tensor cores): moe_decode.py
+    # the K-tile product: "dot" (x @ W^T), or moe_decode.py's "swap" (W @ x^T), "fma" (no tensor cores), "fp8" (W4A8 on
+    # FP8 tensor cores; where the activations are not FP8-simulated per 32-multiple groups: swap)
+    body: str = "dot"
     # gate-up split-K partials summed by `_swiglu_kernel` ("launch") or by each tile's last program to arrive
     # ("kernel": one launch fewer; H200, E=256 k=6: T=1 69.1 -> 66.1 us, T=8..64 the same)
     finish: str = "kernel"
@@ -475,8 +512,10 @@ class MoeConfig:
             raise ValueError(f"unknown MoE body {self.body!r}: one of {BODIES}")
         if self.finish not in FINISHES:
             raise ValueError(f"unknown MoE split-K finish {self.finish!r}: one of {FINISHES}")
-        if self.body == "swap" and self.block_m < 16:
-            raise ValueError("the swap body needs block_m >= 16 (the dot's N)")
+        if self.body in ("swap", "fp8") and self.block_m < 16:
+            raise ValueError(f"the {self.body} body needs block_m >= 16 (the dot's N)")
+        if self.body == "fp8" and {self.gate_up.block_k, self.down.block_k} - {32, 64, 128}:
+            raise ValueError("the fp8 body takes K tiles of 32, 64 or 128")
 
 
 # Decode (a few rows per expert) is bound by the FP4 weight stream and, behind it, by the dequant's instruction
@@ -493,10 +532,20 @@ def _split(ctas: int, k_tiles: int, sms: int) -> int:
     return max(1, min(4, (3 * sms) // max(1, ctas), k_tiles // 4))
 
 
+DECODE_BODY_ENV = "V4SERVE_MOE_DECODE_BODY"  # the decode configs' body: dot (unset), swap or fp8 (A/B in the step)
+
+
+def _decode_body() -> str:
+    body = os.environ.get(DECODE_BODY_ENV) or "dot"
+    if body not in ("dot", "swap", "fp8"):
+        raise ValueError(f"{DECODE_BODY_ENV}={body!r}: one of dot, swap, fp8")
+    return body
+
+
 def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 2048,
-                  device: torch.device | None = None) -> MoeConfig:
+                  device: torch.device | None = None, body: str | None = None) -> MoeConfig:
     """By the mean rows per expert hit (rows = T * k), plus split-K when few experts are hit (T = 1, 2): static given
-    the shapes, so graph-capture safe."""
+    the shapes, so graph-capture safe. The decode configs take `body` (default: $V4SERVE_MOE_DECODE_BODY, or dot)."""
     hit = max(1, min(num_experts, rows))
     per_expert = rows / hit
     if per_expert > 96:
@@ -507,7 +556,7 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
     gu, dn = DECODE.gate_up, DECODE.down
     gu = replace(gu, split_k=_split(hit * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms))
     dn = replace(dn, split_k=_split(hit * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms))
-    return replace(DECODE, gate_up=gu, down=dn)
+    return replace(DECODE, gate_up=gu, down=dn, body=body or _decode_body())
 
 
 def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 2048, body: str = "swap",
@@ -518,11 +567,11 @@ def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
     shrinking as block_m grows (each row of x is broadcast over a thread's K values: registers). Split-K as
     `select_config`, by the number of row blocks."""
     if body == "dot":
-        return select_config(rows, num_experts, dim, inter, device)
+        return select_config(rows, num_experts, dim, inter, device, body="dot")
     hit = max(1, min(num_experts, rows))
     if block_m is None:
-        block_m = 16 if body == "swap" else min(8, triton.next_power_of_2(triton.cdiv(rows, hit)))
-    if body == "swap":
+        block_m = 16 if body in ("swap", "fp8") else min(8, triton.next_power_of_2(triton.cdiv(rows, hit)))
+    if body in ("swap", "fp8"):
         gu, dn = GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3)
     else:
         bk = 64 if block_m <= 2 else 32
@@ -576,27 +625,36 @@ def _dot_dtypes(dtype: torch.dtype) -> tuple[str, tl.dtype]:
     return ("ieee" if dtype == torch.float32 else "tf32"), tl.float32
 
 
+def _num_blocks(M: int, num_experts: int, block_m: int) -> int:
+    """The bound on used BLOCK_M blocks: every expert's run padded to a multiple of block_m."""
+    return triton.cdiv(M + min(num_experts, M) * (block_m - 1), block_m)
+
+
 def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor | None = None,
-              act_group: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+              act_group: int = 0, x8: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(sorted assignment indices, expert per block, x FP8-simulated (x8: as e4m3 bytes in the K32 order), x8's
+    scales)."""
     M = ids.shape[0]
-    NB = triton.cdiv(M + min(num_experts, M) * (block_m - 1), block_m)
+    NB = _num_blocks(M, num_experts, block_m)
     sorted_ids = _empty((NB * block_m,), torch.int32, ids.device)
     block_expert = _empty((NB,), torch.int32, ids.device)
     big = M > 4096
     e_pad = max(16, triton.next_power_of_2(num_experts))
     cursor = _empty((e_pad,), torch.int32, ids.device)
-    xq, T, D, br, bc, grid = None, 0, 0, 16, 128, 1
+    xq, xs, T, D, br, bc, grid = None, None, 0, 0, 16, 128, 1
     if x is not None and act_group:
         T, D = x.shape
-        xq = _empty((T, D), x.dtype, x.device)
+        xq = _empty((T, D), torch.float8_e4m3fn if x8 else x.dtype, x.device)
+        xs = _empty((T, D // act_group), torch.float32, x.device) if x8 else None
         bc = max(act_group, 128)
         grid += triton.cdiv(T, br) * triton.cdiv(D, bc)
     _prologue_kernel[(grid,)](ids, sorted_ids, block_expert, cursor, M, NB, None if xq is None else x, xq, T, D,
                               0 if xq is None else x.stride(0), 0 if xq is None else xq.stride(0), BM=block_m,
                               E_PAD=e_pad, CHUNK=max(16, min(1024 if big else 128, triton.next_power_of_2(M))),
                               QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, num_warps=8 if big else 4,
-                              **pdl_launch(ids))
-    return sorted_ids, block_expert, xq
+                              **pdl_launch(ids), **({"xs_ptr": xs, "X8": True} if xs is not None else {}))
+    return sorted_ids, block_expert, xq, xs
 
 
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -607,6 +665,14 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
 
 def _body(body: str, gemm: GemmConfig) -> dict:
     return {} if body == "dot" else {"BODY": body, "STAGES": gemm.num_stages}
+
+
+def _fp8_body_applies(x: torch.Tensor, act_group: int, gate_up_n: int, split_launch: bool) -> bool:
+    """The fp8 body needs x (the prologue) and h (the gate-up epilogue, its column tile whole groups, not the split-K
+    SwiGLU launch) quantized per groups that 32-wide slices tile, and at most float32 sums (float64 x: the bf16-exact
+    bodies)."""
+    return (act_group > 0 and act_group % 32 == 0 and gate_up_n % act_group == 0 and not split_launch
+            and x.dtype in (torch.bfloat16, torch.float32))
 
 
 def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.Tensor, limit: float,
@@ -638,33 +704,40 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     s1, s2, s3 = _u8(scale_bytes(experts.s1)), _u8(scale_bytes(experts.s2)), _u8(scale_bytes(experts.s3))
     assert stored_format(experts.w1) == "fp4" and w1.stride() == w3.stride() and s1.stride() == s3.stride()
 
-    # 1. sort by expert into BLOCK_M-padded runs, and FP8-simulate x (one launch)
-    sorted_ids, block_expert, xq = _prologue(ids.contiguous().view(-1), E, BM, x, G)
+    gu = cfg.gate_up
+    S = gu.split_k
+    NB = _num_blocks(M, E, BM)
+    grid_gu = (NB * triton.cdiv(I, gu.block_n), S)
+    finish = S > 1 and cfg.finish == "kernel" and (G == 0 or gu.block_n % G == 0) and grid_gu[0] <= N_COUNTERS
+    if cfg.body == "fp8" and not _fp8_body_applies(x, G, gu.block_n, S > 1 and not finish):
+        cfg = replace(cfg, body="swap")
+    fp8 = cfg.body == "fp8"
+
+    # 1. sort by expert into BLOCK_M-padded runs, and FP8-simulate x (one launch; the fp8 body: e4m3 + scales)
+    sorted_ids, block_expert, xq, xs = _prologue(ids.contiguous().view(-1), E, BM, x, G, x8=fp8)
     xa = x if xq is None else xq
-    NB, P = block_expert.shape[0], sorted_ids.shape[0]
+    P = sorted_ids.shape[0]
 
     # 2. gate + up (+ SwiGLU, clamp, routing weight, h's FP8 simulation where the tile holds whole groups); with
     # split-K, float partials and a small SwiGLU kernel (whose column tile always holds whole groups)
-    gu = cfg.gate_up
-    S = gu.split_k
     bne = max(64, G)
     quant_h = G > 0 and I % G == 0 and (gu.block_n % G == 0 or S > 1)
-    h = _empty((P, I), x.dtype, x.device)
+    h = _empty((P, I), torch.float8_e4m3fn if fp8 else x.dtype, x.device)
+    hs = _empty((P, I // G), torch.float32, x.device) if fp8 else None
     part = _empty((S, 2, P, I), acc_t, x.device) if S > 1 else h
-    grid_gu = (NB * triton.cdiv(I, gu.block_n), S)
-    finish = S > 1 and cfg.finish == "kernel" and (G == 0 or gu.block_n % G == 0) and grid_gu[0] <= N_COUNTERS
     cnt = _COUNTERS.get(x.device) if finish else sorted_ids  # (unused without the finish)
     gate_up_kernel, down_kernel = _gate_up_kernel, _down_kernel
     if cfg.body != "dot":  # moe_decode.py: the same arguments, plus the body and the K loop's stage count
         from . import moe_decode
         gate_up_kernel, down_kernel = moe_decode.gate_up_kernel, moe_decode.down_kernel
+    fp8_gu = {"xs_ptr": xs, "hs_ptr": hs, "HDT": _TL[x.dtype]} if fp8 else {}
     gate_up_kernel[grid_gu](
         xa, w1, w3, s1, s3, h, part, cnt, rw, sorted_ids, block_expert, M, NB, D, I, k, float(limit),
         xa.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), h.stride(0), 2 * P * I, P * I,
         BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
         WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
         EVEN_K=D % gu.block_k == 0, FINISH=finish,
-        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg.body, gu), **pdl_launch(x))
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg.body, gu), **fp8_gu, **pdl_launch(x))
     if S > 1 and not finish:
         _swiglu_kernel[(NB, triton.cdiv(I, bne))](
             part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
@@ -683,7 +756,8 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
         BM=BM, BN=dn.block_n, BK=bk_dn, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile,
         ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32, EVEN_K=I % bk_dn == 0,
-        num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **pdl_launch(x))
+        num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **({"hs_ptr": hs} if fp8 else {}),
+        **pdl_launch(x))
 
     # 4. combine the k rows of each token in slot order
     bd = min(1024, triton.next_power_of_2(D))

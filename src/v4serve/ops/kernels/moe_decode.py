@@ -10,8 +10,21 @@ and transpose it once for the epilogue.
           weight tile in its load layout and summed over K in-thread, in float32 (float64 for a float64 x); the
           weight tile is dequantized once per K tile for all BM rows.
 
-Both keep the even/odd split (low nibbles x even columns of x, high nibbles x odd columns): no interleave. The K
-loops are `tl.range(..., num_stages=STAGES)`: without an explicit stage count Triton 3.6 does not pipeline loads
+  "fp8":  W4A8 on FP8 tensor cores, for activations that are FP8-simulated already (act_group a multiple of 32:
+          x from the prologue, h from the gate-up epilogue): per 32-group of K, the FP4 bytes become e4m3 in a few
+          bit operations on 32-bit words (`_fp4_e4m3`: the magnitude bits moved to e4m3 bits 2..4, which reads as
+          value * 2^-6 exactly, 0.5 as a subnormal), the group's rows of x are quantized to e4m3 with their own
+          power-of-two scale (exact: the values are e4m3 times a larger power of two), and acc^T += (W_g @ x_g^T) *
+          w_scale * x_scale: wgmma's 64-row operand is the weight, as in swap. ~1 instruction a weight value for
+          the conversion and 1/4 for the scales (swap's bf16 dequant: ~2.5 + 0.5). The products are exact; only the
+          tensor core's accumulation inside a 32-group and the order of the sums differ from the bf16 bodies.
+          Measured slower than "dot" all the same (H200, benchmarks/kernels/moe.py, E=256 k=6: T=1 81.2 against 65.5
+          us, T=8 386 / 365, T=64 1573 / 1460; the V4 step's graph replay 10.41 against 9.85 ms at batch 1): the
+          K loop's SASS is 678 instructions a thread a 128-wide tile against dot's 945, but each 32-group's wgmma is
+          waited for before its scale FMAs, and the registers (185) allow two CTAs an SM.
+
+swap and fma keep the even/odd split (low nibbles x even columns of x, high nibbles x odd columns): no interleave;
+fp8 interleaves the two e4m3 halves back to K order in registers (join + reshape). The K loops are `tl.range(..., num_stages=STAGES)`: without an explicit stage count Triton 3.6 does not pipeline loads
 that feed no dot (the fma body's), and each iteration would wait for its own loads.
 """
 
@@ -23,6 +36,10 @@ import triton.language as tl
 from .moe import _a_tile, _dot, _down_out, _expert_block, _fp4_groups, _fp4_scales, _gate_up_out, _k_range
 from .pdl import enter as pdl_enter
 
+# The fp8 body's weights are e4m3 holding value * 2^-6, and its e8m0 scales are read as 2^(b - 126) (twice the scale:
+# one integer op, 2^-127 still normal): its epilogues multiply by 2^6 / 2, exactly. Scales up to 2^126.
+FP8_SHIFT = tl.constexpr(32.0)
+
 
 @triton.jit
 def _swap(w_ptr, sb, offs_n, N, k0, K, stride_n, a_ev, a_od, acc, BN: tl.constexpr, BK: tl.constexpr,
@@ -31,6 +48,117 @@ def _swap(w_ptr, sb, offs_n, N, k0, K, stride_n, a_ev, a_od, acc, BN: tl.constex
     w_ev, w_od = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM)
     acc = _dot(tl.reshape(w_ev, (BN, BK // 2)), tl.trans(a_ev), acc, PREC, ACC, F32)
     return _dot(tl.reshape(w_od, (BN, BK // 2)), tl.trans(a_od), acc, PREC, ACC, F32)
+
+
+@triton.jit
+def _fp4_e4m3(packed, ASM: tl.constexpr):
+    """FP4 e2m1 bytes -> (low, high) nibbles as e4m3 bytes holding value * 2^-6 exactly: the 3 magnitude bits at
+    e4m3 bits 2..4 (exponent field 0..3; code 1 = 0.5 is the subnormal 0.5 * 2^-6), the sign at bit 7. ASM: on
+    32-bit words in PTX (4 bytes at once; CUDA only), else the same bit operations per byte."""
+    if ASM:
+        return tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t, u;
+            shl.b32 t, $2, 2; and.b32 t, t, 0x1C1C1C1C; shl.b32 u, $2, 4; and.b32 u, u, 0x80808080;
+            or.b32 $0, t, u;
+            shr.b32 t, $2, 2; and.b32 t, t, 0x1C1C1C1C; and.b32 u, $2, 0x80808080; or.b32 $1, t, u;
+            }
+            """,
+            constraints="=r,=r,r", args=[packed], dtype=(tl.float8e4nv, tl.float8e4nv), is_pure=True, pack=4)
+    else:
+        p = packed.to(tl.int32)
+        lo = (((p & 7) << 2) | ((p & 8) << 4)).to(tl.uint8)
+        hi = (((p >> 2) & 0x1C) | (p & 0x80)).to(tl.uint8)
+        return lo.to(tl.float8e4nv, bitcast=True), hi.to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _fp8_group(w_ptr, offs_n, N, kg, K, stride_n, xq, scale, acc, BN: tl.constexpr, ASM: tl.constexpr,
+               EVEN_K: tl.constexpr):
+    """acc^T [BN, BM] += (32-group kg of W's rows offs_n, as e4m3 * 2^-6 @ xq^T [32, BM] on the FP8 tensor cores) *
+    scale ([BN, 1] or [BN, BM]); xq is in the K32 order (moe._k32_order), as these weight registers are; groups past K
+    add zeros."""
+    ok = offs_n < N
+    if not EVEN_K:
+        ok = ok & (kg < K // 32)
+    p = tl.load(w_ptr + offs_n[:, None] * stride_n + kg * 16 + tl.arange(0, 16)[None, :], mask=ok[:, None], other=0)
+    lo, hi = _fp4_e4m3(p, ASM)
+    # [low nibbles | high nibbles] = K columns 0, 2, .., 30, 1, 3, .., 31: a thread's wgmma A registers hold columns
+    # c..c+3 and c+16..c+19, the two halves of one 4-byte word of bytes (no byte shuffles)
+    w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (BN, 32))
+    return acc + tl.dot(w, tl.trans(xq)) * scale
+
+
+@triton.jit
+def _e8m0_x2(b):
+    """e8m0 bytes -> 2^(b - 126) (twice the scale, FP8_SHIFT's halving) as float32: normal for every b < 254."""
+    return ((b.to(tl.int32) << 23) + (1 << 23)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _columns(sb, NG: tl.constexpr):
+    """A K tile's e8m0 bytes [BN, NG] (NG = 1, 2 or 4 groups of 32) -> its columns as float32 (2 x scale) [BN], a
+    4-tuple (repeating when NG < 4), by register splits: no selects or shuffles."""
+    ws = _e8m0_x2(sb)
+    if NG == 1:
+        c0 = tl.reshape(ws, (ws.shape[0],))
+        return c0, c0, c0, c0
+    elif NG == 2:
+        c0, c1 = tl.split(ws)
+        return c0, c1, c0, c1
+    else:
+        even, odd = tl.split(tl.reshape(ws, (ws.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
+        c0, c2 = tl.split(even)
+        c1, c3 = tl.split(odd)
+        return c0, c1, c2, c3
+
+
+@triton.jit
+def _pick(c, g: tl.constexpr):
+    """Element g (0-3) of a 4-tuple, at compile time."""
+    if g == 0:
+        return c[0]
+    elif g == 1:
+        return c[1]
+    elif g == 2:
+        return c[2]
+    else:
+        return c[3]
+
+
+@triton.jit
+def _fp8_rows(a8_ptr, arow, amask, kc, K, EVEN_K: tl.constexpr):
+    """The e4m3 activation rows arow [BM] at columns kc [32] (K32 order); masked rows and columns past K read 0."""
+    mask = amask[:, None]
+    if not EVEN_K:
+        mask = mask & (kc < K)[None, :]
+    return tl.load(a8_ptr + arow[:, None] * K + kc[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _fp8_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, a8_ptr, as_ptr, arow, amask, acc, BN: tl.constexpr,
+              BK: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc^T [BN, BM] += the K tile [k0, k0 + BK) of W (its e8m0 bytes sb [BN, BK/32]) @ the activation rows arow^T:
+    e4m3 bytes a8 [rows, K] (K32 order) and float32 scales as [rows, K / G], 32-groups at a time; the activation
+    scale applied once a tile when the tile lies in one of its groups (G % BK == 0), else per 32-group. BK = 32, 64
+    or 128."""
+    ws = _columns(sb, BK // 32)
+    offs = tl.arange(0, 32)
+    if G % BK == 0:
+        xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
+        t = tl.zeros(acc.shape, dtype=tl.float32)
+        for g in tl.static_range(BK // 32):
+            xq = _fp8_rows(a8_ptr, arow, amask, k0 + g * 32 + offs, K, EVEN_K)
+            t = _fp8_group(w_ptr, offs_n, N, k0 // 32 + g, K, stride_n, xq, _pick(ws, g)[:, None], t, BN, ASM, EVEN_K)
+        acc += t * xs[None, :]
+    else:
+        for g in tl.static_range(BK // 32):
+            xq = _fp8_rows(a8_ptr, arow, amask, k0 + g * 32 + offs, K, EVEN_K)
+            xs = tl.load(as_ptr + arow * (K // G) + (k0 + g * 32) // G, mask=amask & (k0 + g * 32 < K), other=0.0)
+            acc = _fp8_group(w_ptr, offs_n, N, k0 // 32 + g, K, stride_n, xq, _pick(ws, g)[:, None] * xs[None, :],
+                             acc, BN, ASM, EVEN_K)
+    return acc
 
 
 @triton.jit
@@ -79,15 +207,18 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
                    SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                    CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                    F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
-                   FINISH: tl.constexpr = False, PDL: tl.constexpr = False):
-    """`moe._gate_up_kernel` with the swap / fma body: x W1^T and x W3^T for BM sorted rows of one expert x BN
-    columns over this program's K share, the x tile loaded once per K tile for both."""
+                   FINISH: tl.constexpr = False, PDL: tl.constexpr = False, xs_ptr=None, hs_ptr=None,
+                   HDT: tl.constexpr = None):
+    """`moe._gate_up_kernel` with the swap / fma / fp8 body: x W1^T and x W3^T for BM sorted rows of one expert x BN
+    columns over this program's K share, the x tile loaded once per K tile for both. fp8: x is the prologue's e4m3
+    bytes (K32 order) with their scales xs, and h is written the same way (bytes into h, scales into hs), rounded to
+    HDT (x's dtype) first as the other bodies round it."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, first, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM,
                                                              BN, GROUP_M)
     if expert < 0:
         return
-    DT = x_ptr.dtype.element_ty
+    DT = x_ptr.dtype.element_ty if HDT is None else HDT
     tok = tl.where(valid, a_idx // TOPK, 0).to(tl.int64)
     offs_k = tl.arange(0, BK)
     w1_ptr += expert * stride_we
@@ -104,7 +235,12 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
         sb1, nsb1 = _scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
         sb3, nsb3 = _scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
         kmask = k0 + offs_k < D
-        if BODY == "swap":
+        if BODY == "fp8":
+            acc_g = _fp8_tile(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, x_ptr, xs_ptr, tok, valid, acc_g, BN, BK, G,
+                              ASM, EVEN_K)
+            acc_u = _fp8_tile(w3_ptr, sb3, offs_n, I, k0, D, stride_wn, x_ptr, xs_ptr, tok, valid, acc_u, BN, BK, G,
+                              ASM, EVEN_K)
+        elif BODY == "swap":
             a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & kmask[None, :], BM, BK, DT, False, G)
             acc_g = _swap(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, a_ev, a_od, acc_g, BN, BK, DT, ASM, PREC, ACC,
@@ -122,9 +258,12 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
                 acc_u = _fma_add(acc_u, w3_ev, w3_od, x_ev, x_od, r, m)
         sb1 = nsb1
         sb3 = nsb3
+    if BODY == "fp8":
+        acc_g *= FP8_SHIFT
+        acc_u *= FP8_SHIFT
     _gate_up_out(tl.trans(acc_g), tl.trans(acc_u), h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx,
-                 valid, I, limit, stride_h, stride_ps, stride_pg, BM, BN, SPLIT, G, QUANT_H, WEIGHT_H, CLAMP, ASM,
-                 ACC, DT, FINISH)
+                 valid, I, limit, stride_h, stride_ps, stride_pg, BM, BN, SPLIT, G, QUANT_H, WEIGHT_H, CLAMP,
+                 ASM and BODY != "fp8", ACC, DT, FINISH, hs_ptr, BODY == "fp8")
 
 
 @triton.jit
@@ -134,8 +273,9 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                 G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                 F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
-                   PDL: tl.constexpr = False):
-    """`moe._down_kernel` with the swap / fma body: h W2^T for BM sorted rows of one expert x BN columns."""
+                PDL: tl.constexpr = False, hs_ptr=None):
+    """`moe._down_kernel` with the swap / fma / fp8 body: h W2^T for BM sorted rows of one expert x BN columns. fp8: h
+    is the gate-up epilogue's e4m3 bytes (K32 order) with their scales hs (QUANT_A is never set with it)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, first, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM,
                                                              BN, GROUP_M)
@@ -152,7 +292,10 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
         sb, nsb = _scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
         kmask = k0 + offs_k < I
-        if BODY == "swap":
+        if BODY == "fp8":
+            acc = _fp8_tile(w2_ptr, sb, offs_n, D, k0, I, stride_wn, h_ptr, hs_ptr, rows.to(tl.int64), rows >= 0, acc,
+                            BN, BK, G, ASM, EVEN_K)
+        elif BODY == "swap":
             a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, kmask[None, :], BM, BK, DT, QUANT_A, G)
             acc = _swap(w2_ptr, sb, offs_n, D, k0, I, stride_wn, a_ev, a_od, acc, BN, BK, DT, ASM, PREC, ACC, F32)
@@ -163,5 +306,7 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                 x_ev, x_od = _fma_x(h_row, kmask, BK, DT, ACC, QUANT_A, G)
                 acc = _fma_add(acc, w_ev, w_od, x_ev, x_od, r, m)
         sb = nsb
-    _down_out(tl.trans(acc), y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
+    if BODY == "fp8":
+        acc *= FP8_SHIFT
+    _down_out(tl.trans(acc), y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM and BODY != "fp8")
 
