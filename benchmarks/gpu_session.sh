@@ -499,6 +499,21 @@ if [[ $what == traces ]]; then  # where the graphed V4 step's replay goes, kerne
     head -30 "$OUT/trace-b$b.log"
   done
 fi
+if [[ $what == tenth2 ]]; then  # batch 32's two costliest families: attention over bf16 records (flash mode or not)
+  # and the MoE with every one of 16 experts hit (split-K variants), then the graphed step at batch 32
+  timeout 150 python3 benchmarks/kernels/attention.py --format bf16 --variants default f32r32w8p f64r16w16 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention_bf16.log" | grep -E "decode|ceilings"
+  timeout 120 python3 benchmarks/kernels/moe.py --experts 16 --tokens 32,8 --no-prefill --no-reference \
+    --variants default,s2/1,s2/2,s3/2,mid,fp8 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/moe_e16.log" \
+    | grep -E "^T=|relative"
+  TRACE_BATCHES=32 OUT=$OUT bash "$0" traces
+fi
+if [[ $what == next1 ]]; then  # prepared in the tenth session: the mHC's batched-decode grid (never swept), then the
+  # V4 step at batch 32 with this tree's MoE split (two waves for 16 experts x 12 rows: timed only in moe.py) traced
+  timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 32,8 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/mhc_sweep.log" | grep -E "hc_pre|ceilings"
+  TRACE_BATCHES="32 1" OUT=$OUT bash "$0" traces
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -137,6 +137,11 @@ PRE_VARIANTS = {
     # with spills at 4 warps, 218 without at 8)
     "dc8192": {"block_dc": 8192}, "dc8192-w8": {"block_dc": 8192, "num_warps": 8},
     "diag:iters1": "iters1", "diag:no-norm": "no-norm",
+    # batched decode (T = 8..64; the default there is 4-token blocks x 16 D slices, never swept): smaller token blocks
+    # so that the finishing programs' serial work (Sinkhorn, collapse, norm per token) runs on more SMs at once
+    "bt1": {"block_t": 1, "split_d": 32, "block_dc": 8192}, "bt1-s16": {"block_t": 1, "split_d": 16, "block_dc": 8192},
+    "bt2": {"block_t": 2, "split_d": 32, "block_dc": 2048}, "bt2-s16": {"block_t": 2, "split_d": 16, "block_dc": 2048},
+    "bt8-s8": {"block_t": 8, "split_d": 8, "block_dc": 512},
 }
 
 
@@ -183,6 +188,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--sweep", action="store_true", help="only the hc_pre / hc_post_pre decode variants "
                     "(T = 1, 32)")
+    ap.add_argument("--tokens", default="1,32", help="--sweep's token counts, comma-separated")
     ap.add_argument("--dim", type=int, default=4096, help="the streams' width D (V4-Flash 4096, V4.1-Flash 5120)")
     ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) with each "
                     "pipeline depth, with and without the bf16x3 GEMM")
@@ -197,7 +203,8 @@ def main() -> None:
     hbm = ceil["hbm_bytes_per_s"]
     print(common.describe(ceil), flush=True)
     if a.sweep:
-        common.write_json(a.out, "mhc-sweep", {"ceilings": ceil, "rows": sweep((1, 32))})
+        common.write_json(a.out, "mhc-sweep", {"ceilings": ceil,
+                                               "rows": sweep(tuple(int(t) for t in a.tokens.split(",")))})
         return
     rows = []
     for t in DECODE + PREFILL:

@@ -74,6 +74,10 @@ VARIANTS = {
         # gate-up split-K summed by `_swiglu_kernel` (one launch more) instead of each tile's last program
         "launch": lambda t: replace(auto(t), finish="launch"),
         "no-split": lambda t: mk.DECODE,
+        "s2/1": lambda t: with_split(auto(t), 2, 1),  # K shares where few experts leave the grid short (E=16, T=32)
+        "s2/2": lambda t: with_split(auto(t), 2, 2),
+        "s3/2": lambda t: with_split(auto(t), 3, 2),
+        "mid": lambda t: mk.MID,
         "split8/4": lambda t: with_split(mk.DECODE, 8, 4),
         "k64s6": lambda t: with_split(mk.MoeConfig(16, G(128, 64, 4, 6), G(128, 64, 4, 6)),
                                       auto(t).gate_up.split_k, auto(t).down.split_k),
@@ -277,13 +281,20 @@ def compile_only(names: list[str] | None) -> None:
 
 
 def main() -> None:
+    global E, DECODE, PREFILL
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default configs only, no reference timing")
     ap.add_argument("--variants", default=None, help="comma-separated variant names to time (default: all)")
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--compile-only", action="store_true", help="build the decode variants for sm_90, no GPU needed")
+    ap.add_argument("--experts", type=int, default=E, help="routed experts (16: the e16 presets, every expert hit)")
+    ap.add_argument("--tokens", default=None, help="comma-separated decode token counts (default 1,8,32,64)")
+    ap.add_argument("--no-prefill", action="store_true")
     a = ap.parse_args()
+    E = a.experts
+    DECODE = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else DECODE
+    PREFILL = () if a.no_prefill else PREFILL
     if a.compile_only:
         global CONFIG_DEVICE
         CONFIG_DEVICE = None
@@ -292,7 +303,7 @@ def main() -> None:
     hbm, fp8 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"]
     print(common.describe(ceil), flush=True)
     ex = make_experts()
-    checks = {f"T={t}": validate(ex, t) for t in (1, 8, 8192)}  # T=1 takes the split-K path
+    checks = {f"T={t}": validate(ex, t) for t in (1, 8) + PREFILL}  # T=1 takes the split-K path
     print(f"relative error vs reference (max abs diff / max abs ref): {checks}", flush=True)
 
     rows = []

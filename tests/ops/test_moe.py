@@ -144,6 +144,10 @@ def test_default_config_selection(monkeypatch):
     one = mk.select_config(6, 256, 4096, 2048)
     assert (one.block_m, one.gate_up.split_k, one.down.split_k) == (16, 4, 2)
     assert mk.select_config(48, 256, 4096, 2048) == mk.DECODE and mk.select_config(8192 * 6, 256) is mk.PREFILL
+    # 16 experts: 3 rows each at T=8 keep one wave; 12 rows each at T=32 split K for about two
+    eight, thirty_two = mk.select_config(8 * 6, 16), mk.select_config(32 * 6, 16)
+    assert (eight.gate_up.split_k, eight.down.split_k) == (1, 1)
+    assert (thirty_two.block_m, thirty_two.gate_up.split_k, thirty_two.down.split_k) == (16, 3, 2)
     # the production decode tiles (larger than this problem): masks only
     check(3, 64, 32, 8, 2, torch.float32, 32, True, 1.0, config=None)
     # the decode body from the environment (an A/B switch for the step), never for the prefill configs

@@ -81,14 +81,16 @@ class Config:
 # Chosen on the H200 (benchmarks/kernels/attention.py); the interpreter gets the smallest legal tiles (and two D
 # chunks, so that the chunked paths run in the tests).
 GPU_CONFIG = Config(heads=16, rows=32, dsplit=2, num_warps=8, num_stages=1)
-# Batched decode over CSA picks: flash mode, 32 heads a program, L2 prefetch (2026-12-01, V4 584-B records, 64 heads x
-# 512, 128 window + 512 picks: T=32 101 us vs 390 us for GPU_CONFIG; T=1 42.5 vs 27.7 us, so single rows keep it).
-# Only where measured: CSA picks over V4's records, 16..128 query tokens; HCA, prefill chunks and the other formats keep
-# GPU_CONFIG.
+# Batched decode: flash mode, 32 heads a program, L2 prefetch. H200, 64 heads x 512, 128 window rows: over V4's 584-B
+# records with 512 CSA picks, T=32 101 us vs 390 us for GPU_CONFIG (2026-12-01); over bf16 records at 64K context
+# (benchmarks/kernels/attention.py --format bf16), CSA T=32 64.4 us and T=64 105.6 (2026-12-02); in the V4 step at
+# batch 32 and 2K context (bf16 records), the graph replay 23.83 -> 21.59 ms with CSA layers on it, 21.11 with HCA's
+# too. Single rows keep GPU_CONFIG (bf16 CSA T=1: 16.2 vs 35.3 us), as do prefill chunks and V4.1's formats (not
+# measured in this mode).
 FLASH_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128,
                              prefetch=1)
 FLASH_DECODE_TOKENS = (16, 128)
-FLASH_DECODE_FORMATS = ("v4_fp8",)
+FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # record format -> entry kinds timed
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
 _SMS = 132  # H200 multiprocessors
 _COUNTERS = ArrivalCounters()
@@ -622,13 +624,14 @@ def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) ->
 
 
 def gpu_config(tokens: int, window, entries) -> Config:
-    """The measured choice on the GPU: flash mode for batched decode over CSA picks in the formats it was timed on
-    (V4's 584-B records), GPU_CONFIG otherwise."""
+    """The measured choice on the GPU: flash mode for batched decode over compressed entries where it was timed
+    (FLASH_DECODE_FORMATS: CSA picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records),
+    GPU_CONFIG otherwise."""
     lo, hi = FLASH_DECODE_TOKENS
-    if (entries is not None and entries.picks is not None and lo <= tokens <= hi
-            and window.pool.codec.kind in FLASH_DECODE_FORMATS and entries.pool.codec.kind in FLASH_DECODE_FORMATS):
-        return FLASH_DECODE_CONFIG
-    return GPU_CONFIG
+    if entries is None or not lo <= tokens <= hi or window.pool.codec.kind != entries.pool.codec.kind:
+        return GPU_CONFIG
+    kind = "picks" if entries.picks is not None else "dense"
+    return FLASH_DECODE_CONFIG if kind in FLASH_DECODE_FORMATS.get(entries.pool.codec.kind, ()) else GPU_CONFIG
 
 
 def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:

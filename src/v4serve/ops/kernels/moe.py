@@ -527,9 +527,11 @@ MID = MoeConfig(32, GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3), grou
 PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), group_m=8)
 
 
-def _split(ctas: int, k_tiles: int, sms: int) -> int:
-    """Split K until the grid has about 3 CTAs per SM, keeping >= 4 K tiles per share."""
-    return max(1, min(4, (3 * sms) // max(1, ctas), k_tiles // 4))
+def _split(ctas: int, k_tiles: int, sms: int, waves: int = 1) -> int:
+    """Split K until the grid has about `waves` x 3 CTAs per SM (rounded down for one wave, to nearest for more),
+    keeping >= 4 K tiles per share."""
+    per = 3 * sms * waves / max(1, ctas)
+    return max(1, min(4, int(per) if waves == 1 else round(per), k_tiles // 4))
 
 
 DECODE_BODY_ENV = "V4SERVE_MOE_DECODE_BODY"  # the decode configs' body: dot (unset), swap or fp8 (A/B in the step)
@@ -554,8 +556,13 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
         return MID
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
     gu, dn = DECODE.gate_up, DECODE.down
-    gu = replace(gu, split_k=_split(hit * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms))
-    dn = replace(dn, split_k=_split(hit * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms))
+    blocks = hit * triton.cdiv(triton.cdiv(rows, hit), DECODE.block_m)
+    # Few experts with many rows each (the e16 presets at batch 32: 16 experts x 12 rows, one 16-row block each): K
+    # shares for about two waves (H200, benchmarks/kernels/moe.py --experts 16, T=32: split 3 / 2 161.3 us, the one-wave
+    # rule's 1 / 1 186.2 us; at T=8, 3 rows an expert, 1 / 1 stays best, 134.8 against 138.6)
+    waves = 2 if rows / hit >= 8 else 1
+    gu = replace(gu, split_k=_split(blocks * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms, waves))
+    dn = replace(dn, split_k=_split(blocks * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms, waves))
     return replace(DECODE, gate_up=gu, down=dn, body=body or _decode_body())
 
 
