@@ -510,9 +510,22 @@ if [[ $what == tenth2 ]]; then  # batch 32's two costliest families: attention o
 fi
 if [[ $what == next1 ]]; then  # prepared in the tenth session: the mHC's batched-decode grid (never swept), then the
   # V4 step at batch 32 with this tree's MoE split (two waves for 16 experts x 12 rows: timed only in moe.py) traced
-  timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 32,8 --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/mhc_sweep.log" | grep -E "hc_pre|ceilings"
+  timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 32,8 --variants default,bt1,bt1-s16,bt2,bt2-s16,bt8-s8 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_sweep.log" | grep -E "hc_pre|ceilings"
   TRACE_BATCHES="32 1" OUT=$OUT bash "$0" traces
+fi
+if [[ $what == next2 ]]; then  # prepared in the tenth session: the shared expert on a side stream (V4SERVE_OVERLAP,
+  # ops/streams.py), its GPU test, then the graphed V4 step with and without it, interleaved, at batch 1 and 32
+  timeout -s INT 150 python3 -m pytest tests/gpu/test_cuda.py -k side_stream -q -p no:cacheprovider -o addopts="" \
+    --tb=short -rf 2>&1 | tee "$OUT/side_stream_test.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -8
+  for b in 1 32; do
+    for v in none shared_expert none shared_expert; do
+      echo "== b$b $v"
+      V4SERVE_OVERLAP=$v timeout ${AB_TIMEOUT:-70} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
+        --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
+        | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph"
+    done
+  done
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

@@ -145,7 +145,7 @@ PRE_VARIANTS = {
 }
 
 
-def sweep(ts: tuple[int, ...]) -> list[dict]:
+def sweep(ts: tuple[int, ...], only: list[str] | None = None) -> list[dict]:
     """hc_pre and hc_post_pre per variant at decode sizes (graph of LAYERS calls on distinct fn copies), each checked
     first (hc_pre's y against the reference)."""
     from dataclasses import replace
@@ -158,6 +158,8 @@ def sweep(ts: tuple[int, ...]) -> list[dict]:
         _, _, post, comb = ref
         base_cfg = mk.default_pre_config(t, D, True)
         for name, v in PRE_VARIANTS.items():
+            if only and name not in only:
+                continue
             cfg = base_cfg if isinstance(v, str) else replace(base_cfg, **v)
             iters = 1 if v == "iters1" else ITERS
             nw = None if v == "no-norm" else w
@@ -189,6 +191,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="only the hc_pre / hc_post_pre decode variants "
                     "(T = 1, 32)")
     ap.add_argument("--tokens", default="1,32", help="--sweep's token counts, comma-separated")
+    ap.add_argument("--variants", default=None, help="--sweep's variants (PRE_VARIANTS names), comma-separated")
     ap.add_argument("--dim", type=int, default=4096, help="the streams' width D (V4-Flash 4096, V4.1-Flash 5120)")
     ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) with each "
                     "pipeline depth, with and without the bf16x3 GEMM")
@@ -204,7 +207,8 @@ def main() -> None:
     print(common.describe(ceil), flush=True)
     if a.sweep:
         common.write_json(a.out, "mhc-sweep", {"ceilings": ceil,
-                                               "rows": sweep(tuple(int(t) for t in a.tokens.split(",")))})
+                                               "rows": sweep(tuple(int(t) for t in a.tokens.split(",")),
+                                                             a.variants.split(",") if a.variants else None)})
         return
     rows = []
     for t in DECODE + PREFILL:

@@ -160,6 +160,25 @@ def test_default_config_selection(monkeypatch):
         mk.select_config(6, 256)
 
 
+@pytest.mark.parametrize("body", ["reference", "kernels"])
+def test_join_runs_before_the_shared_output_is_read(body):
+    """`join` (ops/streams.py: the shared expert may still be running on a side stream) is called before the combine
+    reads `shared`: here it writes the shared output into a zeroed buffer, and the result has it."""
+    if ON_GPU:
+        pytest.skip("the CPU check of the call order (on the GPU: tests/gpu/test_cuda.py, a real side stream)")
+    T, D, I, E, k = 5, 64, 32, 8, 2
+    experts = make_experts(E, D, I, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(T, D, generator=gen, dtype=torch.float64)
+    real = torch.randn(T, D, generator=gen, dtype=torch.float64)
+    weights, ids = routing(T, k, E, seed=5)
+    buf = torch.zeros_like(real)
+    fwd = mk.experts_forward if body == "kernels" else moe.experts_reference
+    out = fwd(x, experts, weights, ids, 1.0, 32, True, shared=buf, join=lambda: buf.copy_(real))
+    ref = moe.experts_reference(x, experts, weights, ids, 1.0, 32, True, shared=real)
+    assert rel_err(out, ref) <= 1e-12
+
+
 def test_bf16():
     check(6, 64, 32, 8, 2, torch.bfloat16, 32, True, 1.0)
 

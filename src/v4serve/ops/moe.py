@@ -8,6 +8,7 @@ call, the kernels (ops/kernels/moe.py) dequantize tiles in registers.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +77,7 @@ def _expert_out(xe: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.
 
 def experts_reference(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
                       limit: float, act_group: int, weight_before_w2: bool, shared: torch.Tensor | None = None,
-                      out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                      out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None) -> torch.Tensor:
     """Routed experts, plain torch. x [T, D]; weights/ids [T, k]. Returns [T, D] at accumulation precision, plus
     `shared` (widened) when given, rounded to `out_dtype` when given.
 
@@ -85,6 +86,8 @@ def experts_reference(x: torch.Tensor, experts: ExpertWeights, weights: torch.Te
     weight adds exact zeros, and contributions are added in expert order either way).
     """
     out = _routed_sum(x, experts, weights, ids, limit, act_group, weight_before_w2)
+    if join is not None:
+        join()
     if shared is not None:
         out = out + shared.to(out.dtype)
     return out if out_dtype is None else out.to(out_dtype)
@@ -113,18 +116,19 @@ def _routed_sum(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, 
 def experts_forward(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
                     limit: float, act_group: int, weight_before_w2: bool,
                     backend: str = kernels.REFERENCE, shared: torch.Tensor | None = None,
-                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                    out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None) -> torch.Tensor:
     """The routed experts of a routing (weights [T, k] float32, expert ids [T, k] int64) -> [T, D] at accumulation
     precision (float32, or float64 for a float64 x). `shared` [T, D] (the shared expert's output) is added to the
-    sum, and `out_dtype` rounds the result once: the layer's output in one pass (the kernels add it in their combine)."""
+    sum, and `out_dtype` rounds the result once: the layer's output in one pass (the kernels add it in their combine).
+    `join` is called before `shared` is read (ops/streams.py: it may still be computing on a side stream)."""
     with family("moe"):
         if backend == kernels.TRITON:
             from .kernels import moe as moe_kernels
 
             if moe_kernels.supports(x, experts):
                 return moe_kernels.experts_forward(x, experts, weights, ids, limit, act_group, weight_before_w2,
-                                                   shared=shared, out_dtype=out_dtype)
-        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype)
+                                                   shared=shared, out_dtype=out_dtype, join=join)
+        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype, join)
 
 
 def dense_mlp(x: torch.Tensor, w1: tuple, w2: tuple, w3: tuple, limit: float, act_group: int,

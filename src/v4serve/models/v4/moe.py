@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -9,6 +11,7 @@ from ...config import ModelConfig
 from ...dist import parallel
 from ...ops import backend as kernels
 from ...ops import moe as moe_ops
+from ...ops import streams
 from ...ops.linear import Linear, logical_shape, scale_bytes, stored_format
 from ...ops.precision import acc_dtype
 from ...ops.router import route
@@ -107,17 +110,22 @@ class MoE(nn.Module):
         if self.tp.data_parallel:
             return self._combine_dep(x, weights, ids)
         if self.tp.size == 1:  # the shared expert's output added and the sum rounded inside the routed experts' pass
-            shared = self._shared(x, widen=False) if self.config.n_shared_experts else None
-            return self._routed(x, weights, ids, shared, x.dtype)
+            if not self.config.n_shared_experts:
+                return self._routed(x, weights, ids, None, x.dtype)
+            side = streams.fork("shared_expert", x)  # (V4SERVE_OVERLAP: on a side stream beside the routed experts)
+            if side is None:
+                return self._routed(x, weights, ids, self._shared(x, widen=False), x.dtype)
+            shared = side.run(lambda: self._shared(x, widen=False))
+            return self._routed(x, weights, ids, shared, x.dtype, join=side.join)
         y = self._routed(x, weights, ids)
         if self.config.n_shared_experts:
             y = y + self._shared(x)
         return self.tp.all_reduce(y).to(x.dtype)  # under TP each rank holds a slice of every expert's width
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: torch.Tensor | None = None,
-                out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None) -> torch.Tensor:
         """This rank's routed experts' share of the output ([T, D] at accumulation precision), + `shared`, rounded to
-        `out_dtype` when given (ops.moe.experts_forward)."""
+        `out_dtype` when given (ops.moe.experts_forward; `join` before `shared` is read)."""
         c, nm = self.config, self.numerics
         ex = self.experts
         if ex.n != self.n_experts:  # EP: picks of other ranks' experts weigh zero here (their owners add them)
@@ -126,7 +134,7 @@ class MoE(nn.Module):
             ids, weights = torch.where(mine, local, torch.zeros_like(local)), weights * mine
         act = c.weight_block if nm.act_quant and self.experts.quantized else 0
         return moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, act,
-                                       nm.weight_before_w2, self.backend, shared, out_dtype)
+                                       nm.weight_before_w2, self.backend, shared, out_dtype, join)
 
     def _shared(self, x: torch.Tensor, widen: bool = True) -> torch.Tensor:
         c, nm = self.config, self.numerics

@@ -24,6 +24,7 @@ float32 scales, `_store_e4m3`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -684,12 +685,15 @@ def _fp8_body_applies(x: torch.Tensor, act_group: int, gate_up_n: int, split_lau
 
 def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.Tensor, limit: float,
                     act_group: int, weight_before_w2: bool, config: MoeConfig | None = None,
-                    shared: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+                    shared: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                    join: Callable[[], None] | None = None) -> torch.Tensor:
     """sum_s weights[:, s] * expert_{ids[:, s]}(x) (+ `shared` [T, D], widened) -> [T, D] in float32 (float64 for a
-    float64 x), or `out_dtype` (rounded once, after the sum)."""
+    float64 x), or `out_dtype` (rounded once, after the sum). `join` runs before the first launch that reads `shared`
+    (the combine)."""
     if not _quant_ok(act_group):  # groups that do not tile (not a power of two): the plain-torch body
         from ..moe import experts_reference
-        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype)
+        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype,
+                                 join)
     T, D = x.shape
     E, I = experts.w1.shape[0], experts.w1.shape[1]
     k = ids.shape[1]
@@ -697,6 +701,8 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     acc_t = torch.float64 if x.dtype == torch.float64 else torch.float32
     out = _empty((T, D), out_dtype or acc_t, x.device)
     if M == 0:  # no routed token (T = 0, or k = 0): the shared output alone
+        if join is not None:
+            join()
         return out.copy_(shared) if shared is not None else out.zero_()
     cfg = config or select_config(M, E, D, I, x.device)
     G, BM = act_group, cfg.block_m
@@ -766,7 +772,9 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **({"hs_ptr": hs} if fp8 else {}),
         **pdl_launch(x))
 
-    # 4. combine the k rows of each token in slot order
+    # 4. combine the k rows of each token in slot order (+ the shared output, once it is there)
+    if join is not None:
+        join()
     bd = min(1024, triton.next_power_of_2(D))
     add = shared if shared is not None else out
     if add.stride(-1) != 1:

@@ -1,0 +1,68 @@
+"""Side-stream overlap: work that does not depend on what the main stream computes runs on a second CUDA stream and
+joins the main stream before its result is read, eagerly and inside CUDA graphs (the fork and the join become edges
+of the captured graph, so a replay overlaps the two branches as the eager step does).
+
+Opt-in by name until a measurement says it pays (issue 11: "measure what it buys"): V4SERVE_OVERLAP=name[,name...]
+(or "all"; unset or "none": nothing).
+  shared_expert: the MoE's shared expert beside the routed experts' sort, gate-up and down; their combine, which adds
+                 the shared output, waits for it (models/v4/moe.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+
+OVERLAPS = ("shared_expert",)
+OVERLAP_ENV = "V4SERVE_OVERLAP"
+T = TypeVar("T")
+
+
+def overlapped(name: str) -> bool:
+    """Whether overlap `name` (OVERLAPS) is on: V4SERVE_OVERLAP names it (or says "all")."""
+    if name not in OVERLAPS:
+        raise ValueError(f"unknown overlap {name!r}; expected one of {OVERLAPS}")
+    return name in _names(os.environ.get(OVERLAP_ENV, ""))
+
+
+@functools.lru_cache(maxsize=16)
+def _names(value: str) -> frozenset[str]:
+    names = frozenset(v.strip() for v in value.split(",") if v.strip())
+    unknown = names - set(OVERLAPS) - {"all", "none"}
+    if unknown:
+        raise ValueError(f"{OVERLAP_ENV} names unknown overlaps {sorted(unknown)}; expected any of {OVERLAPS}, all "
+                         "or none")
+    return frozenset(OVERLAPS) if "all" in names else names - {"none"}
+
+
+class Fork:
+    """A branch off the current stream: `run` puts work on the side stream (which first waits for everything queued
+    so far), `join` makes the current stream wait for that work. Tensors made on the side and read on the main stream
+    after `join` need no more: their memory is reused only by work ordered after the join."""
+
+    def __init__(self, device: torch.device):
+        self.main = torch.cuda.current_stream(device)
+        self.side = _side_stream(device)
+        self.side.wait_stream(self.main)
+
+    def run(self, fn: Callable[[], T]) -> T:
+        with torch.cuda.stream(self.side):
+            return fn()
+
+    def join(self) -> None:
+        self.main.wait_stream(self.side)
+
+
+def fork(name: str, x: torch.Tensor) -> Fork | None:
+    """A Fork on x's device when overlap `name` is on and x is on a GPU; else None (run inline)."""
+    return Fork(x.device) if x.is_cuda and overlapped(name) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device, made once (outside any capture) and shared by every fork."""
+    return torch.cuda.Stream(device)
