@@ -510,8 +510,8 @@ if [[ $what == tenth2 ]]; then  # batch 32's two costliest families: attention o
 fi
 if [[ $what == next1 ]]; then  # prepared in the tenth session: the mHC's batched-decode grid (never swept), then the
   # V4 step at batch 32 with this tree's MoE split (two waves for 16 experts x 12 rows: timed only in moe.py) traced
-  timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 32,8 --variants default,bt1,bt1-s16,bt2,bt2-s16,bt8-s8 \
-    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_sweep.log" | grep -E "hc_pre|ceilings"
+  timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 32,8 \
+    --variants default,bt1,bt1-s16,bt2,bt2-s16,bt8-s8 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_sweep.log" | grep -E "hc_pre|ceilings"
   TRACE_BATCHES="32 1" OUT=$OUT bash "$0" traces
 fi
 if [[ $what == next2 ]]; then  # prepared in the tenth session: the shared expert on a side stream (V4SERVE_OVERLAP,

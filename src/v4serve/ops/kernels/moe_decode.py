@@ -1,5 +1,5 @@
 """Decode bodies of the routed-experts GEMMs (ops/kernels/moe.py): the same grid, sort, split-K and epilogues as the
-"dot" kernels there, with another product per K tile, picked by `MoeConfig.body`. Both accumulate acc^T [BN, BM]
+"dot" kernels there, with another product per K tile, picked by `MoeConfig.body`. All accumulate acc^T [BN, BM]
 and transpose it once for the epilogue.
 
   "swap": acc^T += W [BN, BK] @ x^T [BK, BM] with `tl.dot`: the dequantized weight is the A operand, which sm_90's
@@ -10,21 +10,22 @@ and transpose it once for the epilogue.
           weight tile in its load layout and summed over K in-thread, in float32 (float64 for a float64 x); the
           weight tile is dequantized once per K tile for all BM rows.
 
-  "fp8":  W4A8 on FP8 tensor cores, for activations that are FP8-simulated already (act_group a multiple of 32:
-          x from the prologue, h from the gate-up epilogue): per 32-group of K, the FP4 bytes become e4m3 in a few
-          bit operations on 32-bit words (`_fp4_e4m3`: the magnitude bits moved to e4m3 bits 2..4, which reads as
-          value * 2^-6 exactly, 0.5 as a subnormal), the group's rows of x are quantized to e4m3 with their own
-          power-of-two scale (exact: the values are e4m3 times a larger power of two), and acc^T += (W_g @ x_g^T) *
-          w_scale * x_scale: wgmma's 64-row operand is the weight, as in swap. ~1 instruction a weight value for
-          the conversion and 1/4 for the scales (swap's bf16 dequant: ~2.5 + 0.5). The products are exact; only the
-          tensor core's accumulation inside a 32-group and the order of the sums differ from the bf16 bodies.
-          Measured slower than "dot" all the same (H200, benchmarks/kernels/moe.py, E=256 k=6: T=1 81.2 against 65.5
-          us, T=8 386 / 365, T=64 1573 / 1460; the V4 step's graph replay 10.41 against 9.85 ms at batch 1): the
-          K loop's SASS is 678 instructions a thread a 128-wide tile against dot's 945, but each 32-group's wgmma is
-          waited for before its scale FMAs, and the registers (185) allow two CTAs an SM.
+  "fp8":  W4A8 on FP8 tensor cores, where the activations are FP8-quantized per groups that 32-wide slices tile
+          (act_group a multiple of 32): the prologue writes x, and the gate-up epilogue h, as e4m3 bytes with float32
+          scales (moe._store_e4m3), each 32-group's columns in the K32 order (the even ones, then the odd ones). Per
+          32-group of K the FP4 bytes become e4m3 in 9 PTX operations a 32-bit word (`_fp4_e4m3`: the magnitude bits
+          moved to e4m3 bits 2..4, which reads as value * 2^-6 exactly, 0.5 as a subnormal); [low nibbles | high
+          nibbles] is that same K32 order, and a thread's wgmma A registers then hold the two halves of one word of
+          bytes; acc^T += (W_g @ x_g^T) * the group's weight scales, the activation scale once a tile (per group where
+          a tile spans several). The products are exact; only the tensor core's accumulation inside a 32-group and
+          the order of the sums differ from the bf16 bodies. Measured slower than "dot" all the same (H200,
+          benchmarks/kernels/moe.py, E=256 k=6: T=1 81.2 against 65.5 us, T=8 386 / 365, T=64 1573 / 1460; the V4
+          step's graph replay 10.41 against 9.85 ms at batch 1): its K loop is 678 SASS instructions a thread a
+          128-wide tile against dot's 945, but each 32-group's wgmma is waited for before its scale FMAs, and its
+          registers (185) allow two CTAs an SM.
 
-swap and fma keep the even/odd split (low nibbles x even columns of x, high nibbles x odd columns): no interleave;
-fp8 interleaves the two e4m3 halves back to K order in registers (join + reshape). The K loops are `tl.range(..., num_stages=STAGES)`: without an explicit stage count Triton 3.6 does not pipeline loads
+swap and fma keep the even/odd split (low nibbles x even columns of x, high nibbles x odd columns): no interleave.
+The K loops are `tl.range(..., num_stages=STAGES)`: without an explicit stage count Triton 3.6 does not pipeline loads
 that feed no dot (the fma body's), and each iteration would wait for its own loads.
 """
 
