@@ -516,7 +516,8 @@ if [[ $what == next1 ]]; then  # prepared in the tenth session: the mHC's batche
 fi
 if [[ $what == next2 ]]; then  # prepared in the tenth session: the shared expert on a side stream (V4SERVE_OVERLAP,
   # ops/streams.py), its GPU test, then the graphed V4 step with and without it, interleaved, at batch 1 and 32
-  timeout -s INT 150 python3 -m pytest tests/gpu/test_cuda.py -k side_stream -q -p no:cacheprovider -o addopts="" \
+  timeout -s INT 150 python3 -m pytest tests/gpu/test_cuda.py -k "side_stream or async" -q -p no:cacheprovider \
+    -o addopts="" \
     --tb=short -rf 2>&1 | tee "$OUT/side_stream_test.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -8
   for b in 1 32; do
     for v in none shared_expert none shared_expert; do
@@ -525,6 +526,10 @@ if [[ $what == next2 ]]; then  # prepared in the tenth session: the shared exper
         --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
         | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph"
     done
+    echo "== b$b async scheduling"  # the host's work behind the GPU's: graphed step vs replay
+    timeout ${AB_TIMEOUT:-70} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b --context 2048 --steps 10 \
+      --graph-only --kv-cache-memory 8589934592 --async-scheduling 2>&1 | grep -v -e Warning -e USDT \
+      -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph"
   done
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)

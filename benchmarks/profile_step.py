@@ -175,6 +175,8 @@ def main() -> int:
                     help="also time graphed decode steps (a second engine)")
     ap.add_argument("--top", type=int, default=0, help="also list the N costliest decode kernels (GPU)")
     ap.add_argument("--graph-only", action="store_true", help="only the CUDA-graph step time (A/B runs)")
+    ap.add_argument("--async-scheduling", action="store_true",
+                    help="the engine's async scheduling (each step launched before the last one's tokens are read)")
     ap.add_argument("--replay-trace", type=int, default=0,
                     help="with --graph-only: trace N graph replays kernel by kernel (replay_trace.py: each kernel's "
                          "exposed time and the idle time before it)")
@@ -197,7 +199,7 @@ def main() -> int:
             device=str(dev), max_num_seqs=max(args.batch, 1), max_model_len=mml, kv_cache_memory=args.kv_cache_memory,
             max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk, enforce_eager=eager,
             cuda_graph_sizes=(args.batch,), enable_prefix_caching=False, kernels=args.kernels,
-            kv_cache_dtype=args.kv_cache_dtype))
+            kv_cache_dtype=args.kv_cache_dtype, async_scheduling=args.async_scheduling))
 
     g = torch.Generator().manual_seed(0)
     results: dict = {"model": args.model, "batch": args.batch, "context": args.context, "ceilings": ceil,

@@ -35,6 +35,9 @@ class EngineConfig:
     swa_bounded_replay: bool | None = None  # None = on for V4.1, off (exact) for V4
     num_window_checkpoints: int | None = None  # window snapshots kept for exact prefix hits (None = max_num_seqs)
     enforce_eager: bool = False
+    # schedule and launch step N+1 before step N's sampled tokens reach the host (engine/async_steps.py): the host's
+    # per-step work overlaps the GPU's; each step's tokens are reported one step later
+    async_scheduling: bool = False
     kernels: str = "auto"  # auto = Triton kernels on CUDA, the plain-torch reference elsewhere (ops/backend.py)
     cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
     max_queue_len: int = 1024

@@ -71,9 +71,10 @@ class DecodeGraphs:
     def bucket(self, rows: int) -> int | None:
         return next((s for s in self.sizes if s >= rows), None)
 
-    def run(self, sched, rows: list[RowSpec], step_hook=None) -> torch.Tensor | None:
+    def run(self, sched, rows: list[RowSpec], step_hook=None, patch=None) -> torch.Tensor | None:
         """Replay the graph for a uniform decode step of these rows (`step_hook(sched, step)` sets the model-specific
-        inputs, as for eager steps); None when the step does not qualify."""
+        inputs, as for eager steps; `patch(step)` changes the copied inputs on the device before the replay: async
+        scheduling's pending tokens); None when the step does not qualify."""
         R = len(rows)
         if any(len(r.token_ids) != 1 or r.logits != "last" for r in rows) \
                 or any(r.request.params.prompt_logprobs is not None for r in sched.rows):
@@ -99,6 +100,8 @@ class DecodeGraphs:
             self.engram[:R].copy_(extras.engram_prev_ids, non_blocking=True)
             if R < b:
                 self.engram[R:b].fill_(-1)
+        if patch is not None:
+            patch(step)
         self.graphs[b].replay()
         self.replays += 1
         return self.outputs[b][:R]

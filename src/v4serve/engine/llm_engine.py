@@ -19,6 +19,7 @@ from ..cache.spec import CacheSpec, make_cache_spec
 from ..models import footprint
 from ..models.factory import LoadedModel, build_model
 from ..tokenizer import Tokenizer
+from . import async_steps
 from .config import EngineConfig, EngineConfigError
 from .guided_admission import GrammarAdmission
 from .itl_budget import PrefillBudget
@@ -188,6 +189,8 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.outputs: dict[str, OutputProcessor] = {}
         self._ended: list[Request] = []  # aborted outside a step: reported by the next step
+        self._inflight: async_steps.InFlight | None = None  # async scheduling: the launched step not yet read
+        self._async = cfg.async_scheduling and self.peers is None and self.dp == 1 and not mc.is_v41
         self.load_seconds = time.monotonic() - t0
         log.info(footprint.describe(self.loaded.model, mc, cfg.with_mtp))
         log.info(self.describe_capacity())
@@ -282,7 +285,7 @@ class LLMEngine:
                 self._ended.append(req)
 
     def has_unfinished(self) -> bool:
-        return any(s.num_unfinished > 0 for s in self.schedulers)
+        return any(s.num_unfinished > 0 for s in self.schedulers) or self._inflight is not None
 
     # --- stepping -------------------------------------------------------------------------------------
     def step(self) -> list[StepDelta]:
@@ -293,6 +296,11 @@ class LLMEngine:
                 self.schedulers[req.dp_rank].finish(req, FinishReason.ERROR)
                 req.error, req.finished_time = reason, time.monotonic()
                 deltas.append(self._finish_delta(req))
+        if self._async and self.runner.logits_tap is None and async_steps.eligible(self.requests.values()):
+            return deltas + self._step_async()
+        if self._inflight is not None:  # a request that needs its tokens on the host came: read the launched step
+            deltas += self._take(self._inflight)
+            self._inflight = None
         scheds = [s.schedule() for s in self.schedulers]  # DEP: every data-parallel rank's own batch
         for sched in scheds:
             for req in sched.failed:
@@ -326,22 +334,68 @@ class LLMEngine:
             del req.prompt_logprobs[need:]  # a preempted request recomputes: its entries replace the first ones
             req.prompt_logprobs.extend(entries)
         for s in out.sampled:
-            req = s.request
-            if req.is_finished:
-                continue
-            proc = self.outputs[req.request_id]
-            if req.first_token_time is None:
-                req.first_token_time = now
-            text, reason, stop_reason = proc.append(s.token_id, s.top)
-            finished = reason is not None
-            if finished:
-                self.schedulers[req.dp_rank].finish(req, reason, stop_reason)
-                req.finished_time = now
-                self.outputs.pop(req.request_id)
-            deltas.append(proc.delta([s.token_id], text, finished, [s.top] if s.top is not None else None))
+            delta = self._token(s.request, s.token_id, s.top, now)
+            if delta is not None:
+                deltas.append(delta)
+        return deltas
+
+    def _token(self, req: Request, token_id: int, top: dict[int, float] | None, now: float) -> StepDelta | None:
+        """One sampled token of a request: output handling, stop checks, its delta (None: the request had ended)."""
+        if req.is_finished:
+            return None
+        proc = self.outputs[req.request_id]
+        if req.first_token_time is None:
+            req.first_token_time = now
+        text, reason, stop_reason = proc.append(token_id, top)
+        finished = reason is not None
+        if finished:
+            self.schedulers[req.dp_rank].finish(req, reason, stop_reason)
+            req.finished_time = now
+            self.outputs.pop(req.request_id)
+        return proc.delta([token_id], text, finished, [top] if top is not None else None)
+
+    def _step_async(self) -> list[StepDelta]:
+        """Schedule and launch this step, then read the previous one's tokens while the GPU runs it
+        (engine/async_steps.py)."""
+        sched = self.scheduler.schedule()
+        deltas: list[StepDelta] = []
+        for req in sched.failed:
+            req.finished_time = time.monotonic()
+            deltas.append(self._finish_delta(req))
+        prev, self._inflight = self._inflight, None
+        launched = None
+        if sched.empty:
+            self.scheduler.kv.pending[:0] = sched.slot_ops  # no forward: they wait for the next one, in order
+        else:
+            launched = self.runner.launch(sched, self.scheduler.decoder_floor, prev)
+        if prev is not None:
+            deltas += self._take(prev)
+            # the step's time: from its launch to its tokens on the host (the ITL budget's observation)
+            decodes = sum(1 for r in prev.sched.rows if r.num_tokens == 1)
+            self.scheduler.prefill_budget.observe(decodes, prev.sched.num_tokens - decodes,
+                                                  time.monotonic() - prev.launched_at)
+        if launched is not None:  # its input tokens are all on the host now: account for it, hold its tokens' places
+            self.scheduler.advance(sched)
+            async_steps.hold_places(launched.reqs)
+            self._inflight = launched
+            self.last_step_tokens = sched.num_tokens
+        elif self.grammars.pending and not deltas:
+            self.grammars.wait(0.01)
+        return deltas
+
+    def _take(self, f: async_steps.InFlight) -> list[StepDelta]:
+        """A launched step's tokens, read now: each replaces its request's placeholder."""
+        now = time.monotonic()
+        deltas = []
+        for req, token_id in zip(f.reqs, f.tokens()):
+            async_steps.drop_place(req)
+            delta = self._token(req, token_id, None, now)
+            if delta is not None:
+                deltas.append(delta)
         return deltas
 
     def _finish_delta(self, req: Request) -> StepDelta:
+        async_steps.drop_place(req)  # ended (aborted, failed) while its last token was still on the GPU
         proc = self.outputs.pop(req.request_id)
         return proc.delta([], "", True)
 

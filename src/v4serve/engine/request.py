@@ -47,6 +47,9 @@ class Request:
     prefill_target: int = 0  # tokens known when this prefill started (V4.1 decoder trim; set at admission)
     trim_target: int | None = None  # decoder trim reference length (None: prefill_target; see Scheduler)
     num_preemptions: int = 0
+    # async scheduling (engine/async_steps.py): the last output token is a placeholder, sampled on the GPU and not yet
+    # read; the next step feeds it from the device
+    pending_token: bool = False
     dp_rank: int = 0  # DEP: the data-parallel rank whose scheduler, KV cache and attention serve this request
     # --- structured output (engine/guided_admission.py) ----------------------------------------------
     pending_grammar: Future[Any] | None = None  # compiling: the scheduler does not admit the request yet
@@ -91,8 +94,9 @@ class Request:
 
     @property
     def ready(self) -> bool:
-        """Whether it may be admitted: nothing it needs is still being prepared (its grammar is compiled)."""
-        return self.pending_grammar is None
+        """Whether it may be admitted: nothing it needs is still being prepared (its grammar is compiled, and a
+        preempted request's last token is on the host)."""
+        return self.pending_grammar is None and not self.pending_token
 
     @property
     def in_prefill(self) -> bool:

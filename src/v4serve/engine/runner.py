@@ -16,6 +16,8 @@ from ..cache.manager import SlotOp
 from ..cache.pool import KVPools
 from ..models.step import RowSpec, StepInput, build_step
 from ..transfer import to_device
+from . import async_steps
+from .async_steps import InFlight
 from .request import Request
 from .sampler import SamplingBatch, sample
 from .scheduler import SchedulerOutput
@@ -106,6 +108,32 @@ class ModelRunner:
         if self.logits_tap is not None:
             self.logits_tap(sched, logits, self._logits_from)
         return self._sample(sched, logits, masks)
+
+    @torch.inference_mode()
+    def launch(self, sched: SchedulerOutput, decoder_floor, prev: InFlight | None) -> InFlight:
+        """Async scheduling (engine/async_steps.py): run and sample a step without reading its tokens; rows whose
+        token is pending read it from `prev` on the device. Only for steps `async_steps.eligible` allows: every row
+        samples at most its last position and no row needs logprobs, penalties or a grammar mask."""
+        self.apply_ops(sched.slot_ops)
+        specs = self.specs(sched, decoder_floor)
+        patch = async_steps.patcher(sched, prev)
+        logits = self.graphs.run(sched, specs, self.step_hook, patch) if self.graphs is not None else None
+        if logits is None:
+            step = self.build(sched, decoder_floor, specs)
+            if patch is not None:
+                patch(step)
+            logits = self.model(step, self.pools).logits
+        reqs = [row.request for row in sched.rows if row.sample]
+        if not reqs:
+            return async_steps.InFlight(sched, [], logits.new_empty(0, dtype=torch.int64),
+                                        torch.empty(0, dtype=torch.int64), None)
+        batch = SamplingBatch.build([r.params for r in reqs], vocab_size=self.vocab_size, device=logits.device,
+                                    output_ids=[r.output_token_ids for r in reqs], seeds=[r.seed for r in reqs],
+                                    eos_id=self.eos_id, guided=[False] * len(reqs))
+        batch.chosen_logprobs = False
+        ids = sample(logits, batch).token_ids  # one logits row per sampling row, in order
+        host, copied = async_steps.read_later(ids)
+        return async_steps.InFlight(sched, reqs, ids, host, copied)
 
     @torch.inference_mode()
     def execute_dp(self, scheds: list[SchedulerOutput], decoder_floors: list) -> RunnerOutput:
