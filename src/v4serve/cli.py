@@ -49,8 +49,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     g.add_argument("--async-scheduling", action="store_true",
                    help="schedule and launch each step before the previous step's tokens reach the host (the host's "
-                        "work overlaps the GPU's; V4 models, world size 1; requests with logprobs, penalties or "
-                        "structured output step synchronously)")
+                        "work overlaps the GPU's; world size 1; while a request wants logprobs, penalties or "
+                        "structured output, the engine steps synchronously)")
     g.add_argument("--kernels", default="auto", choices=["auto", "triton", "reference"],
                    help="op bodies: auto (the Triton kernels on CUDA, the plain-torch reference elsewhere); "
                         "reference forces the plain-torch path")
@@ -60,7 +60,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dtype", "index_cache_dtype",
                "gpu_memory_utilization", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
-               "num_window_checkpoints", "enforce_eager", "async_scheduling", "kernels", "max_queue_len", "tensor_parallel_size",
+               "num_window_checkpoints", "enforce_eager", "async_scheduling", "kernels", "max_queue_len",
+               "tensor_parallel_size",
                "prefill_budget_with_decodes", "target_itl_ms", "nnodes", "master_addr", "master_port",
                "enable_expert_parallel", "data_parallel_size")
 

@@ -154,7 +154,7 @@ def test_shared_expert_on_a_side_stream_changes_nothing(name: str, monkeypatch: 
     assert llm.engine.runner.graphs.replays > 0
 
 
-@pytest.mark.parametrize("name", ["tiny-v4-flash"])
+@pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])
 def test_async_scheduling_gives_the_synchronous_tokens(name: str) -> None:
     """--async-scheduling on the GPU: each step launched (a graph replay, its pending tokens patched into the graph's
     inputs on the device) before the previous step's tokens are read; the same greedy tokens as stepping

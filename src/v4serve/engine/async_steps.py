@@ -11,9 +11,10 @@ tokens for the prefix cache: they are all real by then). A request that finished
 vain: its output is dropped, and its KV writes go to blocks and a slot that are reused only by later steps, which the
 stream orders after them. A preempted request with a placeholder waits until the token is read (`Request.ready`).
 
-What steps synchronously instead (`eligible`): world size > 1, V4.1 (its Engram lookups read the last tokens on the
-host), the logits tap, and any unfinished request that wants logprobs, prompt logprobs, penalties (they read the output
-ids on the host) or structured output (its mask needs the previous token). The in-flight step is drained first.
+What steps synchronously instead (`eligible`): world size > 1, the logits tap, and any unfinished request that wants
+logprobs, prompt logprobs, penalties (they read the output ids on the host) or structured output (its mask needs the
+previous token). The in-flight step is drained first. V4.1's Engram history (the tokens before each input token) is
+on the host by then: only the input token itself is pending.
 """
 
 from __future__ import annotations

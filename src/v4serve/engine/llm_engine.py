@@ -190,7 +190,7 @@ class LLMEngine:
         self.outputs: dict[str, OutputProcessor] = {}
         self._ended: list[Request] = []  # aborted outside a step: reported by the next step
         self._inflight: async_steps.InFlight | None = None  # async scheduling: the launched step not yet read
-        self._async = cfg.async_scheduling and self.peers is None and self.dp == 1 and not mc.is_v41
+        self._async = cfg.async_scheduling and self.peers is None and self.dp == 1
         self.load_seconds = time.monotonic() - t0
         log.info(footprint.describe(self.loaded.model, mc, cfg.with_mtp))
         log.info(self.describe_capacity())
