@@ -127,11 +127,7 @@ class ModelRunner:
         if not reqs:
             return async_steps.InFlight(sched, [], logits.new_empty(0, dtype=torch.int64),
                                         torch.empty(0, dtype=torch.int64), None)
-        batch = SamplingBatch.build([r.params for r in reqs], vocab_size=self.vocab_size, device=logits.device,
-                                    output_ids=[r.output_token_ids for r in reqs], seeds=[r.seed for r in reqs],
-                                    eos_id=self.eos_id, guided=[False] * len(reqs))
-        batch.chosen_logprobs = False
-        ids = sample(logits, batch).token_ids  # one logits row per sampling row, in order
+        ids = sample(logits, self._sampling_batch(reqs, logits.device)).token_ids  # one logits row per sampling row, in order
         host, copied = async_steps.read_later(ids)
         return async_steps.InFlight(sched, reqs, ids, host, copied)
 
@@ -209,14 +205,7 @@ class ModelRunner:
         if sample_rows:
             idx = [i for _, i in sample_rows]
             reqs = [r for r, _ in sample_rows]
-            batch = SamplingBatch.build(
-                [r.params for r in reqs], vocab_size=self.vocab_size, device=logits.device,
-                output_ids=[r.output_token_ids for r in reqs],
-                prompt_ids=[r.prompt_token_ids for r in reqs] if any(r.params.repetition_penalty != 1.0 for r in reqs)
-                else None,
-                seeds=[r.seed for r in reqs], eos_id=self.eos_id,
-                guided=[r.guide is not None and r.guide.active for r in reqs])
-            batch.chosen_logprobs = any(r.params.logprobs is not None for r in reqs)  # else no log-sum-exp
+            batch = self._sampling_batch(reqs, logits.device)
             if masks is not None:
                 bitmask, rows = masks.result()
                 batch.bitmask = bitmask.to(logits.device, non_blocking=True)
@@ -238,6 +227,19 @@ class ModelRunner:
                         top.update({t: v for t, v in zip(tops[i][:k], topv[i][:k])})
                 sampled.append(SampledToken(r, ids[i], lps[i], top))
         return RunnerOutput(sampled, prompt_lp)
+
+    def _sampling_batch(self, reqs: list[Request], device: torch.device) -> SamplingBatch:
+        """The sampling parameters of these rows on the device (prompt ids only for the repetition penalty; the
+        log-sum-exp only when a row wants logprobs)."""
+        batch = SamplingBatch.build(
+            [r.params for r in reqs], vocab_size=self.vocab_size, device=device,
+            output_ids=[r.output_token_ids for r in reqs],
+            prompt_ids=[r.prompt_token_ids for r in reqs] if any(r.params.repetition_penalty != 1.0 for r in reqs)
+            else None,
+            seeds=[r.seed for r in reqs], eos_id=self.eos_id,
+            guided=[r.guide is not None and r.guide.active for r in reqs])
+        batch.chosen_logprobs = any(r.params.logprobs is not None for r in reqs)  # else no log-sum-exp
+        return batch
 
     def _prompt_logprobs(self, req: Request, start: int, chunk: torch.Tensor) -> list[dict[int, float] | None]:
         """Entry i: logprob of prompt token start+i+1 (and the top-k) from the logits at position start+i."""

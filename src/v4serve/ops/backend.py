@@ -68,19 +68,25 @@ FUSIONS_ENV = "V4SERVE_FUSIONS"
 
 def fused(name: str) -> bool:
     """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all"); unset, DEFAULT_FUSIONS."""
-    if name not in FUSIONS:
-        raise ValueError(f"unknown fusion {name!r}; expected one of {FUSIONS}")
-    return name in _fusions_on(os.environ.get(FUSIONS_ENV))
+    return switched_on(name, FUSIONS_ENV, FUSIONS, "fusion", DEFAULT_FUSIONS)
 
 
-@functools.lru_cache(maxsize=16)
-def _fusions_on(value: str | None) -> frozenset[str]:
-    """The fusions a V4SERVE_FUSIONS value turns on (parsed once per value: the layers ask on every eager step)."""
+def switched_on(name: str, env: str, known: tuple[str, ...], kind: str, default: tuple[str, ...] = ()) -> bool:
+    """Whether `name` (one of `known`) is on in the named switches of environment variable `env`: a comma-separated
+    list of names, "all" or "none"; unset, `default` (V4SERVE_FUSIONS here, V4SERVE_OVERLAP in ops/streams.py)."""
+    if name not in known:
+        raise ValueError(f"unknown {kind} {name!r}; expected one of {known}")
+    return name in _names_on(env, os.environ.get(env), known, kind, default)
+
+
+@functools.lru_cache(maxsize=32)
+def _names_on(env: str, value: str | None, known: tuple[str, ...], kind: str,
+              default: tuple[str, ...]) -> frozenset[str]:
+    """The names a switch variable's value turns on (parsed once per value: the layers ask on every eager step)."""
     if value is None:
-        return frozenset(DEFAULT_FUSIONS)
+        return frozenset(default)
     names = frozenset(v.strip() for v in value.split(",") if v.strip())
-    unknown = names - set(FUSIONS) - {"all", "none"}
+    unknown = names - set(known) - {"all", "none"}
     if unknown:
-        raise ValueError(f"{FUSIONS_ENV} names unknown fusions {sorted(unknown)}; expected any of {FUSIONS}, all or "
-                         "none")
-    return frozenset(FUSIONS) if "all" in names else names - {"none"}
+        raise ValueError(f"{env} names unknown {kind}s {sorted(unknown)}; expected any of {known}, all or none")
+    return frozenset(known) if "all" in names else names - {"none"}

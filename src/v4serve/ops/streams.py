@@ -11,11 +11,12 @@ Opt-in by name until a measurement says it pays (issue 11: "measure what it buys
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import TypeVar
 
 import torch
+
+from .backend import switched_on
 
 OVERLAPS = ("shared_expert",)
 OVERLAP_ENV = "V4SERVE_OVERLAP"
@@ -24,19 +25,7 @@ T = TypeVar("T")
 
 def overlapped(name: str) -> bool:
     """Whether overlap `name` (OVERLAPS) is on: V4SERVE_OVERLAP names it (or says "all")."""
-    if name not in OVERLAPS:
-        raise ValueError(f"unknown overlap {name!r}; expected one of {OVERLAPS}")
-    return name in _names(os.environ.get(OVERLAP_ENV, ""))
-
-
-@functools.lru_cache(maxsize=16)
-def _names(value: str) -> frozenset[str]:
-    names = frozenset(v.strip() for v in value.split(",") if v.strip())
-    unknown = names - set(OVERLAPS) - {"all", "none"}
-    if unknown:
-        raise ValueError(f"{OVERLAP_ENV} names unknown overlaps {sorted(unknown)}; expected any of {OVERLAPS}, all "
-                         "or none")
-    return frozenset(OVERLAPS) if "all" in names else names - {"none"}
+    return switched_on(name, OVERLAP_ENV, OVERLAPS, "overlap")
 
 
 class Fork:
