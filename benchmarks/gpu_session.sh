@@ -330,7 +330,7 @@ if [[ $what == idxbench ]]; then  # the indexer kernels at 64K context (MXFP4 / 
   timeout ${IDX_TIMEOUT:-240} python3 benchmarks/kernels/indexer.py ${IDX_ARGS:---quick} --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/indexer.log" | tail -24
 fi
-if [[ $what == next2 ]]; then  # prepared for the seventh session: the select variants (GPU tests, then timed: digits,
+if [[ $what == seventh2 ]]; then  # prepared for the seventh session: the select variants (GPU tests, then timed: digits,
   # the narrow sort, resident keys), ncu's stall reasons on the decode MoE and GEMV (then `b32` in a call of its own)
   timeout 90 python3 -m pytest tests/ops/test_indexer.py -k "gpu" -q -p no:cacheprovider -o addopts="" 2>&1 | tail -2
   timeout 200 python3 benchmarks/kernels/indexer.py --select-sweep --out "$OUT" 2>&1 | grep -v Warning \
