@@ -12,6 +12,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # returned file may take), so that a call recompiles only the kernels that changed
 export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$TRITON_CACHE_DIR"
+touch /tmp/tcache.start  # save_cache keeps what this call used when the whole cache is too large
 [[ -f .tcache.tgz ]] && tar -xf .tcache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null  # gzip or xz
 save_cache() {
   # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs);
@@ -20,6 +21,9 @@ save_cache() {
   tar -czf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
   if (( $(stat -c %s /tmp/tcache.tgz) >= 16000000 )) && command -v xz > /dev/null; then
     tar -cJf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
+  fi
+  if (( $(stat -c %s /tmp/tcache.tgz) >= 16000000 )); then  # only the kernels this call compiled or read
+    python3 benchmarks/tcache_pack.py "$TRITON_CACHE_DIR" /tmp/tcache.tgz /tmp/tcache.start || return
   fi
   if (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )); then cp /tmp/tcache.tgz "$OUT/tcache.tgz"
   else echo "Triton cache $(du -h /tmp/tcache.tgz | cut -f1) compressed: too large to return"; fi
@@ -531,6 +535,22 @@ if [[ $what == next2 ]]; then  # prepared in the tenth session: the shared exper
       --graph-only --kv-cache-memory 8589934592 --async-scheduling 2>&1 | grep -v -e Warning -e USDT \
       -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph"
   done
+fi
+if [[ $what == eleventh1 ]]; then  # the step's addressing in 3 launches (ops/addressing.py), the shared expert's
+  # overlap and the mHC's 2-token decode blocks on by default: GPU tests, then the graphed V4 step at batch 1 and 32
+  # (sync twice, async once) and batch 1 traced (launches a layer)
+  timeout 60 python3 -m pytest tests/ops/test_addressing.py -q -p no:cacheprovider -o addopts="" 2>&1 | tail -2
+  timeout -s INT 230 python3 -m pytest tests/gpu/test_cuda.py -k "async" -q -p no:cacheprovider -o addopts="" \
+    --tb=short -rf 2>&1 | tee "$OUT/async_test.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -8
+  for b in 1 32; do
+    for v in sync sync async; do
+      echo "== b$b $v"
+      timeout ${AB_TIMEOUT:-70} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b --context 2048 --steps 10 \
+        --graph-only --kv-cache-memory 8589934592 $([[ $v == async ]] && echo --async-scheduling) 2>&1 \
+        | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/step.log" | grep -E "graph"
+    done
+  done
+  TRACE_BATCHES="1" OUT=$OUT bash "$0" traces
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

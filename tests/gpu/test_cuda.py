@@ -140,7 +140,7 @@ def test_shared_expert_on_a_side_stream_changes_nothing(name: str, monkeypatch: 
     from v4serve import LLM, SamplingParams
 
     toks = _tokens(60, 6)
-    monkeypatch.delenv("V4SERVE_OVERLAP", raising=False)
+    monkeypatch.setenv("V4SERVE_OVERLAP", "none")
     plain = _logits(name, "cuda", torch.bfloat16, toks, chunks=[40, 1, 1, 1], kernels="triton")
     prompts = [[1000 + i for i in range(n)] for n in (7, 40)]
     sp = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)

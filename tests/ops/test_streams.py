@@ -11,7 +11,7 @@ from v4serve.ops import streams
 
 def test_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(streams.OVERLAP_ENV, raising=False)
-    assert not streams.overlapped("shared_expert")  # opt-in
+    assert streams.overlapped("shared_expert") is ("shared_expert" in streams.DEFAULT_OVERLAPS)
     for value, on in (("shared_expert", True), ("all", True), ("none", False), ("", False)):
         monkeypatch.setenv(streams.OVERLAP_ENV, value)
         assert streams.overlapped("shared_expert") is on

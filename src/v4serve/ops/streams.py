@@ -2,8 +2,7 @@
 joins the main stream before its result is read, eagerly and inside CUDA graphs (the fork and the join become edges
 of the captured graph, so a replay overlaps the two branches as the eager step does).
 
-Opt-in by name until a measurement says it pays (issue 11: "measure what it buys"): V4SERVE_OVERLAP=name[,name...]
-(or "all"; unset or "none": nothing).
+V4SERVE_OVERLAP=name[,name...], "all" or "none"; unset, DEFAULT_OVERLAPS (those a measurement says pay).
   shared_expert: the MoE's shared expert beside the routed experts' sort, gate-up and down; their combine, which adds
                  the shared output, waits for it (models/v4/moe.py).
 """
@@ -19,13 +18,16 @@ import torch
 from .backend import switched_on
 
 OVERLAPS = ("shared_expert",)
+# on by default: the graph replay of the V4 step (v4-flash-e16, 2K context, H200, `gpu_session.sh next2`, eleventh
+# session, two interleaved runs each) 9.81/9.82 -> 9.54/9.53 ms at batch 1, 20.19/20.20 -> 19.72/19.73 ms at batch 32
+DEFAULT_OVERLAPS = ("shared_expert",)
 OVERLAP_ENV = "V4SERVE_OVERLAP"
 T = TypeVar("T")
 
 
 def overlapped(name: str) -> bool:
-    """Whether overlap `name` (OVERLAPS) is on: V4SERVE_OVERLAP names it (or says "all")."""
-    return switched_on(name, OVERLAP_ENV, OVERLAPS, "overlap")
+    """Whether overlap `name` (OVERLAPS) is on: V4SERVE_OVERLAP names it (or says "all"); unset, DEFAULT_OVERLAPS."""
+    return switched_on(name, OVERLAP_ENV, OVERLAPS, "overlap", DEFAULT_OVERLAPS)
 
 
 class Fork:

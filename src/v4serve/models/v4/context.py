@@ -1,63 +1,37 @@
 """Per-step addressing shared by every layer: RoPE tables, window gathers and compressed-entry rows.
 
 Computed once per step (per sub-step for V4.1's trimmed decoder layers) from the StepInput, with static
-shapes only, so a decode step can be captured in a CUDA graph.
+shapes only, so a decode step can be captured in a CUDA graph; with the Triton backend in one launch for the window
+addressing and both RoPE tables and one per compression ratio (ops/addressing.py).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
 from ...cache.pool import KVPools, RowPool
 from ...config import ModelConfig
+from ...ops.addressing import Compression, compression_addressing, visible_entries, window_addressing
 from ...ops.attention import EntryRefs, WindowRefs
-from ...ops.backend import fused
-from ...ops.compressor import Groups, completed_groups, dest_rows
+from ...ops.backend import REFERENCE, TRITON, fused
+from ...ops.compressor import Groups, dest_rows
 from ...ops.finish import finish_rows
 from ...ops.indexer import Entries
 from ...ops.rope import inv_freq, rope_cos_sin
 from ..step import StepInput
 
 
-@dataclass
-class Compression:
-    """A step's compressed entries of one ratio: the completed groups (padded), their pool rows, cos/sin at their
-    first positions."""
-
-    groups: Groups
-    rows: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-
 class StepContext:
-    def __init__(self, step: StepInput, config: ModelConfig, pools: KVPools):
-        self.step, self.config, self.pools = step, config, pools
-        dev = step.device
+    def __init__(self, step: StepInput, config: ModelConfig, pools: KVPools, backend: str = REFERENCE):
+        self.step, self.config, self.pools, self.backend = step, config, pools, backend
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
         self._compression: dict[int, Compression] = {}
         self._visible: dict[int, torch.Tensor] = {}
-        W = config.window_size
-        R = step.num_rows
-        pos, row = step.positions, step.token_row
-        # --- window: positions p-W+1 .. p, from the row's ring (before this step) or this step's fresh rows
-        k = torch.arange(W, device=dev)
-        p = pos.unsqueeze(1) - (W - 1) + k  # [T, W]
-        r = row.unsqueeze(1)
-        start = step.row_start[r]
-        self.win_valid = (p >= 0) & (p >= step.window_floor[r])
-        fresh = p >= start
-        fresh_idx = (step.row_offset[r] + (p - start)).clamp(min=0)
-        ring_idx = r * W + torch.remainder(p, W)
-        self.win_src = torch.where(fresh, R * W + fresh_idx, ring_idx)
-        self.ring_rows = pools.window_rows(step.row_slot.unsqueeze(1), k.unsqueeze(0)).reshape(-1)  # [R*W]
-        # rows each token's KV goes to: the last W positions of its row (others go to the trash slot)
-        row_end = (step.row_start + step.row_len)[row]
-        keep = (pos >= row_end - W) & (pos >= step.window_floor[row])
-        slot = torch.where(keep, step.row_slot[row], torch.full_like(row, pools.trash_slot))
-        self.win_write = pools.window_rows(slot, pos)
+        # the Triton body writes both RoPE tables in the window's launch; the reference makes each when first asked
+        freqs = [inv_freq(config, c, step.device) for c in (False, True)] if backend == TRITON else []
+        win = window_addressing(step, config.window_size, pools.trash_slot, freqs, backend)
+        self.win_src, self.win_valid, self.ring_rows, self.win_write = win.src, win.valid, win.ring_rows, win.write
+        self._rope.update(zip((False, True), win.rope))
 
     # --- RoPE ---------------------------------------------------------------------------------------
     def rope(self, compressed: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,7 +64,8 @@ class StepContext:
         """Entries each token may see: groups complete at or before its position (once per step and ratio: every
         compressed layer asks, twice)."""
         if ratio not in self._visible:
-            self._visible[ratio] = torch.div(self.step.positions + 1, ratio, rounding_mode="floor")
+            self._visible[ratio] = (self.compression(ratio).visible if ratio > 1 and self.backend == TRITON
+                                    else visible_entries(self.step.positions, ratio))  # (the kernel writes both)
         return self._visible[ratio]
 
     def entries(self, ratio: int, visible: torch.Tensor) -> Entries:
@@ -114,14 +89,13 @@ class StepContext:
         that ratio, so computed once per step (ratio 1, V4.1's ungated source: every token is its own entry)."""
         if ratio not in self._compression:
             st = self.step
-            if ratio == 1:
-                groups = Groups(st.token_row, st.positions, torch.ones_like(st.positions, dtype=torch.bool))
-            else:
-                groups = completed_groups(st, ratio)
-            rows = dest_rows(st, groups, self.entries(ratio, self.visible(ratio)))
             if ratio == 1:  # the entries sit at the tokens' own positions
+                groups = Groups(st.token_row, st.positions, torch.ones_like(st.positions, dtype=torch.bool))
+                rows = dest_rows(st, groups, self.entries(ratio, self.visible(ratio)))
                 cos, sin = self.rope(True)
+                self._compression[ratio] = Compression(groups, rows, cos, sin, self.visible(ratio))
             else:
-                cos, sin = rope_cos_sin(groups.entry * ratio, inv_freq(self.config, True, st.device))
-            self._compression[ratio] = Compression(groups, rows, cos, sin)
+                self._compression[ratio] = compression_addressing(
+                    st, ratio, self.pools.block_size, self.pools.num_blocks, self.max_entries(ratio),
+                    inv_freq(self.config, True, st.device), self.backend)
         return self._compression[ratio]

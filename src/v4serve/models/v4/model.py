@@ -90,7 +90,7 @@ class V4Model(nn.Module):
 
     def forward(self, step: StepInput, pools: KVPools) -> ModelOutput:
         c = self.config
-        ctx = StepContext(step, c, pools)
+        ctx = StepContext(step, c, pools, self.backend)
         h = self.embed_tokens(step.token_ids)
         x = h.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()
         pending = None
@@ -104,7 +104,7 @@ class V4Model(nn.Module):
         """One MTP block: step.token_ids are the *next* tokens, `hidden` the main model's streams at the same
         positions; returns logits for the token after next. Its window ring is cache layer n_layers + depth."""
         blk: MTPBlock = self.mtp[depth]
-        ctx = StepContext(step, self.config, pools)
+        ctx = StepContext(step, self.config, pools, self.backend)
         e = blk.enorm(self.embed_tokens(step.token_ids))
         x = blk.e_proj(e).unsqueeze(1) + blk.h_proj(blk.hnorm(hidden))
         x = blk(x, ctx)

@@ -129,7 +129,7 @@ class V41Model(nn.Module):
     # --- forward --------------------------------------------------------------------------------------
     def forward(self, step: StepInput, pools: KVPools) -> V41Output:
         c = self.config
-        ctx = StepContext(step, c, pools)
+        ctx = StepContext(step, c, pools, self.backend)
         rows = live = None
         if c.engram_layers:
             rows, live = self.engram_inputs(step)
@@ -151,7 +151,7 @@ class V41Model(nn.Module):
                 if bool((sub.logits_index < 0).any()):
                     raise ValueError("logits were requested for a token below its row's decoder_floor; the decoder "
                                      "layers skip those tokens (lower decoder_floor or ask for fewer logits)")
-                ctx = StepContext(sub, c, pools)
+                ctx = StepContext(sub, c, pools, self.backend)
                 x, pre, image, sel = x[kept], pre[kept], image[kept], sel.restrict(kept)
                 taps = [t[kept] for t in taps]
                 if rows is not None:

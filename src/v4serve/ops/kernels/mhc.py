@@ -540,8 +540,9 @@ def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
         # fp32 FMA dots, not the bf16x3 tensor-core GEMM: chaining every D chunk through the MMA's accumulator put the
         # coefficients 3.7e-4 (relative) from the float32 reference at T=4096 on the H200, the FMA dots 3.5e-5
         return PreConfig(block_t=32, block_d=64, split_d=1, num_warps=4, num_stages=2, bf16x3=False)
-    block_t, split_d = ((1, 32) if t <= 4 else (2, 32) if t <= 16 else (4, 16) if t <= 64 else
-                        (8, 8) if t <= 256 else (16, 4))
+    # up to 64 tokens: 2-token blocks over 32 D-splits (H200, `mhc.py --sweep --tokens 32,8`, eleventh session: at
+    # T=32 hc_pre 23.6 -> 20.4 us and hc_post_pre 32.4 -> 22.2 us against (4, 16); at T=8 the same as before)
+    block_t, split_d = ((1, 32) if t <= 4 else (2, 32) if t <= 64 else (8, 8) if t <= 256 else (16, 4))
     # the finishing collapse: ~4096-element tiles, so that a 1-token block crosses D=4096 in one step (its y then
     # stays in registers for the norm) rather than 32 latency-bound ones; a single token crosses V4.1's D=5120 in
     # one 8192 tile too (H200, `mhc.py --sweep --dim 5120`: hc_pre 16.3 -> 15.4 us, hc_post_pre 17.9 -> 16.7 us)
