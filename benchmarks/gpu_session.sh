@@ -7,25 +7,20 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   && export PYTHONPATH=/tmp/site:$PWD/src || exit 1
 export PYTHONUNBUFFERED=1 V4SERVE_TEST_DEVICE=cuda
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-# Triton's compile cache travels between calls: a .tcache.tgz in the repo root (git-ignored; copied there from the
-# last call's $OUT) is unpacked first, and the cache goes back as $OUT/tcache.tgz on exit (when it fits the 16 MiB a
-# returned file may take), so that a call recompiles only the kernels that changed
+# Triton's compile cache travels between calls: .tcache.tgz in the repo root (git-ignored; copied there from the
+# last call's $OUT, with .tcache.tgz.1 when the archive came back in two parts) is unpacked first, and the cache goes
+# back as $OUT/tcache.tgz (xz; split into tcache.tgz and tcache.tgz.1 when over the 16 MiB a returned file may take),
+# so that a call recompiles only the kernels that changed
 export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$TRITON_CACHE_DIR"
-touch /tmp/tcache.start  # save_cache keeps what this call used when the whole cache is too large
-[[ -f .tcache.tgz ]] && tar -xf .tcache.tgz -C "$TRITON_CACHE_DIR" 2>/dev/null  # gzip or xz
+[[ -f .tcache.tgz ]] && cat .tcache.tgz $(ls .tcache.tgz.1 2>/dev/null) | tar -xJf - -C "$TRITON_CACHE_DIR" 2>/dev/null
 save_cache() {
-  # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs);
-  # gzip first (fast), xz when gzip's archive is over the 16 MiB a returned file may take
+  # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs)
   local ex=(--exclude="*.ptx" --exclude="*.llir" --exclude="*.ttir" --exclude="*.ttgir" --exclude="*.source")
-  tar -czf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
-  if (( $(stat -c %s /tmp/tcache.tgz) >= 16000000 )) && command -v xz > /dev/null; then
-    tar -cJf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
-  fi
-  if (( $(stat -c %s /tmp/tcache.tgz) >= 16000000 )); then  # only the kernels this call compiled or read
-    python3 benchmarks/tcache_pack.py "$TRITON_CACHE_DIR" /tmp/tcache.tgz /tmp/tcache.start || return
-  fi
+  tar -cJf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
   if (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )); then cp /tmp/tcache.tgz "$OUT/tcache.tgz"
+  elif (( $(stat -c %s /tmp/tcache.tgz) < 30000000 )); then
+    head -c 15000000 /tmp/tcache.tgz > "$OUT/tcache.tgz"; tail -c +15000001 /tmp/tcache.tgz > "$OUT/tcache.tgz.1"
   else echo "Triton cache $(du -h /tmp/tcache.tgz | cut -f1) compressed: too large to return"; fi
 }
 trap save_cache EXIT

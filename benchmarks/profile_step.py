@@ -176,7 +176,8 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=0, help="also list the N costliest decode kernels (GPU)")
     ap.add_argument("--graph-only", action="store_true", help="only the CUDA-graph step time (A/B runs)")
     ap.add_argument("--async-scheduling", action="store_true",
-                    help="the engine's async scheduling (each step launched before the last one's tokens are read)")
+                    help="the engine's async scheduling (each step launched before the last one's tokens are read; the "
+                         "engine's default, off here so that the graphed step and its replay compare as before)")
     ap.add_argument("--replay-trace", type=int, default=0,
                     help="with --graph-only: trace N graph replays kernel by kernel (replay_trace.py: each kernel's "
                          "exposed time and the idle time before it)")

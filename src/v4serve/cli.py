@@ -47,10 +47,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "V4.1); --no-swa-bounded-replay is exact")
     g.add_argument("--num-window-checkpoints", type=int, default=None)
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    g.add_argument("--async-scheduling", action="store_true",
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="schedule and launch each step before the previous step's tokens reach the host (the host's "
                         "work overlaps the GPU's; world size 1; while a request wants logprobs, penalties or "
-                        "structured output, the engine steps synchronously)")
+                        "structured output, the engine steps synchronously); on by default, "
+                        "--no-async-scheduling steps synchronously")
     g.add_argument("--kernels", default="auto", choices=["auto", "triton", "reference"],
                    help="op bodies: auto (the Triton kernels on CUDA, the plain-torch reference elsewhere); "
                         "reference forces the plain-torch path")

@@ -166,7 +166,7 @@ def test_async_scheduling_gives_the_synchronous_tokens(name: str) -> None:
     for dtype in ("float64", "bfloat16"):
         common = dict(device="cuda", dtype=dtype, kv_cache_memory=256 << 20, max_model_len=1024, block_size=64,
                       cuda_graph_sizes=(1, 2, 4))
-        sync = [o.token_ids for o in LLM(name, **common).generate(prompts, sp)]
+        sync = [o.token_ids for o in LLM(name, async_scheduling=False, **common).generate(prompts, sp)]
         llm = LLM(name, async_scheduling=True, **common)
         assert [o.token_ids for o in llm.generate(prompts, sp)] == sync
         assert llm.engine.runner.graphs.replays > 0
