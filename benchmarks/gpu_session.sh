@@ -547,6 +547,20 @@ if [[ $what == eleventh1 ]]; then  # the step's addressing in 3 launches (ops/ad
   done
   TRACE_BATCHES="1" OUT=$OUT bash "$0" traces
 fi
+if [[ $what == next3 ]]; then  # prepared in the eleventh session: the GPU tests with this tree's defaults (async
+  # scheduling, the shared expert's side stream, the addressing kernels; the eleventh session ran only some of them),
+  # then the table with async scheduling (the engine's default): each preset's graphed step, replay, floor,
+  # host time and launches (profile_step.py --graph-only writes graph-*.json)
+  timeout -s INT ${TESTS_TIMEOUT:-330} python3 -m pytest tests/gpu tests/ops/test_addressing.py -q -p no:cacheprovider \
+    -o addopts="" --tb=short -rf 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -12
+  for mb in ${MEASURE:-v4-flash-e16:1 v4-flash-e16:32 v41-flash-e16-engram1m:1 v4-flash-l8-e16:1}; do
+    m=${mb%:*}; b=${mb#*:}
+    echo "== $m b$b"
+    timeout ${AB_TIMEOUT:-80} python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 10 --graph-only \
+      --async-scheduling --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT \
+      -e "Random weights" | tee -a "$OUT/table.log" | grep -E "graph|floor"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -222,14 +222,28 @@ def main() -> int:
         geng = engine(eager=False)
         fill(geng)
         ms = timed_steps(geng, max(args.steps, 10))
+        replay = replay_ms(geng, args.batch)
         print(f"decode with CUDA graphs: {ms:.2f} ms/step, of which the graph replay alone "
-              f"{replay_ms(geng, args.batch):.2f} ms (V4SERVE_PDL={os.environ.get('V4SERVE_PDL', '1')})", flush=True)
+              f"{replay:.2f} ms (V4SERVE_PDL={os.environ.get('V4SERVE_PDL', '1')})", flush=True)
+        # the table row: the floor, the host's share and the launches of one replay
+        floor = sum(floors.floor_ms(floors.decode_bytes(geng.model_config, geng.spec, args.batch, args.context), {},
+                                    ceil).values())
+        trace = trace_replays(geng, args.batch, max(args.replay_trace, 1))
+        results.update(graph_step_ms=ms, graph_replay_ms=replay, host_ms=ms - replay, floor_ms=floor,
+                       x_floor=ms / floor, kernels_per_step=len(trace["sequence"]),
+                       async_scheduling=args.async_scheduling)
+        print(f"floor {floor:.3f} ms ({ms / floor:.2f}x); host {ms - replay:.2f} ms; "
+              f"{len(trace['sequence'])} launches a replay", flush=True)
         if args.replay_trace:
-            trace = trace_replays(geng, args.batch, args.replay_trace)
             print("\n".join(replay_trace.table(trace, top=max(args.top, 25))), flush=True)
-            if args.out:
-                os.makedirs(args.out, exist_ok=True)
-                with open(os.path.join(args.out, f"replay-trace-{args.model}-b{args.batch}.json"), "w") as f:
+        if args.out:
+            os.makedirs(args.out, exist_ok=True)
+            tag = f"{args.model}-b{args.batch}"
+            with open(os.path.join(args.out, f"graph-{tag}{'-async' if args.async_scheduling else ''}.json"),
+                      "w") as f:
+                json.dump(results, f, indent=2, default=str)
+            if args.replay_trace:
+                with open(os.path.join(args.out, f"replay-trace-{tag}.json"), "w") as f:
                     json.dump(trace, f, indent=1)
         return 0
     eng = engine(eager=True)
@@ -282,6 +296,8 @@ def main() -> int:
         fill(geng)
         results["graph_step_ms"] = timed_steps(geng, max(args.steps, 10))
         results["graph_replay_ms"] = replay_ms(geng, args.batch)
+        results["host_ms"] = results["graph_step_ms"] - results["graph_replay_ms"]
+        results["kernels_per_step"] = sum(v["launches"] for v in results["decode"]["families"].values())
         lines.append(f"\ngraph replay alone: {results['graph_replay_ms']:.2f} ms (the rest of the step is host work)")
         lines.append(f"\ndecode with CUDA graphs: {results['graph_step_ms']:.2f} ms/step; floor "
                      f"{sum(dec_floor.values()):.3f} ms ({results['graph_step_ms'] / sum(dec_floor.values()):.1f}x)")
