@@ -262,3 +262,23 @@ def test_gpu_bf16(d, t, lagged_normed):
     f = torch.randn(t, d, device="cuda").bfloat16()
     _, _, post, comb = got
     assert _scaled_err(mk.hc_post(f, x, post, comb), mhc.hc_expand(f, x, post, comb)) <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64] + ([torch.bfloat16] if ON_GPU else []))
+@pytest.mark.parametrize("t", [1, 37])
+def test_hc_head_kernel_matches_reference(dtype: torch.dtype, t: int) -> None:
+    """The head's collapse + norm (ops.mhc.hc_head): the Triton body is hc_pre's launch over the head's pre rows padded
+    to a sub-layer's layout; the reference is hc_head_collapse then rms_norm. A write to the head's parameters (a new
+    checkpoint loaded in place) rebuilds the padded copy."""
+    x, fn, base, scale, w, _ = _inputs(t, 64, dtype, seed=5)
+    hfn, hbase, hscale = fn[:N].contiguous(), base[:N].contiguous(), scale[:1].contiguous()
+    want = mhc.hc_head(x, hfn, hbase, hscale, NORM_EPS, HC_EPS, w, 1e-5, backend.REFERENCE)
+    got = mhc.hc_head(x, hfn, hbase, hscale, NORM_EPS, HC_EPS, w, 1e-5, backend.TRITON)
+    assert got.dtype == want.dtype and got.shape == want.shape == (t, 64)
+    tol = 2e-2 if dtype == torch.bfloat16 else TOL[dtype] * 10
+    assert _scaled_err(got, want) <= tol
+    hfn.mul_(-1)
+    hscale.add_(0.5)
+    want2 = mhc.hc_head(x, hfn, hbase, hscale, NORM_EPS, HC_EPS, w, 1e-5, backend.REFERENCE)
+    assert _scaled_err(want2, want) > 10 * tol  # the change matters
+    assert _scaled_err(mhc.hc_head(x, hfn, hbase, hscale, NORM_EPS, HC_EPS, w, 1e-5, backend.TRITON), want2) <= tol

@@ -84,6 +84,45 @@ def hc_head_collapse(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scal
 # The entry points
 # ------------------------------------------------------------------------------------------------
 
+def hc_head(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, norm_eps: float,
+            hc_eps: float, norm_weight: torch.Tensor, norm_eps2: float, backend: str = kernels.REFERENCE
+            ) -> torch.Tensor:
+    """The streams' last collapse before the LM head, RMS-normed: x [T, n, D] -> [T, D] in x's dtype, as
+    rms_norm(hc_head_collapse(x, fn, base, scale, norm_eps, hc_eps), norm_weight, norm_eps2). The head's parameters
+    (fn [n, n*D], base [n], scale [1]) are a sub-layer's pre rows alone, so the Triton body is hc_pre's one launch over
+    them padded to a sub-layer's layout with zero post and comb rows (made once per parameter version), their
+    coefficients dropped: in place of ~16 small torch kernels a step."""
+    with family("mhc"):
+        if backend == kernels.TRITON:
+            from .kernels import mhc as mk
+
+            if mk.supports(x):
+                n = x.shape[1]
+                p = _head_as_sublayer(fn, base, scale, n)
+                return mk.hc_pre(x, p.fn, p.base, p.scale, n, 1, norm_eps, hc_eps, None, norm_weight, norm_eps2)[0]
+        return rms_norm(hc_head_collapse(x, fn, base, scale, norm_eps, hc_eps), norm_weight, norm_eps2)
+
+
+def _head_as_sublayer(fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int) -> HCParams:
+    """The head's pre rows in a sub-layer's layout ((2+n)n rows; post and comb rows zero, scale [s, 0, 0]), cached on
+    fn itself (it lives and dies with the weights) and rebuilt when any of the three was written since (their version
+    counters)."""
+    key = (fn._version, base._version, scale._version, base.data_ptr(), scale.data_ptr())
+    hit = getattr(fn, "_hc_head_sublayer", None)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    rows = (2 + n) * n
+    pfn = torch.zeros(rows, fn.shape[1], dtype=fn.dtype, device=fn.device)
+    pfn[:n] = fn
+    pbase = torch.zeros(rows, dtype=base.dtype, device=base.device)
+    pbase[:n] = base.reshape(-1)
+    pscale = torch.zeros(3, dtype=scale.dtype, device=scale.device)
+    pscale[0] = scale.reshape(-1)[0]
+    params = HCParams(pfn, pbase, pscale)
+    fn._hc_head_sublayer = (key, params)
+    return params
+
+
 def hc_pre_reference(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
                      norm_eps: float, hc_eps: float, collapse_pre: torch.Tensor | None = None,
                      norm_weight: torch.Tensor | None = None, norm_eps2: float | None = None

@@ -16,7 +16,7 @@ from ...config import ModelConfig
 from ...ops import backend as kernels
 from ...ops.linear import Linear, linear
 from ...dist import parallel
-from ...ops.mhc import hc_head_collapse
+from ...ops.mhc import hc_head
 from ...ops.precision import wide
 from ..numerics import Numerics
 from ..vocab import embed_lookup, gather_logits
@@ -83,8 +83,7 @@ class V4Model(nn.Module):
     def logits(self, x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
                norm: Norm) -> torch.Tensor:
         c = self.config
-        y = hc_head_collapse(x, fn, base, scale, c.norm_eps, c.hc_eps)
-        h = wide(norm(y))
+        h = wide(hc_head(x, fn, base, scale, c.norm_eps, c.hc_eps, norm.weight, norm.eps, self.backend))
         local = linear(h, self.head.weight, None, 0, 0, self.backend)  # bf16 head read as stored, float32 math
         return gather_logits(local, self.tp)
 
