@@ -561,6 +561,14 @@ if [[ $what == next3 ]]; then  # prepared in the eleventh session: the GPU tests
       -e "Random weights" | tee -a "$OUT/table.log" | grep -E "graph|floor"
   done
 fi
+if [[ $what == next4 ]]; then  # prepared in the eleventh session: where batch 32's replay goes now (traced after
+  # the mHC's 2-token blocks, the addressing kernels and the side stream), and V4.1's batch-1 replay kernel by kernel
+  TRACE_BATCHES="32" OUT=$OUT bash "$0" traces
+  timeout ${AB_TIMEOUT:-100} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 2048 \
+    --steps 10 --graph-only --kv-cache-memory 8589934592 --replay-trace 3 --top 40 --out "$OUT" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/trace-v41-b1.log"
+  head -30 "$OUT/trace-v41-b1.log"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
