@@ -569,6 +569,11 @@ if [[ $what == next4 ]]; then  # prepared in the eleventh session: where batch 3
     | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/trace-v41-b1.log"
   head -30 "$OUT/trace-v41-b1.log"
 fi
+if [[ $what == next5 ]]; then  # prepared in the eleventh session: SWA bounded replay against exact, cold and hit TTFT
+  # at 16K and 64K (V4.1, FP4 KV, a follow-up turn of 630 new tokens): the bounded-vs-exact table
+  timeout ${BR_TIMEOUT:-540} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384,65536 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -8
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
