@@ -574,6 +574,13 @@ if [[ $what == next5 ]]; then  # prepared in the eleventh session: SWA bounded r
   timeout ${BR_TIMEOUT:-540} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384,65536 \
     --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -8
 fi
+if [[ $what == next6 ]]; then  # prepared in the eleventh session: the issue's prefill target, one 8K-token prompt on
+  # v4-flash-e16 against transformers' eager model in the same run (the batch-1 prefill runs twice: the second is warm)
+  timeout ${PF_TIMEOUT:-560} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 \
+    --max-model-len 8448 --decode-steps 5 --num-prompts 4 --input-len 512 --output-len 8 --hf-prefill 8192 \
+    --hf-max-batch 0 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
+    | grep -E "prefill|batch 1|error|Error" | tail -8
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
