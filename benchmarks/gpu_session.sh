@@ -547,7 +547,7 @@ if [[ $what == eleventh1 ]]; then  # the step's addressing in 3 launches (ops/ad
   done
   TRACE_BATCHES="1" OUT=$OUT bash "$0" traces
 fi
-if [[ $what == next3 ]]; then  # prepared in the eleventh session: the GPU tests with this tree's defaults (async
+if [[ $what == twelfth1 ]]; then  # prepared in the eleventh session: the GPU tests with this tree's defaults (async
   # scheduling, the shared expert's side stream, the addressing kernels; the eleventh session ran only some of them),
   # then the issue's table with async scheduling (the engine's default): each preset's graphed step, replay, floor,
   # host time and launches (profile_step.py --graph-only writes graph-*.json)
@@ -561,7 +561,7 @@ if [[ $what == next3 ]]; then  # prepared in the eleventh session: the GPU tests
       -e "Random weights" | tee -a "$OUT/table.log" | grep -E "graph|floor"
   done
 fi
-if [[ $what == next4 ]]; then  # prepared in the eleventh session: where batch 32's replay goes now (traced after
+if [[ $what == twelfth2 ]]; then  # prepared in the eleventh session: where batch 32's replay goes now (traced after
   # the mHC's 2-token blocks, the addressing kernels and the side stream), and V4.1's batch-1 replay kernel by kernel
   TRACE_BATCHES="32" OUT=$OUT bash "$0" traces
   timeout ${AB_TIMEOUT:-100} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 2048 \
@@ -569,12 +569,12 @@ if [[ $what == next4 ]]; then  # prepared in the eleventh session: where batch 3
     | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/trace-v41-b1.log"
   head -30 "$OUT/trace-v41-b1.log"
 fi
-if [[ $what == next5 ]]; then  # prepared in the eleventh session: SWA bounded replay against exact, cold and hit TTFT
+if [[ $what == twelfth3 ]]; then  # prepared in the eleventh session: SWA bounded replay against exact, cold and hit TTFT
   # at 16K and 64K (V4.1, FP4 KV, a follow-up turn of 630 new tokens): the issue's bounded-vs-exact table
   timeout ${BR_TIMEOUT:-540} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384,65536 \
     --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -8
 fi
-if [[ $what == next6 ]]; then  # prepared in the eleventh session: the issue's prefill target, one 8K-token prompt on
+if [[ $what == twelfth4 ]]; then  # prepared in the eleventh session: the issue's prefill target, one 8K-token prompt on
   # v4-flash-e16 against transformers' eager model in the same run (the batch-1 prefill runs twice: the second is warm)
   timeout ${PF_TIMEOUT:-560} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 \
     --max-model-len 8448 --decode-steps 5 --num-prompts 4 --input-len 512 --output-len 8 --hf-prefill 8192 \
