@@ -548,26 +548,31 @@ if [[ $what == eleventh1 ]]; then  # the step's addressing in 3 launches (ops/ad
   TRACE_BATCHES="1" OUT=$OUT bash "$0" traces
 fi
 if [[ $what == twelfth1 ]]; then  # prepared in the eleventh session: the GPU tests with this tree's defaults (async
-  # scheduling, the shared expert's side stream, the addressing kernels; the eleventh session ran only some of them),
-  # then the issue's table with async scheduling (the engine's default): each preset's graphed step, replay, floor,
-  # host time and launches (profile_step.py --graph-only writes graph-*.json)
-  timeout -s INT ${TESTS_TIMEOUT:-330} python3 -m pytest tests/gpu tests/ops/test_addressing.py -q -p no:cacheprovider \
-    -o addopts="" --tb=short -rf 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^E |^FAILED|passed|failed|Error" | head -12
+  # scheduling, the shared expert's side stream, the addressing kernels, the head's one-launch mHC; the eleventh
+  # session ran only some of them)
+  timeout -s INT ${TESTS_TIMEOUT:-520} python3 -m pytest tests/gpu tests/ops/test_addressing.py tests/ops/test_mhc.py \
+    -q -p no:cacheprovider -o addopts="" --tb=short -rf 2>&1 | tee "$OUT/gpu_tests.log" \
+    | grep -E "^E |^FAILED|passed|failed|Error" | head -12
+fi
+if [[ $what == twelfth2 ]]; then  # prepared in the eleventh session: the issue's table with async scheduling (the
+  # engine's default): each preset's graphed step, replay, floor, host time and launches (profile_step.py --graph-only
+  # writes graph-*.json); then batch 32 and V4.1's batch 1 traced kernel by kernel. Files: one archive (the 8-file cap)
+  W=/tmp/twelfth2; mkdir -p $W
   for mb in ${MEASURE:-v4-flash-e16:1 v4-flash-e16:32 v41-flash-e16-engram1m:1 v4-flash-l8-e16:1}; do
     m=${mb%:*}; b=${mb#*:}
     echo "== $m b$b"
     timeout ${AB_TIMEOUT:-80} python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 10 --graph-only \
-      --async-scheduling --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT \
-      -e "Random weights" | tee -a "$OUT/table.log" | grep -E "graph|floor"
+      --async-scheduling --kv-cache-memory 8589934592 --out $W 2>&1 | grep -v -e Warning -e USDT \
+      -e "Random weights" | tee -a $W/table.log | grep -E "graph|floor"
   done
-fi
-if [[ $what == twelfth2 ]]; then  # prepared in the eleventh session: where batch 32's replay goes now (traced after
-  # the mHC's 2-token blocks, the addressing kernels and the side stream), and V4.1's batch-1 replay kernel by kernel
-  TRACE_BATCHES="32" OUT=$OUT bash "$0" traces
-  timeout ${AB_TIMEOUT:-100} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 2048 \
-    --steps 10 --graph-only --kv-cache-memory 8589934592 --replay-trace 3 --top 40 --out "$OUT" 2>&1 \
-    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/trace-v41-b1.log"
-  head -30 "$OUT/trace-v41-b1.log"
+  for mb in v4-flash-e16:32 v41-flash-e16-engram1m:1; do
+    m=${mb%:*}; b=${mb#*:}
+    timeout ${AB_TIMEOUT:-100} python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 10 --graph-only \
+      --kv-cache-memory 8589934592 --replay-trace 3 --top 40 --out $W/trace 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" > $W/trace-$m-b$b.log
+    head -24 $W/trace-$m-b$b.log
+  done
+  tar -czf "$OUT/twelfth2.tgz" -C $W .
 fi
 if [[ $what == twelfth3 ]]; then  # prepared in the eleventh session: SWA bounded replay against exact, cold and hit TTFT
   # at 16K and 64K (V4.1, FP4 KV, a follow-up turn of 630 new tokens): the issue's bounded-vs-exact table
