@@ -586,6 +586,18 @@ if [[ $what == twelfth4 ]]; then  # prepared in the eleventh session: the issue'
     --hf-max-batch 0 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
     | grep -E "prefill|batch 1|error|Error" | tail -8
 fi
+if [[ $what == twelfth5 ]]; then  # prepared in the eleventh session: fusion moe_combine (the routed combine in the
+  # down kernel's last program of each column tile) against the defaults, interleaved, graph replay at batch 1 and 32
+  for b in 1 32; do
+    for v in default moe_combine default moe_combine; do
+      echo "== b$b $v"
+      f=$([[ $v == default ]] && echo "norm_quant,head_weight_round" || echo "norm_quant,head_weight_round,moe_combine")
+      V4SERVE_FUSIONS=$f timeout ${AB_TIMEOUT:-70} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
+        --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
+        | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/moe_combine_ab.log" | grep -E "graph|floor"
+    done
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

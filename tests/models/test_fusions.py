@@ -16,13 +16,13 @@ from v4serve.ops import backend
 
 def test_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(backend.FUSIONS_ENV, raising=False)
-    assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, False, True]  # the defaults
+    assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, False, True, False]  # the defaults
     monkeypatch.setenv(backend.FUSIONS_ENV, "none")
     assert not any(backend.fused(n) for n in backend.FUSIONS)
     monkeypatch.setenv(backend.FUSIONS_ENV, "")
     assert not any(backend.fused(n) for n in backend.FUSIONS)
     monkeypatch.setenv(backend.FUSIONS_ENV, "norm_quant, early_window")
-    assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, True, False]
+    assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, True, False, False]
     monkeypatch.setenv(backend.FUSIONS_ENV, "all")
     assert all(backend.fused(n) for n in backend.FUSIONS)
     monkeypatch.setenv(backend.FUSIONS_ENV, "norm_quant,typo")

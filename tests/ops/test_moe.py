@@ -520,7 +520,11 @@ for name, fn, gemm, extra, ptrs in (
         ("gate_up", mk._gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True), gu_ptrs),
         ("gate_up+finish", mk._gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True,
                                                                 FINISH=True), gu_ptrs),
-        ("down", mk._down_kernel, cfg.down, dict(QUANT_A=False), {"h_ptr": "*bf16", "y_ptr": "*fp32"}),
+        ("down", mk._down_kernel, cfg.down, dict(QUANT_A=False, COMBINE=False, TOPK=6, APPLY_W=False, ADD=False,
+                                                 BT=16), {"h_ptr": "*bf16", "y_ptr": "*fp32"}),
+        ("down+combine", mk._down_kernel, cfg.down, dict(QUANT_A=False, COMBINE=True, TOPK=6, APPLY_W=False,
+                                                         ADD=True, BT=16),
+         {"h_ptr": "*bf16", "y_ptr": "*fp32", "rw_ptr": "*fp32", "add_ptr": "*bf16", "out_ptr": "*bf16"}),
         ("fp8 gate_up+finish", md.gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True,
                                                                    FINISH=True, BODY="fp8", STAGES=3,
                                                                    HDT=tl.bfloat16),
@@ -555,6 +559,64 @@ def test_decode_k_loop_loads_are_all_async_copies_on_sm90() -> None:
     assert loops["gate_up"] == {"sync": 0, "async": 5}, loops  # x, w1, w3, s1, s3
     assert loops["gate_up+finish"] == loops["gate_up"], loops  # the in-kernel split-K finish leaves the loop alone
     assert loops["down"] == {"sync": 0, "async": 3}, loops  # h, w2, s2
+    assert loops["down+combine"] == loops["down"], loops  # the fused combine (after the loop) leaves it alone
     # the fp8 body: per 32-group of a 128-wide K tile, x's e4m3 rows and each weight's bytes; a tile's scales
     assert loops["fp8 gate_up+finish"] == {"sync": 0, "async": 4 * 3 + 3}, loops  # + s1, s3, xs
     assert loops["fp8 down"] == {"sync": 0, "async": 4 * 2 + 2}, loops  # + s2, hs
+
+
+@pytest.mark.parametrize("T,split,before,with_shared", [(1, 1, True, True), (5, 2, False, True), (37, 2, True, False),
+                                                        (6, 1, False, False)])
+def test_combine_in_the_down_kernel(T, split, before, with_shared, monkeypatch):
+    """Fusion `moe_combine`: the down kernel's last program of each column tile runs the combine's sums over every
+    token (blocks of 16: T = 37 takes three), idle row blocks still arriving. The layer's output bit for bit that of
+    the combine launch, with split-K partials or without, the routing weights applied there or before w2, the shared
+    output added or not; `join` runs before the down launch, and the combine kernel does not run."""
+    if ON_GPU:
+        pytest.skip("float64 under the CPU interpreter (the GPU runs it in the model tests with V4SERVE_FUSIONS)")
+    D, I, E, k = 96, 64, 6, 3
+    experts = make_experts(E, D, I, seed=8)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(T, D, generator=gen, dtype=torch.float64)
+    shared = torch.randn(T, D, generator=gen, dtype=torch.float64) if with_shared else None
+    weights, ids = routing(T, k, E, seed=10)
+    cfg = mk.MoeConfig(16, mk.GemmConfig(32, 32, split_k=split), mk.GemmConfig(32, 32, split_k=split))
+
+    def run(fusions: str) -> tuple[torch.Tensor, int, list[str]]:
+        monkeypatch.setenv("V4SERVE_FUSIONS", fusions)
+        launches, order = [0], []
+        real = mk._combine_kernel
+
+        class Counted:
+            def __getitem__(self, grid):
+                launches[0] += 1
+                return real[grid]
+
+        monkeypatch.setattr(mk, "_combine_kernel", Counted())
+        buf = torch.zeros(T, D, dtype=torch.float64) if with_shared else None
+        real_down = mk._down_kernel
+
+        class Down:
+            def __getitem__(self, grid):
+                order.append("down")
+                return real_down[grid]
+
+        monkeypatch.setattr(mk, "_down_kernel", Down())
+
+        def join():
+            order.append("join")
+            if buf is not None:
+                buf.copy_(shared)
+
+        out = mk.experts_forward(x, experts, weights, ids, 1.0, 32, before, cfg, shared=buf, join=join)
+        monkeypatch.setattr(mk, "_combine_kernel", real)
+        monkeypatch.setattr(mk, "_down_kernel", real_down)
+        return out, launches[0], order
+
+    plain, n_plain, order_plain = run("none")
+    fused, n_fused, order_fused = run("moe_combine")
+    assert n_plain == 1 and n_fused == 0
+    assert order_plain == ["down", "join"] and order_fused == ["join", "down"]
+    assert torch.equal(fused, plain)
+    ref = moe.experts_reference(x, experts, weights, ids, 1.0, 32, before, shared)
+    assert rel_err(fused, ref) <= TOL[torch.float64]

@@ -61,7 +61,9 @@ def use(name: str) -> Iterator[None]:
 # batch 1 (H200, `gpu_session.sh bisect`, benchmarks/RESULTS.md, tenth session), 9.82 ms with none: norm_quant 9.80,
 # head_weight_round 9.81, gemv_quant_out 9.88, early_window 10.05 (the GEMM launches after the KV finish lose ~6 us a
 # layer, more than the window store's launch saves), all 10.07.
-FUSIONS = ("norm_quant", "gemv_quant_out", "early_window", "head_weight_round")
+# moe_combine (the routed experts' combine run by the down kernel's last program of each column tile, one launch
+# fewer a layer): not yet timed on a GPU, off until it is
+FUSIONS = ("norm_quant", "gemv_quant_out", "early_window", "head_weight_round", "moe_combine")
 DEFAULT_FUSIONS = ("norm_quant", "head_weight_round")
 FUSIONS_ENV = "V4SERVE_FUSIONS"
 

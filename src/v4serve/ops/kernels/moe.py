@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backend import fused
 from ..linear import scale_bytes, stored_format
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -417,27 +418,63 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_ys,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                  G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                 F32: tl.constexpr, EVEN_K: tl.constexpr = False, PDL: tl.constexpr = False):
+                 F32: tl.constexpr, EVEN_K: tl.constexpr = False, PDL: tl.constexpr = False,
+                 cnt_ptr=None, rw_ptr=None, add_ptr=None, out_ptr=None, T=0, stride_add=0, stride_out=0,
+                 COMBINE: tl.constexpr = False, TOPK: tl.constexpr = 1, APPLY_W: tl.constexpr = False,
+                 ADD: tl.constexpr = False, BT: tl.constexpr = 16):
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
-    as float partials [SPLIT, M, D] that the combine kernel sums."""
+    as float partials [SPLIT, M, D] that the combine kernel sums. COMBINE (fusion `moe_combine`): the last of the
+    NB * SPLIT programs of a column tile to arrive runs the combine kernel's sums over that tile for every token."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM, BN,
                                                           GROUP_M)
-    if expert < 0:
-        return
     DT = h_ptr.dtype.element_ty
-    offs_k = tl.arange(0, BK)
-    w2_ptr += expert * stride_we
-    s2_ptr += expert * stride_se
-    acc = tl.zeros([BM, BN], dtype=ACC)
-    k_lo, k_hi = _k_range(I, BK, SPLIT)
-    for k0 in range(k_lo, k_hi, BK):
-        a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
-        a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
-        w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
-        acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
-        acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
-    _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
+    if expert >= 0:  # (an idle block still arrives at its tile's counter)
+        offs_k = tl.arange(0, BK)
+        w2_ptr += expert * stride_we
+        s2_ptr += expert * stride_se
+        acc = tl.zeros([BM, BN], dtype=ACC)
+        k_lo, k_hi = _k_range(I, BK, SPLIT)
+        for k0 in range(k_lo, k_hi, BK):
+            a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
+            a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
+            w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
+            acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
+            acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
+        _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
+    if COMBINE:
+        tile = cnt_ptr + tl.min(offs_n, 0) // BN
+        if last_to_arrive(tile, NB * SPLIT):
+            _combine_tile(y_ptr, rw_ptr, add_ptr, out_ptr, offs_n, T, D, stride_y, stride_ys, stride_add,
+                          stride_out, BN, TOPK, SPLIT, APPLY_W, ADD, DT, ACC, BT)
+            tl.store(tile, 0)  # ready for the next launch / graph replay
+
+
+@triton.jit
+def _combine_tile(y_ptr, rw_ptr, add_ptr, out_ptr, cols, T, D, stride_y, stride_ys, stride_add, stride_out,
+                  BN: tl.constexpr, TOPK: tl.constexpr, SPLIT: tl.constexpr, APPLY_W: tl.constexpr,
+                  ADD: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr):
+    """`_combine_kernel`'s sums, element for element, over columns `cols` of every token, BT tokens at a time (the
+    other programs' rows read past L1: written on other SMs)."""
+    cmask = cols < D
+    for t0 in range(0, T, BT):
+        t = t0 + tl.arange(0, BT)
+        tmask = t < T
+        m = tmask[:, None] & cmask[None, :]
+        acc = tl.zeros([BT, BN], dtype=ACC)
+        for s in tl.static_range(TOPK):
+            y = tl.zeros([BT, BN], dtype=ACC)
+            rows = (t * TOPK + s).to(tl.int64)[:, None] * stride_y + cols[None, :]
+            for j in tl.static_range(SPLIT):
+                y += tl.load(y_ptr + j * stride_ys + rows, mask=m, other=0.0, cache_modifier=".cg").to(ACC)
+            y = y.to(DT).to(ACC)
+            if APPLY_W:
+                y *= tl.load(rw_ptr + t * TOPK + s, mask=tmask, other=0.0).to(ACC)[:, None]
+            acc += y
+        if ADD:
+            acc += tl.load(add_ptr + t.to(tl.int64)[:, None] * stride_add + cols[None, :], mask=m, other=0.0).to(ACC)
+        tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=m)
 
 
 @triton.jit
@@ -491,6 +528,7 @@ class GemmConfig:
 BODIES = ("dot", "swap", "fma", "fp8")
 FINISHES = ("launch", "kernel")
 _COUNTERS = ArrivalCounters()  # gate-up split-K tiles finished in the kernel (kernels/split_grid.py)
+_DOWN_COUNTERS = ArrivalCounters()  # down column tiles whose last program combines (fusion `moe_combine`)
 
 
 @dataclass(frozen=True)
@@ -764,21 +802,34 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     quant_h_in_tile = G > 0 and not quant_h
     y = _empty((S, M, D), x.dtype if S == 1 else acc_t, x.device)
     bk_dn = max(dn.block_k, G) if quant_h_in_tile else dn.block_k
+    combine_in_down = cfg.body == "dot" and fused("moe_combine") and triton.cdiv(D, dn.block_n) <= N_COUNTERS
+    combine = {}
+    if combine_in_down:
+        if join is not None:  # the last program of a tile reads the shared output
+            join()
+        add = shared if shared is not None else out
+        add = add if add.stride(-1) == 1 else add.contiguous()
+        combine = {"cnt_ptr": _DOWN_COUNTERS.get(x.device), "rw_ptr": rw, "add_ptr": add, "out_ptr": out, "T": T,
+                   "stride_add": add.stride(0), "stride_out": out.stride(0), "COMBINE": True, "TOPK": k,
+                   "APPLY_W": not weight_before_w2, "ADD": shared is not None}
     down_kernel[(NB * triton.cdiv(D, dn.block_n), S)](
         h, w2, s2, y, sorted_ids, block_expert, M, NB, D, I,
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
         BM=BM, BN=dn.block_n, BK=bk_dn, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile,
         ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32, EVEN_K=I % bk_dn == 0,
         num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **({"hs_ptr": hs} if fp8 else {}),
-        **pdl_launch(x))
+        **combine, **pdl_launch(x))
 
-    # 4. combine the k rows of each token in slot order (+ the shared output, once it is there)
-    if join is not None:
-        join()
-    bd = min(1024, triton.next_power_of_2(D))
+    # 4. combine the k rows of each token in slot order (+ the shared output, once it is there): its own launch, or
+    # (fusion `moe_combine`, the dot body) the down kernel's last program of each column tile
     add = shared if shared is not None else out
     if add.stride(-1) != 1:
         add = add.contiguous()
+    if combine_in_down:
+        return out
+    if join is not None:
+        join()
+    bd = min(1024, triton.next_power_of_2(D))
     _combine_kernel[(T, triton.cdiv(D, bd))](y, rw, add, out, D, k, y.stride(1), y.stride(0), add.stride(0),
                                              out.stride(0), BD=bd, SPLIT=S, APPLY_W=not weight_before_w2,
                                              DT=_TL[x.dtype], ACC=acc_tl, ADD=shared is not None, num_warps=4,
