@@ -282,3 +282,7 @@ def test_hc_head_kernel_matches_reference(dtype: torch.dtype, t: int) -> None:
     want2 = mhc.hc_head(x, hfn, hbase, hscale, NORM_EPS, HC_EPS, w, 1e-5, backend.REFERENCE)
     assert _scaled_err(want2, want) > 10 * tol  # the change matters
     assert _scaled_err(mhc.hc_head(x, hfn, hbase, hscale, NORM_EPS, HC_EPS, w, 1e-5, backend.TRITON), want2) <= tol
+    with torch.inference_mode():  # parameters made there keep no version counter
+        ifn, ibase, iscale = hfn.clone(), hbase.clone(), hscale.clone()
+        got = mhc.hc_head(x, ifn, ibase, iscale, NORM_EPS, HC_EPS, w, 1e-5, backend.TRITON)
+    assert _scaled_err(got, want2) <= tol

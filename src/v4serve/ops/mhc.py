@@ -107,7 +107,7 @@ def _head_as_sublayer(fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
     """The head's pre rows in a sub-layer's layout ((2+n)n rows; post and comb rows zero, scale [s, 0, 0]), cached on
     fn itself (it lives and dies with the weights) and rebuilt when any of the three was written since (their version
     counters)."""
-    key = (fn._version, base._version, scale._version, base.data_ptr(), scale.data_ptr())
+    key = tuple(_version(t) for t in (fn, base, scale)) + (base.data_ptr(), scale.data_ptr())
     hit = getattr(fn, "_hc_head_sublayer", None)
     if hit is not None and hit[0] == key:
         return hit[1]
@@ -121,6 +121,12 @@ def _head_as_sublayer(fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor,
     params = HCParams(pfn, pbase, pscale)
     fn._hc_head_sublayer = (key, params)
     return params
+
+
+def _version(t: torch.Tensor) -> int:
+    """t's in-place write counter; -1 for inference tensors (made under torch.inference_mode, which keeps none: a
+    model built there is taken as never rewritten in place)."""
+    return -1 if t.is_inference() else t._version
 
 
 def hc_pre_reference(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
