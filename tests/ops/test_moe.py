@@ -546,6 +546,14 @@ for name, fn, gemm, extra, ptrs in (
     loop = ir[ir.index("scf.for"):]
     loop = loop[:loop.index("scf.yield")]
     out[name] = {"sync": len(re.findall(r" tt[.]load ", loop)), "async": loop.count("async_copy_global_to_local")}
+    out.setdefault("cg", {})[name] = "ld.global.cg" in k.asm["ptx"]
+sig = {"y_ptr": "*fp32", "rw_ptr": "*fp32", "add_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "D": "i32",
+       "TOPK": "i32", "stride_y": "i32", "stride_ys": "i32", "stride_add": "i32", "stride_out": "i32",
+       "BD": "constexpr", "SPLIT": "constexpr", "APPLY_W": "constexpr", "DT": "constexpr", "ACC": "constexpr",
+       "ADD": "constexpr", "PDL": "constexpr"}
+const = dict(BD=1024, SPLIT=2, APPLY_W=True, DT=tl.bfloat16, ACC=tl.float32, ADD=True, PDL=True)
+k = triton.compile(ASTSource(mk._combine_kernel, sig, const), target=GPUTarget("cuda", 90, 32))
+out["cg"]["combine"] = "ld.global.cg" in k.asm["ptx"]
 print(json.dumps(out))
 """
 
@@ -560,6 +568,8 @@ def test_decode_k_loop_loads_are_all_async_copies_on_sm90() -> None:
     assert loops["gate_up+finish"] == loops["gate_up"], loops  # the in-kernel split-K finish leaves the loop alone
     assert loops["down"] == {"sync": 0, "async": 3}, loops  # h, w2, s2
     assert loops["down+combine"] == loops["down"], loops  # the fused combine (after the loop) leaves it alone
+    # the combine reads the rows other programs wrote past L1 (not coherent across SMs): in the fused down and alone
+    assert loops["cg"]["down+combine"] and loops["cg"]["combine"], loops["cg"]
     # the fp8 body: per 32-group of a 128-wide K tile, x's e4m3 rows and each weight's bytes; a tile's scales
     assert loops["fp8 gate_up+finish"] == {"sync": 0, "async": 4 * 3 + 3}, loops  # + s1, s3, xs
     assert loops["fp8 down"] == {"sync": 0, "async": 4 * 2 + 2}, loops  # + s2, hs

@@ -454,27 +454,36 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
 def _combine_tile(y_ptr, rw_ptr, add_ptr, out_ptr, cols, T, D, stride_y, stride_ys, stride_add, stride_out,
                   BN: tl.constexpr, TOPK: tl.constexpr, SPLIT: tl.constexpr, APPLY_W: tl.constexpr,
                   ADD: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr, BT: tl.constexpr):
-    """`_combine_kernel`'s sums, element for element, over columns `cols` of every token, BT tokens at a time (the
-    other programs' rows read past L1: written on other SMs)."""
-    cmask = cols < D
+    """`_combine_rows` over columns `cols` of every token, BT tokens at a time."""
     for t0 in range(0, T, BT):
-        t = t0 + tl.arange(0, BT)
-        tmask = t < T
-        m = tmask[:, None] & cmask[None, :]
-        acc = tl.zeros([BT, BN], dtype=ACC)
-        for s in tl.static_range(TOPK):
-            y = tl.zeros([BT, BN], dtype=ACC)
-            rows = (t * TOPK + s).to(tl.int64)[:, None] * stride_y + cols[None, :]
-            for j in tl.static_range(SPLIT):
-                y += tl.load(y_ptr + j * stride_ys + rows, mask=m, other=0.0, cache_modifier=".cg").to(ACC)
-            y = y.to(DT).to(ACC)
-            if APPLY_W:
-                y *= tl.load(rw_ptr + t * TOPK + s, mask=tmask, other=0.0).to(ACC)[:, None]
-            acc += y
-        if ADD:
-            acc += tl.load(add_ptr + t.to(tl.int64)[:, None] * stride_add + cols[None, :], mask=m, other=0.0).to(ACC)
-        tl.store(out_ptr + t.to(tl.int64)[:, None] * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=m)
+        _combine_rows(y_ptr, rw_ptr, add_ptr, out_ptr, t0 + tl.arange(0, BT), cols, T, D, stride_y, stride_ys,
+                      stride_add, stride_out, TOPK, SPLIT, APPLY_W, ADD, DT, ACC)
+
+
+@triton.jit
+def _combine_rows(y_ptr, rw_ptr, add_ptr, out_ptr, t, cols, T, D, stride_y, stride_ys, stride_add, stride_out, TOPK,
+                  SPLIT: tl.constexpr, APPLY_W: tl.constexpr, ADD: tl.constexpr, DT: tl.constexpr,
+                  ACC: tl.constexpr):
+    """out[t, cols] = sum over slots, in slot order, of y[t*k + s] (its split-K partials summed first and rounded to
+    x's dtype, like the reference's per-expert output) (* weight[t, s]), then + add[t] (the shared expert's output,
+    widened): deterministic; stored in out's dtype. Rows are read past L1 (the fused combine reads rows that programs
+    on other SMs wrote)."""
+    tmask = t < T
+    m = tmask[:, None] & (cols < D)[None, :]
+    rows_t = t.to(tl.int64)[:, None]
+    acc = tl.zeros([t.shape[0], cols.shape[0]], dtype=ACC)
+    for s in range(TOPK):
+        y = tl.zeros([t.shape[0], cols.shape[0]], dtype=ACC)
+        rows = (rows_t * TOPK + s) * stride_y + cols[None, :]
+        for j in range(SPLIT):
+            y += tl.load(y_ptr + j * stride_ys + rows, mask=m, other=0.0, cache_modifier=".cg").to(ACC)
+        y = y.to(DT).to(ACC)
+        if APPLY_W:
+            y *= tl.load(rw_ptr + t * TOPK + s, mask=tmask, other=0.0).to(ACC)[:, None]
+        acc += y
+    if ADD:
+        acc += tl.load(add_ptr + rows_t * stride_add + cols[None, :], mask=m, other=0.0).to(ACC)
+    tl.store(out_ptr + rows_t * stride_out + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -488,28 +497,14 @@ def _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM: tl.
 
 
 @triton.jit
-def _combine_kernel(y_ptr, rw_ptr, add_ptr, out_ptr, D, TOPK, stride_y, stride_ys, stride_add, stride_out,
+def _combine_kernel(y_ptr, rw_ptr, add_ptr, out_ptr, T, D, TOPK, stride_y, stride_ys, stride_add, stride_out,
                     BD: tl.constexpr, SPLIT: tl.constexpr, APPLY_W: tl.constexpr, DT: tl.constexpr,
                     ACC: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr = False):
-    """out[t] = sum over slots, in slot order, of y[t*k + s] (its split-K partials summed first and rounded to x's
-    dtype, like the reference's per-expert output) (* weight[t, s]), then + add[t] (the shared expert's output,
-    widened): deterministic; stored in out's dtype."""
+    """`_combine_rows` of one token (program 0) over BD columns (program 1)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
-    t = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BD + tl.arange(0, BD)
-    mask = cols < D
-    acc = tl.zeros([BD], dtype=ACC)
-    for s in range(TOPK):
-        y = tl.zeros([BD], dtype=ACC)
-        for j in range(SPLIT):
-            y += tl.load(y_ptr + j * stride_ys + (t * TOPK + s) * stride_y + cols, mask=mask, other=0.0).to(ACC)
-        y = y.to(DT).to(ACC)
-        if APPLY_W:
-            y *= tl.load(rw_ptr + t * TOPK + s).to(ACC)
-        acc += y
-    if ADD:
-        acc += tl.load(add_ptr + t * stride_add + cols, mask=mask, other=0.0).to(ACC)
-    tl.store(out_ptr + t * stride_out + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    _combine_rows(y_ptr, rw_ptr, add_ptr, out_ptr, tl.program_id(0) + tl.arange(0, 1),
+                  tl.program_id(1) * BD + tl.arange(0, BD), T, D, stride_y, stride_ys, stride_add, stride_out, TOPK,
+                  SPLIT, APPLY_W, ADD, DT, ACC)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -802,13 +797,16 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     quant_h_in_tile = G > 0 and not quant_h
     y = _empty((S, M, D), x.dtype if S == 1 else acc_t, x.device)
     bk_dn = max(dn.block_k, G) if quant_h_in_tile else dn.block_k
+    # 4. combine the k rows of each token in slot order (+ the shared output, once it is there): a launch of its own
+    # after the down, or (fusion `moe_combine`, the dot body) the down kernel's last program of each column tile
+    add = shared if shared is not None else out
+    if add.stride(-1) != 1:
+        add = add.contiguous()
     combine_in_down = cfg.body == "dot" and fused("moe_combine") and triton.cdiv(D, dn.block_n) <= N_COUNTERS
     combine = {}
     if combine_in_down:
         if join is not None:  # the last program of a tile reads the shared output
             join()
-        add = shared if shared is not None else out
-        add = add if add.stride(-1) == 1 else add.contiguous()
         combine = {"cnt_ptr": _DOWN_COUNTERS.get(x.device), "rw_ptr": rw, "add_ptr": add, "out_ptr": out, "T": T,
                    "stride_add": add.stride(0), "stride_out": out.stride(0), "COMBINE": True, "TOPK": k,
                    "APPLY_W": not weight_before_w2, "ADD": shared is not None}
@@ -820,17 +818,12 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **({"hs_ptr": hs} if fp8 else {}),
         **combine, **pdl_launch(x))
 
-    # 4. combine the k rows of each token in slot order (+ the shared output, once it is there): its own launch, or
-    # (fusion `moe_combine`, the dot body) the down kernel's last program of each column tile
-    add = shared if shared is not None else out
-    if add.stride(-1) != 1:
-        add = add.contiguous()
     if combine_in_down:
         return out
     if join is not None:
         join()
     bd = min(1024, triton.next_power_of_2(D))
-    _combine_kernel[(T, triton.cdiv(D, bd))](y, rw, add, out, D, k, y.stride(1), y.stride(0), add.stride(0),
+    _combine_kernel[(T, triton.cdiv(D, bd))](y, rw, add, out, T, D, k, y.stride(1), y.stride(0), add.stride(0),
                                              out.stride(0), BD=bd, SPLIT=S, APPLY_W=not weight_before_w2,
                                              DT=_TL[x.dtype], ACC=acc_tl, ADD=shared is not None, num_warps=4,
                                              **pdl_launch(x))
