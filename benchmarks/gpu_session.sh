@@ -586,8 +586,16 @@ if [[ $what == twelfth4 ]]; then  # prepared in the eleventh session: the issue'
     --hf-max-batch 0 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
     | grep -E "prefill|batch 1|error|Error" | tail -8
 fi
-if [[ $what == twelfth5 ]]; then  # prepared in the eleventh session: fusion moe_combine (the routed combine in the
-  # down kernel's last program of each column tile) against the defaults, interleaved, graph replay at batch 1 and 32
+if [[ $what == twelfth5 ]]; then  # prepared in the eleventh session: the microbenchmarks of this session's kernels
+  # (the addressing launches, hc_head, the MoE with fusion moe_combine and without), then moe_combine against the
+  # defaults, interleaved, graph replay at batch 1 and 32
+  timeout 120 python3 benchmarks/kernels/addressing.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/addressing.log"
+  timeout 90 python3 benchmarks/kernels/mhc.py --head --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_head.log"
+  for f in norm_quant,head_weight_round norm_quant,head_weight_round,moe_combine; do
+    echo "== V4SERVE_FUSIONS=$f"
+    V4SERVE_FUSIONS=$f timeout 120 python3 benchmarks/kernels/moe.py --quick --no-prefill --no-reference 2>&1 \
+      | grep -v Warning | tee -a "$OUT/moe_combine_kernel.log" | grep -E "^T=|ceiling"
+  done
   for b in 1 32; do
     for v in default moe_combine default moe_combine; do
       echo "== b$b $v"

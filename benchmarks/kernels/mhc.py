@@ -56,6 +56,28 @@ def _scaled(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max()).item()
 
 
+def head_rows(hbm: float) -> list[dict]:
+    """ops.mhc.hc_head, the head's collapse + final norm (hc_pre's launch over the head's n pre rows padded to a
+    sub-layer's (2+n)n), against its torch reference (~16 launches), graph-timed; bytes = x, the padded fn (served
+    from L2 when replayed back to back) and y."""
+    from v4serve.ops import backend, mhc
+
+    rows = []
+    for t in (1, 32, 128):
+        x, fn, base, scale, w, _ = _inputs(t, seed=t)
+        args = (x, fn[:N].contiguous(), base[:N].contiguous(), scale[:1].contiguous(), EPS, EPS, w, EPS)
+        err = _scaled(mhc.hc_head(*args, backend.TRITON), mhc.hc_head(*args, backend.REFERENCE))
+        us = common.bench_graph_ms(lambda: mhc.hc_head(*args, backend.TRITON)) * 1e3
+        ref_us = common.bench_graph_ms(lambda: mhc.hc_head(*args, backend.REFERENCE)) * 1e3
+        moved = x.numel() * 2 + (2 + N) * N * N * D * 4 + t * D * 2
+        gbs = moved / us / 1e3
+        rows.append({"T": t, "kernel_us": us, "reference_us": ref_us, "bytes": moved, "GB_per_s": gbs,
+                     "pct_hbm": gbs * 1e9 / hbm * 100, "y_err": err})
+        print(f"hc_head T={t:4d} {us:7.2f} us ({gbs:6.0f} GB/s, {gbs * 1e9 / hbm * 100:5.1f}% HBM); reference "
+              f"{ref_us:7.2f} us; y err {err:.1e} of its largest value", flush=True)
+    return rows
+
+
 def validate(t: int, config: mk.PreConfig | None = None) -> dict:
     x, fn, base, scale, w, f = _inputs(t, seed=t)
     got = _pre(functools.partial(mk.hc_pre, config=config), x, fn, base, scale, w)
@@ -193,6 +215,8 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,32", help="--sweep's token counts, comma-separated")
     ap.add_argument("--variants", default=None, help="--sweep's variants (PRE_VARIANTS names), comma-separated")
     ap.add_argument("--dim", type=int, default=4096, help="the streams' width D (V4-Flash 4096, V4.1-Flash 5120)")
+    ap.add_argument("--head", action="store_true", help="only ops.mhc.hc_head (the head's collapse and final norm) "
+                    "against its torch reference at 1, 32 and 128 logits rows")
     ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) with each "
                     "pipeline depth, with and without the bf16x3 GEMM")
     a = ap.parse_args()
@@ -205,6 +229,9 @@ def main() -> None:
     ceil = common.measure_ceilings()
     hbm = ceil["hbm_bytes_per_s"]
     print(common.describe(ceil), flush=True)
+    if a.head:
+        common.write_json(a.out, "mhc-head", {"ceilings": ceil, "rows": head_rows(hbm)})
+        return
     if a.sweep:
         common.write_json(a.out, "mhc-sweep", {"ceilings": ceil,
                                                "rows": sweep(tuple(int(t) for t in a.tokens.split(",")),
