@@ -52,11 +52,16 @@ def calls(step, device: str) -> dict:
     from v4serve.ops import addressing as ops
     from v4serve.ops.backend import TRITON
 
+    from v4serve.cache.pool import KVPools
+
+    class Ring:  # the KV pools' ring layout, W slots a row, the trash slot after the rows
+        window_size, trash_slot, window_rows = W, step.num_rows, KVPools.window_rows
+
     T, R = step.num_tokens, step.num_rows
     fr = freqs(device)
-    trash = R
-    out = {"window": (lambda: ops.window_addressing(step, W, trash, fr, TRITON),
-                      lambda: ops.window_addressing_reference(step, W, trash, fr),
+    ring = Ring()
+    out = {"window": (lambda: ops.window_addressing(step, ring, fr, TRITON),
+                      lambda: ops.window_addressing_reference(step, ring, fr),
                       T * 8 * 2 + R * 8 * 6 + T * W * 9 + R * W * 8 + T * 8 + 2 * 2 * T * HALF * 4)}
     for ratio in (4, 128):
         G = T // ratio + R

@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+from v4serve.cache.pool import KVPools
 from v4serve.models.step import RowSpec, build_step
 from v4serve.ops import addressing
 from v4serve.ops.backend import TRITON
@@ -43,6 +44,15 @@ def _step(kind: str, seed: int = 0):
     return build_step(_rows(kind, g), DEVICE)
 
 
+class Ring:
+    """A window ring of the KV pools' layout (cache.pool.KVPools.window_rows), at any width."""
+
+    window_rows = KVPools.window_rows
+
+    def __init__(self, window_size: int, trash_slot: int):
+        self.window_size, self.trash_slot = window_size, trash_slot
+
+
 def _freqs(half: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (1.0 / 10000 ** (torch.arange(half, dtype=torch.float32) / half) * (1 + torch.rand(half, generator=g))
@@ -55,8 +65,9 @@ def test_window_addressing_kernel_matches_reference(kind: str, window: int) -> N
     step = _step(kind)
     freqs = [_freqs(32, 1), _freqs(32, 2)]
     trash = 9
-    ref = addressing.window_addressing_reference(step, window, trash, freqs)
-    got = addressing.window_addressing(step, window, trash, freqs, TRITON)
+    ring = Ring(window, trash)
+    ref = addressing.window_addressing_reference(step, ring, freqs)
+    got = addressing.window_addressing(step, ring, freqs, TRITON)
     assert kernel.supports(step)
     for name in ("src", "valid", "ring_rows", "write"):
         a, b = getattr(got, name), getattr(ref, name)

@@ -26,6 +26,15 @@ class WindowRows(StepRows, Protocol):
     window_floor: torch.Tensor  # [R] window KV below this position is not visible (replay start)
 
 
+class WindowRing(Protocol):
+    """Where the window rings live (cache.pool.KVPools has these; the kernel writes the same layout)."""
+
+    window_size: int  # W: positions p-W+1 .. p; position p sits in ring slot p mod W
+    trash_slot: int  # the slot of rows whose KV is not kept
+
+    def window_rows(self, slot: torch.Tensor, pos: torch.Tensor) -> torch.Tensor: ...
+
+
 @dataclass
 class WindowAddressing:
     """Where each token's window lives: `src` [T, W] indexes [the rows' rings before this step (R*W) | this step's
@@ -52,21 +61,20 @@ class Compression:
     visible: torch.Tensor
 
 
-def window_addressing(step: WindowRows, window: int, trash_slot: int, freqs: Sequence[torch.Tensor],
+def window_addressing(step: WindowRows, ring: WindowRing, freqs: Sequence[torch.Tensor],
                       backend: str = REFERENCE) -> WindowAddressing:
-    """The window addressing of a step (window = W positions p-W+1 .. p; ring slot of position p: p mod W) and the
-    RoPE tables of its positions for each of `freqs`."""
+    """The window addressing of a step in `ring`'s layout and the RoPE tables of its positions for each of `freqs`."""
     if backend == TRITON:
         from .kernels import addressing as kernel
 
         if kernel.supports(step):
-            return kernel.window_addressing(step, window, trash_slot, freqs)
-    return window_addressing_reference(step, window, trash_slot, freqs)
+            return kernel.window_addressing(step, ring.window_size, ring.trash_slot, freqs)
+    return window_addressing_reference(step, ring, freqs)
 
 
-def window_addressing_reference(step: WindowRows, window: int, trash_slot: int,
+def window_addressing_reference(step: WindowRows, ring: WindowRing,
                                 freqs: Sequence[torch.Tensor]) -> WindowAddressing:
-    W = window
+    W = ring.window_size
     R = step.num_rows
     pos, row = step.positions, step.token_row
     k = torch.arange(W, device=pos.device)
@@ -78,12 +86,12 @@ def window_addressing_reference(step: WindowRows, window: int, trash_slot: int,
     fresh_idx = (step.row_offset[r] + (p - start)).clamp(min=0)
     ring_idx = r * W + torch.remainder(p, W)
     src = torch.where(fresh, R * W + fresh_idx, ring_idx)
-    ring_rows = (step.row_slot.unsqueeze(1) * W + k.unsqueeze(0)).reshape(-1)
+    ring_rows = ring.window_rows(step.row_slot.unsqueeze(1), k.unsqueeze(0)).reshape(-1)  # [R*W]
     # rows each token's KV goes to: the last W positions of its row (others go to the trash slot)
     row_end = (step.row_start + step.row_len)[row]
     keep = (pos >= row_end - W) & (pos >= step.window_floor[row])
-    slot = torch.where(keep, step.row_slot[row], torch.full_like(row, trash_slot))
-    write = slot * W + pos % W
+    slot = torch.where(keep, step.row_slot[row], torch.full_like(row, ring.trash_slot))
+    write = ring.window_rows(slot, pos)
     return WindowAddressing(src, valid, ring_rows, write, [rope_cos_sin(pos, f) for f in freqs])
 
 

@@ -29,7 +29,7 @@ class StepContext:
         self._visible: dict[int, torch.Tensor] = {}
         # the Triton body writes both RoPE tables in the window's launch; the reference makes each when first asked
         freqs = [inv_freq(config, c, step.device) for c in (False, True)] if backend == TRITON else []
-        win = window_addressing(step, config.window_size, pools.trash_slot, freqs, backend)
+        win = window_addressing(step, pools, freqs, backend)
         self.win_src, self.win_valid, self.ring_rows, self.win_write = win.src, win.valid, win.ring_rows, win.write
         self._rope.update(zip((False, True), win.rope))
 

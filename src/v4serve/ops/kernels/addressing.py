@@ -89,7 +89,8 @@ def _window_kernel(pos_ptr, row_ptr, start_ptr, len_ptr, offset_ptr, slot_ptr, f
 
 def window_addressing(step: WindowRows, window: int, trash_slot: int,
                       freqs: Sequence[torch.Tensor]) -> WindowAddressing:
-    """The Triton body of ops.addressing.window_addressing (arguments and result as there; at most two freqs)."""
+    """The Triton body of ops.addressing.window_addressing over a ring of `window` slots a row (KVPools.window_rows:
+    slot * window + position mod window) with its trash slot; at most two freqs."""
     if len(freqs) > 2:
         raise ValueError("the window kernel writes at most two RoPE tables")
     T, R, W = step.num_tokens, step.num_rows, window
