@@ -81,6 +81,10 @@ def run_mode(args: argparse.Namespace, bounded: bool, contexts: list[int]) -> li
     return rows[1:]
 
 
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
 def table(rows: list[dict]) -> list[str]:
     by = {(r["context"], r["mode"]): r for r in rows}
     lines = ["| context | cold bounded ms | cold exact ms | cut | hit bounded ms | hit exact ms | cut | cached tokens "
@@ -88,13 +92,9 @@ def table(rows: list[dict]) -> list[str]:
     for ctx in sorted({r["context"] for r in rows}):
         b, e = by[(ctx, "bounded")], by[(ctx, "exact")]
         cut_c, cut_h = 1 - b["cold_ms"] / e["cold_ms"], 1 - b["hit_ms"] / e["hit_ms"]
-        goals = []
-        if ctx in TARGETS_MS["hit"]:
-            goals.append(f"hit <= {TARGETS_MS['hit'][ctx]:.0f}: {'met' if b['hit_ms'] <= TARGETS_MS['hit'][ctx] else 'not met'}")
-        if ctx in TARGETS_MS["cold"]:
-            goals.append(f"cold <= {TARGETS_MS['cold'][ctx]:.0f}: "
-                         f"{'met' if b['cold_ms'] <= TARGETS_MS['cold'][ctx] else 'not met'}")
-        goals.append(f"cut >= 30%: {'met' if cut_h >= 0.30 else 'not met'}")
+        goals = [f"{kind} <= {TARGETS_MS[kind][ctx]:.0f}: {_met(b[f'{kind}_ms'] <= TARGETS_MS[kind][ctx])}"
+                 for kind in ("hit", "cold") if ctx in TARGETS_MS[kind]]
+        goals.append(f"cut >= 30%: {_met(cut_h >= 0.30)}")
         lines.append(f"| {ctx} | {b['cold_ms']:.1f} | {e['cold_ms']:.1f} | {cut_c * 100:.0f}% | {b['hit_ms']:.1f} | "
                      f"{e['hit_ms']:.1f} | {cut_h * 100:.0f}% | {b['cached_tokens']} / {e['cached_tokens']} | "
                      f"{'; '.join(goals)} |")

@@ -127,7 +127,8 @@ class ModelRunner:
         if not reqs:
             return async_steps.InFlight(sched, [], logits.new_empty(0, dtype=torch.int64),
                                         torch.empty(0, dtype=torch.int64), None)
-        ids = sample(logits, self._sampling_batch(reqs, logits.device)).token_ids  # one logits row per sampling row, in order
+        # one logits row per sampling row, in order
+        ids = sample(logits, self._sampling_batch(reqs, logits.device)).token_ids
         host, copied = async_steps.read_later(ids)
         return async_steps.InFlight(sched, reqs, ids, host, copied)
 
