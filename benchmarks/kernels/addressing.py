@@ -93,7 +93,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.cpu:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
-    from common import bench_graph_many, bench_ms, measure_ceilings, write_json
+    from common import bench_graph_many, bench_ms, describe, measure_ceilings, write_json
 
     if args.cpu:
         for rows, tokens in ((1, 1), (4, 64)):
@@ -102,8 +102,8 @@ def main() -> None:
                 print(f"{name:16s} rows={rows:3d} tokens={tokens:5d} {check(kern(), ref())}", flush=True)
         return
     ceil = measure_ceilings()
+    print(describe(ceil), flush=True)
     hbm = ceil["hbm_bytes_per_s"]
-    print(f"HBM copy ceiling (same run): {hbm / 1e12:.2f} TB/s", flush=True)
     rows_out = []
     for phase, rows, tokens in SHAPES:
         step = make_step(rows, tokens, "cuda")
