@@ -606,6 +606,43 @@ if [[ $what == twelfth5 ]]; then  # prepared in the eleventh session: the microb
     done
   done
 fi
+if [[ $what == thirteenth1 ]]; then  # the one-row GEMV on the CUDA cores (fp8_gemv.fma_acc): its tests at real
+  # shapes, the V4 step at batch 1 with and without it (V4SERVE_GEMV_FMA=1), its tile sweep at M=1 beside the
+  # tensor-core default, the paired shared-expert kernel's
+  timeout 100 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" -k "cuda_cores or one_launch or real_shapes" 2>&1 | tee "$OUT/fma_tests.log" \
+    | grep -E "^E |passed|failed" | head
+  for v in ${FMA_AB:-0 1}; do
+    echo "== b1 V4SERVE_GEMV_FMA=$v"
+    V4SERVE_GEMV_FMA=$v timeout ${AB_TIMEOUT:-70} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
+      --context 2048 --steps 10 --graph-only --async-scheduling --kv-cache-memory 8589934592 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/fma_ab.log" | grep -E "graph|floor"
+  done
+  timeout ${SWEEP_TIMEOUT:-200} python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 1 --out "$OUT" \
+    --shapes wq_b,"wo_a(grouped)",wo_b,shared_w2,idx_wq_b,wq_a,wkv,v41_wo_b \
+    --variants default,fma,fma-pre,fma-bk256,fma-bk1024,fma-w8,fma-bn128w8,fma-bn32,fma-p396,fma-p132,fma-bk256w2 \
+    2>&1 | grep -v Warning | tee "$OUT/fma_sweep.log" | grep -A40 "best variant"
+  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 1 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/fma_shared.log" | grep -E "M=  1"
+fi
+if [[ $what == thirteenth2 ]]; then  # the one-row CUDA-core GEMV as the default (per-shape tiles, the paired shared
+  # expert too): V4 and V4.1 at batch 1 with it off (V4SERVE_GEMV_FMA=0) and on, then its tests at real shapes and the
+  # graph = eager and fast-path GPU tests with it on
+  for mv in v4-flash-e16:0 v4-flash-e16:1 v41-flash-e16-engram1m:0 v41-flash-e16-engram1m:1; do
+    m=${mv%:*}; v=${mv#*:}
+    echo "== $m b1 V4SERVE_GEMV_FMA=$v"
+    V4SERVE_GEMV_FMA=$v timeout ${AB_TIMEOUT:-75} python3 benchmarks/profile_step.py $m --batch 1 \
+      --context 2048 --steps 10 --graph-only --async-scheduling --kv-cache-memory 8589934592 --out /tmp/fma_ab/fma$v \
+      2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/fma_ab2.log" | grep -E "graph|floor"
+  done
+  tar -czf "$OUT/fma_ab2.tgz" -C /tmp/fma_ab .  # one file (the 8-file cap leaves room for the Triton cache)
+  timeout 150 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" -k "cuda_cores or one_launch or real_shapes or wgmma" 2>&1 | tee "$OUT/fma_tests2.log" \
+    | grep -E "^E |passed|failed" | head
+  timeout 170 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" \
+    -k "graph_decode_equals_eager or fast_path_model or async" 2>&1 | tee "$OUT/fma_gpu_tests.log" \
+    | grep -E "^E |passed|failed" | head
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -45,7 +45,17 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    # the weight as wgmma's operand (fp8_gemv.block_dot SWAP: no FP8 -> f16 conversions on sm_90)
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
                    "swap-s6": {"swap": True, "num_stages": 6}, "swap-bk256": {"swap": True, "BK": 256},
-                   "swap-s2": {"swap": True, "num_stages": 2}, "swap-bn128w8": {"swap": True, "BN": 128, "num_warps": 8}}
+                   "swap-s2": {"swap": True, "num_stages": 2}, "swap-bn128w8": {"swap": True, "BN": 128, "num_warps": 8},
+                   # one row on the CUDA cores (fp8_gemv.fma_acc; x quantized in registers at every size unless
+                   # "prequant"), "programs": the split target
+                   "fma": {"fma": True, "BK": 512}, "fma-pre": {"fma": True, "BK": 512, "prequant": True},
+                   "fma-bk256": {"fma": True, "BK": 256}, "fma-bk1024": {"fma": True, "BK": 1024, "BN": 32},
+                   "fma-w8": {"fma": True, "BK": 512, "num_warps": 8},
+                   "fma-bn128w8": {"fma": True, "BN": 128, "BK": 512, "num_warps": 8},
+                   "fma-bn32": {"fma": True, "BN": 32, "BK": 512}, "fma-p396": {"fma": True, "BK": 512, "programs": 396},
+                   "fma-p132": {"fma": True, "BK": 512, "programs": 132},
+                   "fma-bk256-pre": {"fma": True, "BK": 256, "prequant": True},
+                   "fma-bk256w2": {"fma": True, "BK": 256, "num_warps": 2}}
 PREFILL_VARIANTS = {"default": None, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 
@@ -70,7 +80,11 @@ def run(make, graph: bool, copies) -> float:
 # name: (D, I, block) of the shared expert; paired-kernel tile variants beside fp8_gemv's config
 SHARED = {"v4": (4096, 2048, 128), "v41": (5120, 2304, 32)}
 PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "split_half": "half",
-                   "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128}}
+                   "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
+                   # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
+                   "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
+                   "fma-p264": {"fma": True, "BK": 512, "programs": 264}, "fma-bn32": {"fma": True, "BK": 512, "BN": 32},
+                   "fma-w8": {"fma": True, "BK": 512, "num_warps": 8}}
 
 
 def three_linears(x, w1, w2, w3, limit: float, act: int) -> torch.Tensor:
@@ -85,7 +99,7 @@ def shared_weights(D: int, I: int, block: int) -> tuple:
     return tuple((*weight(n, k, block), block) for n, k in ((I, D), (D, I), (I, D)))
 
 
-def shared_expert_rows(hbm: float) -> list[dict]:
+def shared_expert_rows(hbm: float, rows_m: tuple[int, ...] = ()) -> list[dict]:
     """Decode rows of the shared expert: paired kernel + w2 (dense_mlp) against the three-linear path, and the paired
     kernel alone in tile variants."""
     rows = []
@@ -95,7 +109,7 @@ def shared_expert_rows(hbm: float) -> list[dict]:
         first = shared_weights(D, I, block)
         wbytes = sum(q.numel() + s.numel() for q, s, _ in first)  # three FP8 weights + their e8m0 scales
         sets = [first] + [shared_weights(D, I, block) for _ in range(copies_past_l2(wbytes) - 1)]
-        for M in DECODE_M:
+        for M in rows_m or DECODE_M:
             x = torch.randn(M, D, device="cuda", dtype=torch.bfloat16)
             ref = dense_mlp(x.float(), *first, limit, block, backend.REFERENCE)
             ref_h = swiglu(linear_reference(x.float(), *first[0], block), linear_reference(x.float(), *first[2], block),
@@ -104,6 +118,8 @@ def shared_expert_rows(hbm: float) -> list[dict]:
             paths = {"three_linears": lambda w1, w2, w3, x=x, b=block: three_linears(x, w1, w2, w3, limit, b),
                      "paired+w2": lambda w1, w2, w3, x=x, b=block: dense_mlp(x, w1, w2, w3, limit, b, t)}
             for vname, cfg in PAIRED_VARIANTS.items():
+                if isinstance(cfg, dict) and cfg.get("fma") and M > 1:
+                    continue
                 if cfg in ("double", "half"):
                     cfg = {"splits": max(1, base["splits"] * 2 if cfg == "double" else base["splits"] // 2)}
                 paths[f"paired({vname})"] = lambda w1, w2, w3, x=x, b=block, c=cfg: fp8_swiglu.run(
@@ -234,6 +250,7 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="decode rows only (M <= 64), every tile variant")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all, or QUICK)")
     ap.add_argument("--variants", default=None, help="comma-separated decode/prefill variant names (default: all)")
+    ap.add_argument("--rows", default=None, help="comma-separated decode row counts (default: 1,8,32,64)")
     ap.add_argument("--shared-expert", action="store_true", help="only the shared expert's decode rows")
     ap.add_argument("--compressor", action="store_true", help="only the compressors' bf16 projections (f32 x)")
     ap.add_argument("--wo-a-quant", action="store_true", help="only wo_a with its output quantized for wo_b")
@@ -243,7 +260,8 @@ def main() -> None:
     hbm, fp8 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"]
     rows = []
     if args.shared_expert:
-        write_json(args.out, "fp8_gemm_shared_expert", {"ceilings": ceil, "rows": shared_expert_rows(hbm)})
+        rows_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else ()
+        write_json(args.out, "fp8_gemm_shared_expert", {"ceilings": ceil, "rows": shared_expert_rows(hbm, rows_m)})
         return
     if args.compressor:
         write_json(args.out, "fp8_gemm_compressor", {"ceilings": ceil, "rows": compressor_rows(hbm)})
@@ -263,7 +281,8 @@ def main() -> None:
         prefill = PREFILL_M if name in ("wq_b", "wo_b", "shared_w1", "v41_wo_b") else ()
         if args.decode_only:
             prefill = ()
-        for M in (DECODE_M + prefill) if not args.quick else (1, 32, 64) + prefill[1:2]:
+        decode_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else DECODE_M
+        for M in (decode_m + prefill) if not args.quick else (1, 32, 64) + prefill[1:2]:
             decode = M <= 64
             x = torch.randn(M, G, K, device="cuda", dtype=torch.bfloat16)
             act = 0 if G > 1 else block  # wo_a runs W8A16 (the reference's bf16 einsum), the rest W8A8
@@ -283,6 +302,9 @@ def main() -> None:
                     pre = None  # by the weight's size (fp8_gemv.prequantize)
                     if cfg in ("in-register", "prequantized"):
                         pre, cfg = cfg == "prequantized", None
+                    if isinstance(cfg, dict) and "prequant" in cfg:
+                        cfg = dict(cfg)
+                        pre = cfg.pop("prequant")
                     if cfg in ("double", "quadruple"):
                         cfg = {"splits": (2 if cfg == "double" else 4) * fp8_gemv.config(M, N, K, G, block)["splits"]}
                     make = lambda qc, sc, c=cfg, p=pre: (  # noqa: E731

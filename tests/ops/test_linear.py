@@ -132,6 +132,31 @@ def test_one_launch_decode_gemm(block: int, act: int, swap: bool) -> None:
             assert int(fp8_gemv._COUNTERS.get(x.device).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("act", [0, 1])
+def test_one_row_gemv_on_the_cuda_cores(block: int, act: int) -> None:
+    """fp8_gemv's `fma` form (one row: whole weight tiles widened in registers, float32 products summed per scale
+    block) equals the reference at every tile and split, with in-register and prequantized activations, ragged N
+    and a K that ends inside a tile; it refuses more than one row."""
+    g = torch.Generator().manual_seed(7 * block + act)
+    act = act * block
+    for G, N, K in ((1, 96, 1024), (4, 48, 512), (1, 200, 3 * block)):
+        q, s = fp8_weight(G * N, K, block, g)
+        x = torch.randn(1, G, K, generator=g).to(torch.bfloat16).to(DEV)
+        ref = grouped_linear_reference(x.float(), q, s, block, act)
+        for cfg in ({"BK": 256}, {"BK": 512, "splits": 1}, {"BN": 32, "BK": 128, "splits": 3}):
+            cfg = {**cfg, "fma": True}
+            out = fp8_gemv.run(x, q, s, block, act, torch.float32, cfg)
+            assert rel(out, ref) < F32_TOL, (G, N, K, cfg, rel(out, ref))
+            assert torch.equal(out, fp8_gemv.run(x, q, s, block, act, torch.float32, cfg))
+            if act:
+                assert rel(fp8_gemv.run(x, q, s, block, act, torch.float32, cfg, prequant=True), ref) < F32_TOL
+        if GPU:
+            assert int(fp8_gemv._COUNTERS.get(x.device).abs().sum()) == 0
+    with pytest.raises(ValueError, match="one row"):
+        fp8_gemv.run(torch.cat([x, x]), q, s, block, act, torch.float32, {"fma": True})
+
+
 @pytest.mark.parametrize("wdtype", ["fp8", "bf16"])
 def test_decode_split_k_finished_in_the_kernel(wdtype: str) -> None:
     """Decode rows of the general kernel (float32 x: the compressors' bf16 weights, FP8 weights without the GEMV) add
@@ -496,17 +521,26 @@ from v4serve.ops.kernels import fp8_gemv
 fn = fp8_gemv._decode_gemm_kernel
 ptrs = {"x_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*u8", "part_ptr": "*fp32",
         "y_ptr": "*bf16", "ys_ptr": "*fp32", "cnt_ptr": "*i32"}
+# the fma case as Triton's launcher specializes it on the GPU: 16-byte aligned pointers, sizes and strides that are
+# multiples of 16 (the others without: their checks read the unvectorized form)
+aligned = ("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "part_ptr", "y_ptr", "ys_ptr", "cnt_ptr", "N", "K", "k_per_split",
+           "stride_xm", "stride_xg", "stride_wn", "stride_ym", "stride_yg")
+attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
 out = {}
-for case in ("False", "True", "quant_out"):
-    const = dict(SB=128, A_FP8=False, A_PRE=case != "quant_out", BM=16, BN=64, BK=128,
-                 SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False, SWAP=case == "True", W_SCALED=True,
-                 QG=128 if case == "quant_out" else 0, OUT_DT=triton.language.bfloat16)
+for case in ("False", "True", "quant_out", "fma"):
+    const = dict(SB=128, A_FP8=case == "fma", A_PRE=case not in ("quant_out", "fma"), BM=1 if case == "fma" else 16,
+                 BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
+                 SWAP=case == "True", W_SCALED=True, QG=128 if case == "quant_out" else 0,
+                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True)
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
+    types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
-    ptx = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
+    ptx = triton.compile(ASTSource(fn, sig, const, attrs if case == "fma" else None), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
     out[case] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
-                 "e4m3_stores": ptx.count("st.global.b8") + ptx.count("st.global.v2.b8") + ptx.count("st.global.v4.b8")}
+                 "e4m3_stores": ptx.count("st.global.b8") + ptx.count("st.global.v2.b8") + ptx.count("st.global.v4.b8"),
+                 "loads_16B": ptx.count("ld.global.v4"), "byte_loads": ptx.count("ld.global.b8"),
+                 "e4m3_cvt": ptx.count("cvt.rn.f16x2.e4m3x2")}
 print(json.dumps(out))
 """
 
@@ -519,6 +553,12 @@ def test_decode_gemv_fp8_dot_is_wgmma_when_swapped_on_sm90() -> None:
     assert dots["False"]["mma_sync"] > 0 and dots["False"]["wgmma"] == 0, dots
     assert dots["True"]["wgmma"] > 0 and dots["True"]["mma_sync"] == 0, dots
     assert dots["quant_out"]["e4m3_stores"] > 0, dots  # wo_a's output quantized for wo_b (a group over 2 tiles)
-    assert fp8_gemv.config(1, 4096, 8192, 1, 128)["swap"] and fp8_gemv.config(32, 4096, 8192, 1, 128)["swap"]
+    # the one-row CUDA-core form: no MMA, the weight in 16-byte loads (a 64 x 512 tile: 16 per thread; byte loads
+    # only for the few e8m0 scales), widened by the paired e4m3 -> f16 conversion
+    fma = dots["fma"]
+    assert fma["wgmma"] == fma["mma_sync"] == 0 and fma["loads_16B"] >= 16 and fma["byte_loads"] <= 4, dots
+    assert fma["e4m3_cvt"] >= 64 * 512 // 128 // 2, dots
+    one = fp8_gemv.config(1, 4096, 8192, 1, 128)  # one row: swapped, or on the CUDA cores (the GPU's default)
+    assert (one["swap"] or one["fma"]) and fp8_gemv.config(32, 4096, 8192, 1, 128)["swap"]
     assert not fp8_gemv.config(64, 4096, 8192, 1, 128)["swap"]
     assert not fp8_gemv.config(1, 4096, 8192, 8, 128, w8a8=False)["swap"]

@@ -97,6 +97,36 @@ def test_paired_kernel_matches_composition(block: int, act: int, swap: bool) -> 
             assert int(fp8_swiglu._COUNTERS.get(x.device).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("block", [128, 32])
+@pytest.mark.parametrize("act", [0, 1])
+def test_one_row_paired_kernel_on_the_cuda_cores(block: int, act: int) -> None:
+    """The paired kernel's `fma` form (one row, fp8_gemv.fma_acc for both weights) is fp8_gemv's fma form for w1 and
+    w3 composed with the SwiGLU (bit for bit under the interpreter), within bf16 rounding of the reference, at one
+    split and several; it refuses more than one row."""
+    g = torch.Generator().manual_seed(11 * block + act)
+    act = act * block
+    for N, K, clamp in ((96, 512, False), (200, 4 * block, True), (72, 1024, True)):
+        w1, w3 = fp8_weight(N, K, block, g), fp8_weight(N, K, block, g)
+        x = torch.randn(1, K, generator=g).to(torch.bfloat16).to(DEV)
+        ref, rg, ru = reference_h(x, w1, w3, block, act, 0.0)
+        limit = clipping_limit(rg, ru) if clamp and float(rg.max()) > 0 else 0.0
+        if limit:
+            ref = reference_h(x, w1, w3, block, act, limit)[0]
+        for cfg in ({"fma": True, "BK": 256}, {"fma": True, "BK": 128, "BN": 32, "splits": 3},
+                    {"fma": True, "BK": 512, "splits": 1}):
+            h = fp8_swiglu.run(x, *w1, *w3, block, act, limit, cfg)
+            assert torch.equal(h, fp8_swiglu.run(x, *w1, *w3, block, act, limit, cfg))
+            full = {**fp8_swiglu.paired_config(1, N, K, block, bool(act)), **cfg}
+            if "splits" not in cfg:  # what run chose: about two waves of programs over its tiles
+                full["splits"] = fp8_gemv.split_count(N, K, 1, full["BN"], full["BK"])
+            assert torch.equal(h, fp8_swiglu.run(x, *w1, *w3, block, act, limit, full))
+            exact = composed_h(x, w1, w3, block, act, limit, full)
+            assert ulps(h, exact) <= (1 if GPU else 0), (N, K, cfg, ulps(h, exact))
+            assert rel(h, ref) < 1.6e-2, (N, K, cfg, rel(h, ref))
+    with pytest.raises(ValueError, match="one row"):
+        fp8_swiglu.run(torch.cat([x, x]), *w1, *w3, block, act, 0.0, {"fma": True})
+
+
 def test_half_precision_and_strided_rows() -> None:
     """fp16 activations, and x rows with a stride (a view into a wider buffer)."""
     g = torch.Generator().manual_seed(3)

@@ -10,6 +10,11 @@ quantization, GEMM, split-K sum) cost more than streaming the small weights, so 
   arrive at each output tile (per-tile arrival counters, acq_rel): it adds the partial sums in split order, so the
   result does not depend on timing, and re-zeroes its counter for the next launch or graph replay.
 
+One row (M = 1, a batch-1 decode step) runs on the CUDA cores instead (`fma_config`, `fma_acc`): whole [32, 512]
+weight tiles in 16-byte loads, widened to float32 in registers, float32 products summed per scale block, the scales on
+the block sums; its activations are always quantized in registers. The tensor cores' 16- or 64-row tile is 1/16 used
+by one row, and that form measured 1.0-1.5x slower on every V4 decode shape (fma_config's figures).
+
 W8A8 (bf16/fp16 x, activation group = weight block) and W8A16 (no activation quantization: V4's grouped `wo_a`) over
 FP8 weights with e8m0 block scales (128 x 128 for V4, 32 x 32 for V4.1); G > 1 stacks G projections (grouped wo_a).
 Plain half-precision weights in x's dtype take the same kernel without scales: the compressors' wkv / wgate and the
@@ -18,6 +23,8 @@ indexer's weights_proj, stacked, with a float32 output, and `grouped_linear`'s s
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -39,6 +46,8 @@ _SMS = 132  # H200 multiprocessors
 # quantized before (their split-K still finished here, not by a third launch).
 MAX_WEIGHT_BYTES = 16 << 20
 _COUNTERS = ArrivalCounters()
+# One row on the CUDA cores (fma_acc) by default on the GPU; V4SERVE_GEMV_FMA=0 keeps it on the tensor cores (A/B)
+FMA_ONE_ROW = os.environ.get("V4SERVE_GEMV_FMA", "1") != "0"
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
@@ -54,8 +63,10 @@ def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int)
 
 def prequantize(weight: torch.Tensor, act_group: int) -> bool:
     """Large W8A8 weights take the activations quantized by one small launch before (kernels/quant.act_quant): the
-    in-register quantization stalls their weight stream (H200, benchmarks/kernels/fp8_gemm.py: wq_b 32 MB at M=1
-    19.1 us in-register vs 13.8 us with the separate quantization)."""
+    in-register quantization stalls their tensor-core weight stream (H200, benchmarks/kernels/fp8_gemm.py: wq_b 32 MB
+    at M=1 19.1 us in-register vs 13.8 us with the separate quantization). The one-row CUDA-core form quantizes in
+    registers at every size (`run`): wq_b 15.1 us vs 13.8 with the launch before, wo_b 15.1 vs 15.6, grouped wo_a
+    13.5 vs 13.6 (64-row tiles; the step saves the 43 act_quant launches)."""
     return bool(act_group) and weight.numel() > MAX_WEIGHT_BYTES
 
 
@@ -90,6 +101,59 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
 
 
 @triton.jit
+def _fma_k(k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """A one-row CUDA-core tile's K positions and their mask; with EVEN_K (K and the splits' bounds on scale blocks)
+    a mask constant per block, which keeps the weight loads 16 B wide."""
+    offs_k = k0 + tl.arange(0, BK)
+    if EVEN_K:
+        return offs_k, k0 + tl.arange(0, BK) // SB * SB < k_hi
+    return offs_k, offs_k < k_hi
+
+
+@triton.jit
+def fma_w(w_ptr, w_rows, n_ok, k0, k_hi, stride_wn, SB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """A whole [BN, BK] weight tile for fma_acc, loaded at once: every load in flight before the first use."""
+    offs_k, k_ok = _fma_k(k0, k_hi, SB, BK, EVEN_K)
+    return tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def fma_x(x_ptr, xs_ptr, k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr,
+          EVEN_K: tl.constexpr):
+    """One row's [BK] of x for fma_acc -> (x as float32, its per-block scales [BK / SB]): e4m3 values with
+    act_quant's scales when quantized before (A_PRE) or here (A_FP8, per block as act_quant would), else as stored
+    (scales of 1)."""
+    NSB: tl.constexpr = BK // SB
+    offs_k, k_ok = _fma_k(k0, k_hi, SB, BK, EVEN_K)
+    kb = k0 // SB + tl.arange(0, NSB)
+    x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0)
+    if A_PRE:
+        return x.to(tl.float32), tl.load(xs_ptr + kb, mask=kb * SB < k_hi, other=1.0)
+    if A_FP8:
+        xq, x_scale = quantize_rows(tl.reshape(x, (NSB, SB)))
+        return tl.reshape(xq, (BK,)).to(tl.float32), x_scale
+    return x.to(tl.float32), tl.full([NSB], 1.0, tl.float32)
+
+
+@triton.jit
+def fma_acc(acc, w, x, x_scale, ws_ptr, w_rows, n_ok, k0, k_hi, stride_wsn, SB: tl.constexpr, BK: tl.constexpr,
+            W_SCALED: tl.constexpr):
+    """acc [1, BN] + one row's x [BK] against a weight tile w [BN, BK] on the CUDA cores: w widened to float32 in
+    registers, float32 products summed per scale block, then the block's scales (x's and the weight's) on its sums.
+    One row fills 1/16 of a tensor-core tile; here nothing is padding and the weight needs no shared-memory stage."""
+    NSB: tl.constexpr = BK // SB
+    BN: tl.constexpr = w.shape[0]
+    part = tl.sum(tl.reshape(w.to(tl.float32) * x[None, :], (BN, NSB, SB)), axis=2)  # [BN, NSB]
+    scale = x_scale[None, :]
+    if W_SCALED:
+        kb = k0 // SB + tl.arange(0, NSB)
+        scale = scale * e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB)[:, None] * stride_wsn + kb[None, :],
+                                            mask=n_ok[:, None] & (kb * SB < k_hi)[None, :], other=127))
+    return acc + tl.sum(part * scale, axis=1)[None, :]
+
+
+@triton.jit
 def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, cnt_ptr,
                         M, N, K, k_per_split,
                         stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,
@@ -97,7 +161,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                         SB: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
-                        W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16):
+                        W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
+                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -118,7 +183,11 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+        if FMA:  # one row on the CUDA cores
+            w = fma_w(w_ptr, w_rows, n_ok, k0, k_hi, stride_wn, SB, BK, EVEN_K)
+            x, x_scale = fma_x(x_ptr + g * stride_xg, xs_ptr + g * stride_xsg, k0, k_hi, SB, BK, A_FP8, A_PRE, EVEN_K)
+            acc = fma_acc(acc, w, x, x_scale, ws_ptr, w_rows, n_ok, k0, k_hi, stride_wsn, SB, BK, W_SCALED)
+        for sub in tl.static_range(0 if FMA else BK // SB):  # one scale block of K at a time
             kb0 = k0 + sub * SB
             offs_k = kb0 + tl.arange(0, SB)
             k_ok = offs_k < k_hi
@@ -187,7 +256,8 @@ def _store_out(acc, y_ptr, ys_ptr, offs_m, col0, g, m_ok, N, stride_ym, stride_y
         tl.store(ys, tl.reshape(scale, (BM, NG)), mask=m_ok[:, None] & (grp * QG < N)[None, :])
 
 
-def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bool = False) -> dict:
+def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bool = False,
+           one_row_fma: bool = True) -> dict:
     """Tiles and splits: enough programs to stream the weight from every SM (about two waves). W8A8 up to 32 rows puts
     the weight first in the dot (`swap`, block_dot): H200, benchmarks/kernels/fp8_gemm.py --decode-only, M=1: wq_b
     12.8 -> 12.2 us, wo_b 15.7 -> 15.2, V4.1 wo_b 27.1 -> 25.2, the indexer's wq_b 10.4 -> 8.6; M=32: wo_b 22.5 -> 18.7;
@@ -200,13 +270,30 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
         bn = min(256, max(16, triton.next_power_of_2(N)))
         bk = max(sb, 128)
         return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, triton.cdiv(K, bk))), "num_warps": 4,
-                "num_stages": 1, "swap": swap}
+                "num_stages": 1, "swap": swap, "fma": False}
+    if M == 1 and FMA_ONE_ROW and one_row_fma:  # (one_row_fma: false for kernels without the fma form)
+        return fma_config(N, K, G)
     bn, bk = 64, max(sb, 128)
-    tiles = triton.cdiv(N, bn) * G
-    splits = max(1, min(triton.cdiv(K, bk), triton.cdiv(2 * _SMS, tiles), 16))
+    splits = split_count(N, K, G, bn, bk)
     if plain:
         splits = max(1, splits // 2)
-    return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap}
+    return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap,
+            "fma": False}
+
+
+def fma_config(N: int, K: int, G: int) -> dict:
+    """One row on the CUDA cores: 32-row tiles 512 wide (1024 for K >= 8192), about two waves of programs. H200,
+    `fp8_gemm.py --decode-only --rows 1` (µs, tensor-core default -> this): wq_a 6.3 -> 4.1, wq_b 12.3 -> 11.9, wkv
+    5.4 -> 3.5, grouped wo_a 15.7 -> 13.1, wo_b 15.2 -> 14.2, shared w2 7.5 -> 6.0, the indexer's wq_b 8.6 -> 5.6, V4.1
+    wo_b 25.1 -> 16.5 (8 warps on 64-row tiles won w2 and wo_b by 0.3-0.6 µs, lost wq_b and V4.1 wo_b by 1-3.5)."""
+    bk = 1024 if K >= 8192 else 512
+    return {"BM": 1, "BN": 32, "BK": bk, "splits": split_count(N, K, G, 32, bk), "num_warps": 4, "num_stages": 1,
+            "swap": False, "fma": True}
+
+
+def split_count(N: int, K: int, G: int, bn: int, bk: int, programs: int = 2 * _SMS) -> int:
+    """K splits for about `programs` programs over the output tiles (at most one per K tile, at most 16)."""
+    return max(1, min(triton.cdiv(K, bk), triton.cdiv(programs, triton.cdiv(N, bn) * G), 16))
 
 
 # Up to this many rows the grouped wo_a quantizes its output for wo_b in its finish (H200, `fp8_gemm.py --wo-a-quant`,
@@ -247,14 +334,23 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     ys = torch.empty(M, G, N // quant_out, dtype=torch.float32, device=x3.device) if quant_out else y
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
+    given = cfg or {}
+    cfg = {**config(M, N, K, G, block, w8a8=bool(act_group), plain=not scaled), **given}
+    if cfg["fma"] and M > 1:
+        raise ValueError("the CUDA-core GEMV (fma) takes one row")
+    if cfg["fma"]:  # fma_acc: no 16-row tensor-core tile to pad, no transposed accumulator
+        cfg.update(BM=1, swap=False)
+        if "splits" not in given:  # for the tiles given
+            cfg["splits"] = split_count(N, K, G, cfg["BN"], cfg["BK"], cfg.get("programs", 2 * _SMS))
     if quantized is not None:
         pre, xs = True, quantized
     else:
-        pre = prequantize(weight, act_group) if prequant is None else bool(prequant and act_group)
+        # one row's quantization in registers costs little beside its CUDA-core dots at any weight size
+        by_size = prequantize(weight, act_group) and not cfg["fma"]
+        pre = by_size if prequant is None else bool(prequant and act_group)
         xs = x3
         if pre:
             x3, xs = act_quant(x3, block)  # e4m3 [M, G, K], float32 scales [M, G, K / block]
-    cfg = {**config(M, N, K, G, block, w8a8=bool(act_group), plain=not scaled), **(cfg or {})}
     bn = cfg["BN"]
     if quant_out and (bn % quant_out if bn > quant_out else quant_out % bn):
         raise ValueError(f"tiles of {bn} columns neither hold nor tile groups of {quant_out}")
@@ -275,5 +371,6 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         BN=cfg["BN"], BK=bk, SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
-        SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], **pdl_launch(y))
+        SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
+        EVEN_K=K % block == 0, **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y

@@ -27,13 +27,14 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from .fp8_gemv import block_dot, config, e8m0_to_f32, quantize_rows
+from .fp8_gemv import FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fma_acc, fma_w, fma_x, quantize_rows, split_count
 from .fp8_gemv import supports as gemv_supports
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import ArrivalCounters, last_to_arrive
 
 _COUNTERS = ArrivalCounters()
+_SMS = 132  # H200 multiprocessors
 
 
 def supports(x2: torch.Tensor, w1: tuple, w3: tuple, act_group: int) -> bool:
@@ -80,7 +81,8 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
                         stride_xm, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,
                         SB: tl.constexpr, A_FP8: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
-                        HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False):
+                        HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
+                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -97,7 +99,13 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
     k_lo = split * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     for k0 in range(k_lo, k_hi, BK):
-        for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+        if FMA:  # one row on the CUDA cores (fp8_gemv.fma_acc): both weight tiles in flight, x quantized once
+            w1 = fma_w(w1_ptr, offs_n, n_ok, k0, k_hi, stride_w1n, SB, BK, EVEN_K)
+            w3 = fma_w(w3_ptr, offs_n, n_ok, k0, k_hi, stride_w3n, SB, BK, EVEN_K)
+            x, x_scale = fma_x(x_ptr, x_ptr, k0, k_hi, SB, BK, A_FP8, False, EVEN_K)
+            acc_g = fma_acc(acc_g, w1, x, x_scale, s1_ptr, offs_n, n_ok, k0, k_hi, stride_s1n, SB, BK, True)
+            acc_u = fma_acc(acc_u, w3, x, x_scale, s3_ptr, offs_n, n_ok, k0, k_hi, stride_s3n, SB, BK, True)
+        for sub in tl.static_range(0 if FMA else BK // SB):  # one scale block of K at a time
             kb0 = k0 + sub * SB
             offs_k = kb0 + tl.arange(0, SB)
             k_ok = offs_k < k_hi
@@ -141,10 +149,13 @@ def paired_config(M: int, N: int, K: int, block: int, w8a8: bool = True) -> dict
     """fp8_gemv's tiles with half its K splits on the GPU: a program streams two weights, and fewer, longer programs
     measured faster (H200, benchmarks/kernels/fp8_gemm.py --shared-expert: V4 M=1 12.7 us vs 14.5 us, M=64 23.7 vs
     29.8 us). The interpreter keeps fp8_gemv's choice. `swap` as fp8_gemv's (V4 M=1 12.6 -> 11.6 us, M=32 20.0 ->
-    13.9; V4.1 M=1 27.3 -> 27.1, M=32 36.7 -> 32.5)."""
-    cfg = config(M, N, K, 1, block, w8a8=w8a8)
+    13.9; V4.1 M=1 27.3 -> 27.1, M=32 36.7 -> 32.5). One row runs on the CUDA cores (fp8_gemv.fma_acc) with 64-row
+    tiles 512 wide over about two waves: V4 11.6 -> 9.6 us, V4.1 27.1 -> 13.7 (`--shared-expert --rows 1`)."""
+    cfg = config(M, N, K, 1, block, w8a8=w8a8, one_row_fma=False)
     if not interpreting():
         cfg["splits"] = max(1, cfg["splits"] // 2)
+        if M == 1 and FMA_ONE_ROW:  # one row on the CUDA cores, as fp8_gemv's (V4SERVE_GEMV_FMA=0: off)
+            cfg.update(BM=1, BN=64, BK=512, splits=split_count(N, K, 1, 64, 512), num_stages=1, swap=False, fma=True)
     return cfg
 
 
@@ -159,7 +170,14 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         x2 = x2.contiguous()
     if w1.stride(-1) != 1 or w3.stride(-1) != 1:
         w1, w3 = w1.contiguous(), w3.contiguous()
-    cfg = {**paired_config(M, N, K, block, w8a8=bool(act_group)), **(cfg or {})}
+    given = cfg or {}
+    cfg = {**paired_config(M, N, K, block, w8a8=bool(act_group)), **given}
+    if cfg.get("fma"):  # one row on the CUDA cores, as fp8_gemv's fma form
+        if M > 1:
+            raise ValueError("the CUDA-core paired GEMV (fma) takes one row")
+        cfg.update(BM=1, swap=False)
+        if "splits" not in given:
+            cfg["splits"] = split_count(N, K, 1, cfg["BN"], cfg["BK"], cfg.get("programs", 2 * _SMS))
     bk = cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
     splits = triton.cdiv(K, k_per_split)
@@ -174,5 +192,6 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         x2.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], **pdl_launch(x2))
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=bool(cfg.get("fma")),
+        EVEN_K=K % block == 0, **pdl_launch(x2))
     return h
