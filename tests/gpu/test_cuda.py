@@ -132,11 +132,14 @@ def test_cuda_graph_decode_equals_eager(name: str, capsys: pytest.CaptureFixture
             assert same >= 0.5
 
 
+@pytest.mark.parametrize("overlap", ["shared_expert", "attention_query"])
 @pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])
-def test_shared_expert_on_a_side_stream_changes_nothing(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """V4SERVE_OVERLAP=shared_expert (ops/streams.py): the shared expert runs on a second stream beside the routed
-    experts and joins before their combine. The same kernels on the same values: the eager logits bit for bit, and
-    with CUDA graphs (fork and join captured as graph edges) the same greedy tokens as without the overlap."""
+def test_side_stream_overlap_changes_nothing(name: str, overlap: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """V4SERVE_OVERLAP (ops/streams.py): shared_expert runs the shared expert on a second stream beside the routed
+    experts, joined before their combine; attention_query runs wq_b beside the KV finish, compressors and indexer,
+    joined before the attention (the side launch of fp8_gemv on its own arrival counters). The same kernels on the
+    same values: the eager logits bit for bit, and with CUDA graphs (fork and join captured as graph edges) the same
+    greedy tokens as without the overlap."""
     from v4serve import LLM, SamplingParams
 
     toks = _tokens(60, 6)
@@ -147,7 +150,7 @@ def test_shared_expert_on_a_side_stream_changes_nothing(name: str, monkeypatch: 
     common = dict(device="cuda", dtype="bfloat16", kv_cache_memory=256 << 20, max_model_len=1024, block_size=64,
                   cuda_graph_sizes=(1, 2))
     graphed = [o.token_ids for o in LLM(name, **common).generate(prompts, sp)]
-    monkeypatch.setenv("V4SERVE_OVERLAP", "shared_expert")
+    monkeypatch.setenv("V4SERVE_OVERLAP", overlap)
     assert torch.equal(_logits(name, "cuda", torch.bfloat16, toks, chunks=[40, 1, 1, 1], kernels="triton"), plain)
     llm = LLM(name, **common)
     assert [o.token_ids for o in llm.generate(prompts, sp)] == graphed

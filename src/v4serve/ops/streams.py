@@ -5,6 +5,13 @@ of the captured graph, so a replay overlaps the two branches as the eager step d
 V4SERVE_OVERLAP=name[,name...], "all" or "none"; unset, DEFAULT_OVERLAPS (those a measurement says pay).
   shared_expert: the MoE's shared expert beside the routed experts' sort, gate-up and down; their combine, which adds
                  the shared output, waits for it (models/v4/moe.py).
+  attention_query: the query projection `wq_b` (V4-Flash: a 32 MB weight) beside the window KV's finish, the
+                 compressors and the indexer, which read only x and the query latent; the attention waits for it
+                 (models/v4/attention.py, models/v41/attention.py). Not timed yet: off unless named.
+
+Kernels that finish in their last program to arrive keep their arrival counters per lane (kernels/split_grid): a
+launch on the side stream uses the side lane's, so one family may run on both streams at once (the side wq_b beside
+the main stream's compressor projections, both fp8_gemv).
 """
 
 from __future__ import annotations
@@ -16,8 +23,9 @@ from typing import TypeVar
 import torch
 
 from .backend import switched_on
+from .kernels.split_grid import side_lane
 
-OVERLAPS = ("shared_expert",)
+OVERLAPS = ("shared_expert", "attention_query")
 # on by default: the graph replay of the V4 step (v4-flash-e16, 2K context, H200, `gpu_session.sh next2`, eleventh
 # session, two interleaved runs each) 9.81/9.82 -> 9.54/9.53 ms at batch 1, 20.19/20.20 -> 19.72/19.73 ms at batch 32
 DEFAULT_OVERLAPS = ("shared_expert",)
@@ -41,7 +49,7 @@ class Fork:
         self.side.wait_stream(self.main)
 
     def run(self, fn: Callable[[], T]) -> T:
-        with torch.cuda.stream(self.side):
+        with torch.cuda.stream(self.side), side_lane():
             return fn()
 
     def join(self) -> None:
@@ -50,7 +58,22 @@ class Fork:
 
 def fork(name: str, x: torch.Tensor) -> Fork | None:
     """A Fork on x's device when overlap `name` is on and x is on a GPU; else None (run inline)."""
-    return Fork(x.device) if x.is_cuda and overlapped(name) else None
+    on = overlapped(name)  # (a name not in OVERLAPS is refused off the GPU too)
+    return Fork(x.device) if x.is_cuda and on else None
+
+
+def beside(name: str, x: torch.Tensor, fn: Callable[[], T]) -> Callable[[], T]:
+    """fn run on the side stream when overlap `name` is on (else now, inline) -> a getter of its result that first
+    makes the current stream wait for it. The caller keeps fn's inputs alive until it calls the getter."""
+    side = fork(name, x)
+    out = fn() if side is None else side.run(fn)
+    if side is None:
+        return lambda: out
+
+    def joined() -> T:
+        side.join()
+        return out
+    return joined
 
 
 @functools.lru_cache(maxsize=None)

@@ -10,7 +10,7 @@ from torch import nn
 from ...config import ModelConfig
 from ...ops import compressor as comp
 from ...dist import parallel
-from ...ops import backend
+from ...ops import backend, streams
 from ...ops.attention import attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
@@ -89,7 +89,9 @@ class V4Attention(nn.Module):
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)
         qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
-        q = self.wq_b(q_in).view(T, H, hd)  # normalised per head and rotated inside the attention
+        # normalised per head and rotated inside the attention; with overlap attention_query on a side stream beside
+        # the KV finish, the compressors and the indexer
+        q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in))
         store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
                          c.rope_dim, *store, backend=self.backend)
@@ -112,8 +114,8 @@ class V4Attention(nn.Module):
                     idx = self._select(x, projs[1], outs[-1], qr, ctx, visible)
                 entries = ctx.entry_refs(L, picks=idx)
         with family("attention"):
-            o = attend(q, cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps, ctx.window_refs(self.layer), entries,
-                       self.backend)
+            o = attend(q_of().view(T, H, hd), cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps,
+                       ctx.window_refs(self.layer), entries, self.backend)
             if store[0] is None:
                 ctx.write_window(self.layer, kv, self.backend)
         # [T, g, o_lora_rank] (quantized for wo_b by wo_a's launch with gemv_quant_out)

@@ -14,13 +14,15 @@ computes the same selection), as V4's single KV head and compressors are (models
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from ...cache.pool import RowPool
 from ...config import ModelConfig
 from ...dist import parallel
-from ...ops import backend
+from ...ops import backend, streams
 from ...ops import compressor as comp
 from ...ops.attention import EntryRefs, attend
 from ...ops.finish import finish_rows
@@ -69,12 +71,21 @@ class V41Attention(nn.Module):
     # --- the shared pieces (also used by DSpark blocks) -----------------------------------------------
     def project_queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [T, H, hd] before RoPE (V4.1 has no per-head query norm) and the q latent."""
-        return self._queries_from(self.wq_a(x))
+        q_of, qr = self._queries_from(self.wq_a(x), x, beside_later_work=False)
+        return q_of(), qr
 
-    def _queries_from(self, qa: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _queries_from(self, qa: torch.Tensor, x: torch.Tensor, beside_later_work: bool = True
+                      ) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+        """(a getter of the queries [T, H, hd] from wq_b — on a side stream beside the caller's later work with
+        overlap attention_query —, the normed query latent qr)."""
         c = self.config
         qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
-        return self.wq_b(q_in).view(qa.shape[0], c.n_heads, c.head_dim), qr
+        if beside_later_work:
+            q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in))
+        else:
+            q = self.wq_b(q_in)
+            q_of = lambda: q  # noqa: E731
+        return lambda: q_of().view(qa.shape[0], c.n_heads, c.head_dim), qr
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, qr = self.project_queries(x)
@@ -104,7 +115,9 @@ class V41Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor:
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)  # wq_a and wkv
-        q, qr = self._queries_from(qa)  # rotated inside the attention
+        # rotated inside the attention; with overlap attention_query on a side stream beside the KV finish, the
+        # compressor and the indexer
+        q_of, qr = self._queries_from(qa, x)
         store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = self._window_kv_from(kva, cos, sin, *store)
         entries = None
@@ -117,7 +130,7 @@ class V41Attention(nn.Module):
                     self.select(x, qr, ctx, sel)
             entries = self.entries(ctx, sel)
         with family("attention"):
-            o = attend(q, cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
+            o = attend(q_of(), cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
                        ctx.window_refs(self.layer), entries, self.backend)
             if store[0] is None:
                 ctx.write_window(self.layer, kv, self.backend)

@@ -4,6 +4,9 @@ two float32 parts: ops/precision.hi_lo)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import triton
 import triton.language as tl
@@ -16,22 +19,42 @@ TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float
 N_COUNTERS = 16384  # token blocks of a split grid (64 KiB of int32 per kernel family and device)
 
 
+_lane = 0  # 0: the main stream's launches; 1: a side stream's (ops/streams.Fork.run)
+
+
+@contextlib.contextmanager
+def side_lane() -> Iterator[None]:
+    """Launches made inside take each kernel family's side-lane counters: a family's launch on a side stream may run
+    beside one of the same family on the main stream, and their arrivals must not meet in one counter."""
+    global _lane
+    _lane += 1
+    try:
+        yield
+    finally:
+        _lane -= 1
+
+
+def current_lane() -> int:
+    return _lane
+
+
 class ArrivalCounters:
-    """One zeroed int32 buffer per device for one kernel family; the kernels leave it zeroed after each launch,
-    so it can be captured in CUDA graphs. The first call on a device allocates it and must run eagerly; two launches
-    of the same family must not run concurrently on different streams."""
+    """One zeroed int32 buffer per device and lane (side_lane) for one kernel family; the kernels leave it zeroed after
+    each launch, so it can be captured in CUDA graphs. The first call on a device and lane allocates it and must run
+    eagerly (the graph runner's warm-up steps do); two launches of the same family on one lane must not run
+    concurrently."""
 
     def __init__(self, size: int = N_COUNTERS) -> None:
-        self._buffers: dict[int, torch.Tensor] = {}
+        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
         self.size = size
 
     def get(self, device: torch.device) -> torch.Tensor:
         if device.type != "cuda":
             return torch.zeros(self.size, dtype=torch.int32, device=device)  # interpreter: fresh each call
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        buf = self._buffers.get(idx)
+        key = (device.index if device.index is not None else torch.cuda.current_device(), _lane)
+        buf = self._buffers.get(key)
         if buf is None:
-            buf = self._buffers[idx] = torch.zeros(self.size, dtype=torch.int32, device=device)
+            buf = self._buffers[key] = torch.zeros(self.size, dtype=torch.int32, device=device)
         return buf
 
 
