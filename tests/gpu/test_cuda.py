@@ -132,14 +132,15 @@ def test_cuda_graph_decode_equals_eager(name: str, capsys: pytest.CaptureFixture
             assert same >= 0.5
 
 
-@pytest.mark.parametrize("overlap", ["shared_expert", "attention_query"])
+@pytest.mark.parametrize("overlap", ["shared_expert", "attention_query,indexer_query"])
 @pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])
 def test_side_stream_overlap_changes_nothing(name: str, overlap: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """V4SERVE_OVERLAP (ops/streams.py): shared_expert runs the shared expert on a second stream beside the routed
     experts, joined before their combine; attention_query runs wq_b beside the KV finish, compressors and indexer,
-    joined before the attention (the side launch of fp8_gemv on its own arrival counters). The same kernels on the
-    same values: the eager logits bit for bit, and with CUDA graphs (fork and join captured as graph edges) the same
-    greedy tokens as without the overlap."""
+    joined before the attention, and indexer_query the index queries before it on the side stream, joined before the
+    scoring (the side launches of fp8_gemv on their own arrival counters, beside the main stream's). The same kernels
+    on the same values: the eager logits bit for bit, and with CUDA graphs (fork and join captured as graph edges)
+    the same greedy tokens as without the overlaps."""
     from v4serve import LLM, SamplingParams
 
     toks = _tokens(60, 6)

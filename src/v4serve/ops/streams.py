@@ -8,6 +8,9 @@ V4SERVE_OVERLAP=name[,name...], "all" or "none"; unset, DEFAULT_OVERLAPS (those 
   attention_query: the query projection `wq_b` (V4-Flash: a 32 MB weight) beside the window KV's finish, the
                  compressors and the indexer, which read only x and the query latent; the attention waits for it
                  (models/v4/attention.py, models/v41/attention.py). Not timed yet: off unless named.
+  indexer_query: the indexer's query projection and finish (V4.1: and its head weights) beside the KV finish and the
+                 compressors; the indexer's scoring waits for it. Forked before attention_query, so that on the side
+                 stream it runs first. Not timed yet: off unless named.
 
 Kernels that finish in their last program to arrive keep their arrival counters per lane (kernels/split_grid): a
 launch on the side stream uses the side lane's, so one family may run on both streams at once (the side wq_b beside
@@ -25,7 +28,7 @@ import torch
 from .backend import switched_on
 from .kernels.split_grid import side_lane
 
-OVERLAPS = ("shared_expert", "attention_query")
+OVERLAPS = ("shared_expert", "attention_query", "indexer_query")
 # on by default: the graph replay of the V4 step (v4-flash-e16, 2K context, H200, `gpu_session.sh next2`, eleventh
 # session, two interleaved runs each) 9.81/9.82 -> 9.54/9.53 ms at batch 1, 20.19/20.20 -> 19.72/19.73 ms at batch 32
 DEFAULT_OVERLAPS = ("shared_expert",)

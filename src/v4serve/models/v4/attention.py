@@ -4,6 +4,8 @@ compressed layers a compressor (CSA ratio 4 with overlap and a lightning indexer
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -89,8 +91,11 @@ class V4Attention(nn.Module):
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)
         qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
-        # normalised per head and rotated inside the attention; with overlap attention_query on a side stream beside
-        # the KV finish, the compressors and the indexer
+        # side-stream overlaps (ops/streams.py), in the order the main stream needs their results: the index queries
+        # (indexer_query) beside the KV finish and the compressors, then the queries (attention_query; normalised per
+        # head and rotated inside the attention) beside those and the indexer
+        qi_of = (streams.beside("indexer_query", x, lambda: self._index_query(qr, ctx))
+                 if self.indexer is not None else None)
         q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in))
         store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
@@ -111,7 +116,7 @@ class V4Attention(nn.Module):
                 entries = ctx.entry_refs(L)
             else:
                 with family("indexer"):
-                    idx = self._select(x, projs[1], outs[-1], qr, ctx, visible)
+                    idx = self._select(x, projs[1], outs[-1], qi_of, ctx, visible)
                 entries = ctx.entry_refs(L, picks=idx)
         with family("attention"):
             o = attend(q_of().view(T, H, hd), cos, sin, kv, self.attn_sink, hd ** -0.5, c.norm_eps,
@@ -122,22 +127,28 @@ class V4Attention(nn.Module):
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1), quant_out=self.wo_b.act_group)
         return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
 
+    def _index_query(self, qr: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        """The indexer's queries [T, index heads, index head dim] from the q latent: projected, rotated and stored in
+        the index keys' format (read only by index_topk; no pool is written)."""
+        c, ix = self.config, self.indexer
+        with family("indexer"):
+            cos, sin = ctx.rope(True)
+            return finish_rows(ix.wq_b(qr).view(qr.shape[0], c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
+                               self.numerics.index_rotate, self._index_fmt(), 0, backend=self.backend)
+
     def _select(self, x: torch.Tensor, proj: tuple[torch.Tensor, torch.Tensor | None], head_sums: torch.Tensor,
-                qr: torch.Tensor, ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
+                qi_of: Callable[[], torch.Tensor], ctx: StepContext, visible: torch.Tensor) -> torch.Tensor:
         """The indexer: write this step's index keys, score every visible key, keep the top-k (the keys are read
         from the pool, paged and in their stored format, by ops.indexer.index_topk). proj: its compressor's (kv,
-        score) projections of x; head_sums: weights_proj's float32 sums (from the same stacked GEMM)."""
-        c, step, pools, L = self.config, ctx.step, ctx.pools, self.layer
+        score) projections of x; head_sums: weights_proj's float32 sums (from the same stacked GEMM); qi_of: the
+        index queries' getter (_index_query, perhaps run beside)."""
+        c, pools, L = self.config, ctx.pools, self.layer
         ix = self.indexer
         with family("compressor"):
             run_compressor(ix.compressor, *proj, x.dtype, ctx, L, pools.index_state[L], pools.index_keys[L],
                            self.numerics.index_rotate, self._index_fmt(), 0, self.backend)
-        T = step.num_tokens
-        cos, sin = ctx.rope(True)
-        qi = finish_rows(ix.wq_b(qr).view(T, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
-                         self.numerics.index_rotate, self._index_fmt(), 0, backend=self.backend)
         entries = ctx.index_entries(L, visible)
         # weights_proj(x) rounded to x's dtype (as its own linear would be) and scaled, both as the kernel loads it
-        return index_topk(qi, head_sums, pools.index_keys[L], entries, c.index_topk,
+        return index_topk(qi_of(), head_sums, pools.index_keys[L], entries, c.index_topk,
                           w_scale=c.index_head_dim ** -0.5 * c.index_n_heads ** -0.5, w_dtype=x.dtype,
                           backend=self.backend)[0]

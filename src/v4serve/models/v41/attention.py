@@ -71,21 +71,21 @@ class V41Attention(nn.Module):
     # --- the shared pieces (also used by DSpark blocks) -----------------------------------------------
     def project_queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [T, H, hd] before RoPE (V4.1 has no per-head query norm) and the q latent."""
-        q_of, qr = self._queries_from(self.wq_a(x), x, beside_later_work=False)
-        return q_of(), qr
+        qa = self.wq_a(x)
+        qr, q_in = self.q_norm.feeding(qa, self.wq_b)
+        return self._queries_of(qa, q_in, x, beside_later_work=False)(), qr
 
-    def _queries_from(self, qa: torch.Tensor, x: torch.Tensor, beside_later_work: bool = True
-                      ) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
-        """(a getter of the queries [T, H, hd] from wq_b — on a side stream beside the caller's later work with
-        overlap attention_query —, the normed query latent qr)."""
+    def _queries_of(self, qa: torch.Tensor, q_in: torch.Tensor, x: torch.Tensor, beside_later_work: bool = True
+                    ) -> Callable[[], torch.Tensor]:
+        """A getter of the queries [T, H, hd] from wq_b of the normed q latent q_in (q_norm.feeding), run on a side
+        stream beside the caller's later work with overlap attention_query."""
         c = self.config
-        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
         if beside_later_work:
             q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in))
         else:
             q = self.wq_b(q_in)
             q_of = lambda: q  # noqa: E731
-        return lambda: q_of().view(qa.shape[0], c.n_heads, c.head_dim), qr
+        return lambda: q_of().view(qa.shape[0], c.n_heads, c.head_dim)
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, qr = self.project_queries(x)
@@ -115,9 +115,13 @@ class V41Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor:
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)  # wq_a and wkv
-        # rotated inside the attention; with overlap attention_query on a side stream beside the KV finish, the
-        # compressor and the indexer
-        q_of, qr = self._queries_from(qa, x)
+        # side-stream overlaps (ops/streams.py), in the order the main stream needs their results: the index queries
+        # and head weights (indexer_query) beside the KV finish and the compressor, then the queries (attention_query;
+        # rotated inside the attention) beside those and the indexer
+        qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
+        index_of = (streams.beside("indexer_query", x, lambda: self._index_query(x, qr, ctx))
+                    if self.ratio and self.indexer is not None else None)
+        q_of = self._queries_of(qa, q_in, x)
         store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = self._window_kv_from(kva, cos, sin, *store)
         entries = None
@@ -127,7 +131,7 @@ class V41Attention(nn.Module):
                     self.compress(x, ctx)
             if self.indexer is not None:
                 with family("indexer"):
-                    self.select(x, qr, ctx, sel)
+                    self.select(index_of, ctx, sel)
             entries = self.entries(ctx, sel)
         with family("attention"):
             o = attend(q_of(), cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
@@ -161,18 +165,26 @@ class V41Attention(nn.Module):
     def _index_fmt(self) -> str | None:
         return "mxfp4" if self.numerics.index_fp4 else None
 
-    def select(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext, sel: Selection) -> None:
-        """Score the KV source's index keys, (publish candidate blocks,) keep the top-k (ops.indexer.index_topk)."""
-        c, step = self.config, ctx.step
-        ix = self.indexer
-        cos, sin = ctx.rope(True)
-        qi = finish_rows(ix.wq_b(qr).view(step.num_tokens, c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
-                         False, self._index_fmt(), 0, backend=self.backend)
-        w = ix.weights_proj(x)  # in x's dtype; the scale is applied as the indexer's kernel loads it
+    def _index_query(self, x: torch.Tensor, qr: torch.Tensor, ctx: StepContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexer's queries (projected, rotated, in the index keys' format; no pool is written) and its head
+        weights weights_proj(x) in x's dtype (their scale is applied as the indexer's kernel loads them)."""
+        c, ix = self.config, self.indexer
+        with family("indexer"):
+            cos, sin = ctx.rope(True)
+            qi = finish_rows(ix.wq_b(qr).view(qr.shape[0], c.index_n_heads, c.index_head_dim), None, 0.0, cos, sin,
+                             False, self._index_fmt(), 0, backend=self.backend)
+            return qi, ix.weights_proj(x)
+
+    def select(self, index_of: Callable[[], tuple[torch.Tensor, torch.Tensor]], ctx: StepContext,
+               sel: Selection) -> None:
+        """Score the KV source's index keys, (publish candidate blocks,) keep the top-k (ops.indexer.index_topk).
+        index_of: the getter of _index_query's result (perhaps run beside)."""
+        c = self.config
         if self.uses_candidates and sel.blocks is None:
             raise RuntimeError(f"layer {self.layer} masks to candidate blocks, but layer "
                                f"{c.candidate_source_layer} published none in this step")
         entries = ctx.index_entries(self.source, ctx.visible(self.ratio))
+        qi, w = index_of()
         sel.topk, blocks = index_topk(qi, w, ctx.pools.index_keys[self.source], entries, c.index_topk,
                                       candidates=sel.blocks if self.uses_candidates else None,
                                       publish=c.candidate_topk_blocks if self.publishes_candidates else 0,
