@@ -18,7 +18,10 @@ save_cache() {
   # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs)
   local ex=(--exclude="*.ptx" --exclude="*.llir" --exclude="*.ttir" --exclude="*.ttgir" --exclude="*.source")
   tar -cJf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
-  if (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )); then cp /tmp/tcache.tgz "$OUT/tcache.tgz"
+  # at most 8 files come back from $OUT: a cache whose second part would not (a truncated archive) is not returned
+  local n; n=$(find "$OUT" -type f | wc -l)
+  if (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )); then (( n < 8 )) && cp /tmp/tcache.tgz "$OUT/tcache.tgz"
+  elif (( n > 6 )); then echo "Triton cache not returned: $n files in \$OUT leave no room for its two parts"
   elif (( $(stat -c %s /tmp/tcache.tgz) < 30000000 )); then
     head -c 15000000 /tmp/tcache.tgz > "$OUT/tcache.tgz"; tail -c +15000001 /tmp/tcache.tgz > "$OUT/tcache.tgz.1"
   else echo "Triton cache $(du -h /tmp/tcache.tgz | cut -f1) compressed: too large to return"; fi
@@ -642,6 +645,25 @@ if [[ $what == thirteenth2 ]]; then  # the one-row CUDA-core GEMV as the default
   timeout 170 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" \
     -k "graph_decode_equals_eager or fast_path_model or async" 2>&1 | tee "$OUT/fma_gpu_tests.log" \
     | grep -E "^E |passed|failed" | head
+fi
+if [[ $what == fourteenth1 ]]; then  # prepared in the twelfth session: the opt-in overlaps attention_query and
+  # indexer_query (wq_b, and the index queries, on the side stream beside the KV finish, compressors and indexer; the
+  # side lane's arrival counters): their GPU tests (eager logits bit for bit, graphed tokens), the rest of the one-row
+  # GEMV's GPU checks, then the V4 step at batch 1 and 32 with each set of overlaps (graph replay, interleaved)
+  timeout 170 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" \
+    -k "side_stream_overlap or graph_decode_equals_eager" 2>&1 | tee "$OUT/overlap_tests.log" \
+    | grep -E "^E |passed|failed" | head
+  timeout 80 python3 -m pytest tests/ops/test_streams.py tests/ops/test_linear.py tests/ops/test_shared_expert.py -q \
+    -p no:cacheprovider -o addopts="" -k "lane or real_shapes or cuda_cores" 2>&1 | tee "$OUT/ops_tests.log" \
+    | grep -E "^E |passed|failed" | head
+  for run in 1:shared_expert 1:shared_expert,attention_query 1:shared_expert,attention_query,indexer_query \
+      32:shared_expert 32:shared_expert,attention_query,indexer_query; do
+    b=${run%%:*}; ov=${run#*:}
+    echo "== b$b V4SERVE_OVERLAP=$ov"
+    V4SERVE_OVERLAP=$ov timeout ${AB_TIMEOUT:-55} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
+      --context 2048 --steps 10 --graph-only --async-scheduling --kv-cache-memory 8589934592 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph|floor"
+  done
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
