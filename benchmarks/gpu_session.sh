@@ -650,17 +650,20 @@ if [[ $what == fourteenth1 ]]; then  # prepared in the twelfth session: the opt-
   # indexer_query (wq_b, and the index queries, on the side stream beside the KV finish, compressors and indexer; the
   # side lane's arrival counters): their GPU tests (eager logits bit for bit, graphed tokens), the rest of the one-row
   # GEMV's GPU checks, then the V4 step at batch 1 and 32 with each set of overlaps (graph replay, interleaved)
-  timeout 170 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" \
+  timeout 150 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" \
     -k "side_stream_overlap or graph_decode_equals_eager" 2>&1 | tee "$OUT/overlap_tests.log" \
     | grep -E "^E |passed|failed" | head
-  timeout 80 python3 -m pytest tests/ops/test_streams.py tests/ops/test_linear.py tests/ops/test_shared_expert.py -q \
+  timeout 60 python3 -m pytest tests/ops/test_streams.py tests/ops/test_linear.py tests/ops/test_shared_expert.py -q \
     -p no:cacheprovider -o addopts="" -k "lane or real_shapes or cuda_cores" 2>&1 | tee "$OUT/ops_tests.log" \
     | grep -E "^E |passed|failed" | head
-  for run in 1:shared_expert 1:shared_expert,attention_query 1:shared_expert,attention_query,indexer_query \
-      32:shared_expert 32:shared_expert,attention_query,indexer_query; do
-    b=${run%%:*}; ov=${run#*:}
-    echo "== b$b V4SERVE_OVERLAP=$ov"
-    V4SERVE_OVERLAP=$ov timeout ${AB_TIMEOUT:-55} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
+  # batch:overlaps:PDL (PDL 2: the GEMVs' weight rows prefetched into L2 before their wait, kernels/pdl.py; last
+  # measured slower with the tensor-core GEMV, second session)
+  local_all=shared_expert,attention_query,indexer_query
+  for run in 1:shared_expert:1 1:shared_expert,attention_query:1 1:$local_all:1 1:$local_all:2 32:shared_expert:1 \
+      32:$local_all:1; do
+    IFS=: read -r b ov pdl <<< "$run"
+    echo "== b$b V4SERVE_OVERLAP=$ov V4SERVE_PDL=$pdl"
+    V4SERVE_PDL=$pdl V4SERVE_OVERLAP=$ov timeout ${AB_TIMEOUT:-55} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
       --context 2048 --steps 10 --graph-only --async-scheduling --kv-cache-memory 8589934592 2>&1 \
       | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph|floor"
   done
