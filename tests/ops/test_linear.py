@@ -134,27 +134,28 @@ def test_one_launch_decode_gemm(block: int, act: int, swap: bool) -> None:
 
 @pytest.mark.parametrize("block", [32, 128])
 @pytest.mark.parametrize("act", [0, 1])
-def test_one_row_gemv_on_the_cuda_cores(block: int, act: int) -> None:
-    """fp8_gemv's `fma` form (one row: whole weight tiles widened in registers, float32 products summed per scale
-    block) equals the reference at every tile and split, with in-register and prequantized activations, ragged N
-    and a K that ends inside a tile; it refuses more than one row."""
+def test_few_row_gemv_on_the_cuda_cores(block: int, act: int) -> None:
+    """fp8_gemv's `fma` form (up to FMA_MAX_ROWS rows: whole weight tiles widened in registers once for all rows,
+    float32 products summed per scale block) equals the reference at every tile and split, with in-register and
+    prequantized activations, ragged N and a K that ends inside a tile; it refuses more rows."""
     g = torch.Generator().manual_seed(7 * block + act)
     act = act * block
-    for G, N, K in ((1, 96, 1024), (4, 48, 512), (1, 200, 3 * block)):
+    for M, G, N, K in ((1, 1, 96, 1024), (3, 4, 48, 512), (1, 1, 200, 3 * block), (4, 1, 40, 2 * block),
+                       (2, 1, 64, 256)):
         q, s = fp8_weight(G * N, K, block, g)
-        x = torch.randn(1, G, K, generator=g).to(torch.bfloat16).to(DEV)
+        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
         ref = grouped_linear_reference(x.float(), q, s, block, act)
         for cfg in ({"BK": 256}, {"BK": 512, "splits": 1}, {"BN": 32, "BK": 128, "splits": 3}):
             cfg = {**cfg, "fma": True}
             out = fp8_gemv.run(x, q, s, block, act, torch.float32, cfg)
-            assert rel(out, ref) < F32_TOL, (G, N, K, cfg, rel(out, ref))
+            assert rel(out, ref) < F32_TOL, (M, G, N, K, cfg, rel(out, ref))
             assert torch.equal(out, fp8_gemv.run(x, q, s, block, act, torch.float32, cfg))
             if act:
                 assert rel(fp8_gemv.run(x, q, s, block, act, torch.float32, cfg, prequant=True), ref) < F32_TOL
         if GPU:
             assert int(fp8_gemv._COUNTERS.get(x.device).abs().sum()) == 0
-    with pytest.raises(ValueError, match="one row"):
-        fp8_gemv.run(torch.cat([x, x]), q, s, block, act, torch.float32, {"fma": True})
+    with pytest.raises(ValueError, match="at most"):
+        fp8_gemv.run(x[:1].expand(fp8_gemv.FMA_MAX_ROWS + 1, -1, -1), q, s, block, act, torch.float32, {"fma": True})
 
 
 @pytest.mark.parametrize("wdtype", ["fp8", "bf16"])

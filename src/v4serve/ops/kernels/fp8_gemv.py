@@ -13,7 +13,9 @@ quantization, GEMM, split-K sum) cost more than streaming the small weights, so 
 One row (M = 1, a batch-1 decode step) runs on the CUDA cores instead (`fma_config`, `fma_acc`): whole [32, 512]
 weight tiles in 16-byte loads, widened to float32 in registers, float32 products summed per scale block, the scales on
 the block sums; its activations are always quantized in registers. The tensor cores' 16- or 64-row tile is 1/16 used
-by one row, and that form measured 1.0-1.5x slower on every V4 decode shape (fma_config's figures).
+by one row, and that form measured 1.0-1.5x slower on every V4 decode shape (fma_config's figures). The same form
+takes up to FMA_MAX_ROWS rows when a config asks for it (cfg "fma"; the weight tile widened once for all rows, an
+FMA a value per row): not timed for more than one row yet, so not a default there.
 
 W8A8 (bf16/fp16 x, activation group = weight block) and W8A16 (no activation quantization: V4's grouped `wo_a`) over
 FP8 weights with e8m0 block scales (128 x 128 for V4, 32 x 32 for V4.1); G > 1 stacks G projections (grouped wo_a).
@@ -48,6 +50,7 @@ MAX_WEIGHT_BYTES = 16 << 20
 _COUNTERS = ArrivalCounters()
 # One row on the CUDA cores (fma_acc) by default on the GPU; V4SERVE_GEMV_FMA=0 keeps it on the tensor cores (A/B)
 FMA_ONE_ROW = os.environ.get("V4SERVE_GEMV_FMA", "1") != "0"
+FMA_MAX_ROWS = 4  # the CUDA-core form's row limit (cfg "fma"; by default one row only): each row costs an FMA a value
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
@@ -102,8 +105,8 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
 
 @triton.jit
 def _fma_k(k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """A one-row CUDA-core tile's K positions and their mask; with EVEN_K (K and the splits' bounds on scale blocks)
-    a mask constant per block, which keeps the weight loads 16 B wide."""
+    """A CUDA-core tile's K positions and their mask; with EVEN_K (K and the splits' bounds on scale blocks) a mask
+    constant per block, which keeps the weight loads 16 B wide."""
     offs_k = k0 + tl.arange(0, BK)
     if EVEN_K:
         return offs_k, k0 + tl.arange(0, BK) // SB * SB < k_hi
@@ -111,25 +114,34 @@ def _fma_k(k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def fma_w(w_ptr, w_rows, n_ok, k0, k_hi, stride_wn, SB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """A whole [BN, BK] weight tile for fma_acc, loaded at once: every load in flight before the first use."""
+def fma_w(w_ptr, ws_ptr, w_rows, n_ok, k0, k_hi, stride_wn, stride_wsn, SB: tl.constexpr, BK: tl.constexpr,
+          W_SCALED: tl.constexpr, EVEN_K: tl.constexpr):
+    """A whole [BN, BK] weight tile for fma_acc, loaded at once (every load in flight before the first use) and
+    widened to float32, with its block scales [BN, BK / SB] (ones for a plain weight)."""
+    NSB: tl.constexpr = BK // SB
     offs_k, k_ok = _fma_k(k0, k_hi, SB, BK, EVEN_K)
-    return tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                   other=0.0)
+    w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    if W_SCALED:
+        kb = k0 // SB + tl.arange(0, NSB)
+        w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB)[:, None] * stride_wsn + kb[None, :],
+                                      mask=n_ok[:, None] & (kb * SB < k_hi)[None, :], other=127))
+    else:
+        w_scale = tl.full([w_rows.shape[0], NSB], 1.0, tl.float32)
+    return w.to(tl.float32), w_scale
 
 
 @triton.jit
-def fma_x(x_ptr, xs_ptr, k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr,
-          EVEN_K: tl.constexpr):
+def fma_x(x_ptr, xs_ptr, row_ok, k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, A_FP8: tl.constexpr,
+          A_PRE: tl.constexpr, EVEN_K: tl.constexpr):
     """One row's [BK] of x for fma_acc -> (x as float32, its per-block scales [BK / SB]): e4m3 values with
     act_quant's scales when quantized before (A_PRE) or here (A_FP8, per block as act_quant would), else as stored
-    (scales of 1)."""
+    (scales of 1). A row past M (row_ok false) reads as zeros."""
     NSB: tl.constexpr = BK // SB
     offs_k, k_ok = _fma_k(k0, k_hi, SB, BK, EVEN_K)
     kb = k0 // SB + tl.arange(0, NSB)
-    x = tl.load(x_ptr + offs_k, mask=k_ok, other=0.0)
+    x = tl.load(x_ptr + offs_k, mask=k_ok & row_ok, other=0.0)
     if A_PRE:
-        return x.to(tl.float32), tl.load(xs_ptr + kb, mask=kb * SB < k_hi, other=1.0)
+        return x.to(tl.float32), tl.load(xs_ptr + kb, mask=(kb * SB < k_hi) & row_ok, other=1.0)
     if A_FP8:
         xq, x_scale = quantize_rows(tl.reshape(x, (NSB, SB)))
         return tl.reshape(xq, (BK,)).to(tl.float32), x_scale
@@ -137,20 +149,17 @@ def fma_x(x_ptr, xs_ptr, k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, A_FP8: tl
 
 
 @triton.jit
-def fma_acc(acc, w, x, x_scale, ws_ptr, w_rows, n_ok, k0, k_hi, stride_wsn, SB: tl.constexpr, BK: tl.constexpr,
-            W_SCALED: tl.constexpr):
-    """acc [1, BN] + one row's x [BK] against a weight tile w [BN, BK] on the CUDA cores: w widened to float32 in
-    registers, float32 products summed per scale block, then the block's scales (x's and the weight's) on its sums.
-    One row fills 1/16 of a tensor-core tile; here nothing is padding and the weight needs no shared-memory stage."""
-    NSB: tl.constexpr = BK // SB
+def fma_acc(acc, m: tl.constexpr, w, w_scale, x, x_scale, SB: tl.constexpr):
+    """Row m of acc [BM, BN] + one row's x [BK] against a widened weight tile w [BN, BK] on the CUDA cores: float32
+    products summed per scale block, then the block's scales (x's and the weight's) on its sums. A few rows fill
+    1/16 of a tensor-core tile; here nothing is padding and the weight needs no shared-memory stage."""
     BN: tl.constexpr = w.shape[0]
-    part = tl.sum(tl.reshape(w.to(tl.float32) * x[None, :], (BN, NSB, SB)), axis=2)  # [BN, NSB]
-    scale = x_scale[None, :]
-    if W_SCALED:
-        kb = k0 // SB + tl.arange(0, NSB)
-        scale = scale * e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB)[:, None] * stride_wsn + kb[None, :],
-                                            mask=n_ok[:, None] & (kb * SB < k_hi)[None, :], other=127))
-    return acc + tl.sum(part * scale, axis=1)[None, :]
+    BK: tl.constexpr = w.shape[1]
+    part = tl.sum(tl.reshape(w * x[None, :], (BN, BK // SB, SB)), axis=2)  # [BN, NSB]
+    row = tl.sum(part * w_scale * x_scale[None, :], axis=1)
+    if acc.shape[0] == 1:
+        return acc + row[None, :]
+    return tl.where(tl.arange(0, acc.shape[0])[:, None] == m, acc + row[None, :], acc)
 
 
 @triton.jit
@@ -183,10 +192,12 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
-        if FMA:  # one row on the CUDA cores
-            w = fma_w(w_ptr, w_rows, n_ok, k0, k_hi, stride_wn, SB, BK, EVEN_K)
-            x, x_scale = fma_x(x_ptr + g * stride_xg, xs_ptr + g * stride_xsg, k0, k_hi, SB, BK, A_FP8, A_PRE, EVEN_K)
-            acc = fma_acc(acc, w, x, x_scale, ws_ptr, w_rows, n_ok, k0, k_hi, stride_wsn, SB, BK, W_SCALED)
+        if FMA:  # a few rows on the CUDA cores, the weight tile widened once for all of them
+            w, w_scale = fma_w(w_ptr, ws_ptr, w_rows, n_ok, k0, k_hi, stride_wn, stride_wsn, SB, BK, W_SCALED, EVEN_K)
+            for m in tl.static_range(BM):
+                x, x_scale = fma_x(x_ptr + m * stride_xm + g * stride_xg, xs_ptr + m * stride_xsm + g * stride_xsg,
+                                   m < M, k0, k_hi, SB, BK, A_FP8, A_PRE, EVEN_K)
+                acc = fma_acc(acc, m, w, w_scale, x, x_scale, SB)
         for sub in tl.static_range(0 if FMA else BK // SB):  # one scale block of K at a time
             kb0 = k0 + sub * SB
             offs_k = kb0 + tl.arange(0, SB)
@@ -336,10 +347,10 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         x3 = x3.contiguous()
     given = cfg or {}
     cfg = {**config(M, N, K, G, block, w8a8=bool(act_group), plain=not scaled), **given}
-    if cfg["fma"] and M > 1:
-        raise ValueError("the CUDA-core GEMV (fma) takes one row")
+    if cfg["fma"] and M > FMA_MAX_ROWS:
+        raise ValueError(f"the CUDA-core GEMV (fma) takes at most {FMA_MAX_ROWS} rows, not {M}")
     if cfg["fma"]:  # fma_acc: no 16-row tensor-core tile to pad, no transposed accumulator
-        cfg.update(BM=1, swap=False)
+        cfg.update(BM=triton.next_power_of_2(M), swap=False)
         if "splits" not in given:  # for the tiles given
             cfg["splits"] = split_count(N, K, G, cfg["BN"], cfg["BK"], cfg.get("programs", 2 * _SMS))
     if quantized is not None:

@@ -100,11 +100,11 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
     k_hi = tl.minimum(K, k_lo + k_per_split)
     for k0 in range(k_lo, k_hi, BK):
         if FMA:  # one row on the CUDA cores (fp8_gemv.fma_acc): both weight tiles in flight, x quantized once
-            w1 = fma_w(w1_ptr, offs_n, n_ok, k0, k_hi, stride_w1n, SB, BK, EVEN_K)
-            w3 = fma_w(w3_ptr, offs_n, n_ok, k0, k_hi, stride_w3n, SB, BK, EVEN_K)
-            x, x_scale = fma_x(x_ptr, x_ptr, k0, k_hi, SB, BK, A_FP8, False, EVEN_K)
-            acc_g = fma_acc(acc_g, w1, x, x_scale, s1_ptr, offs_n, n_ok, k0, k_hi, stride_s1n, SB, BK, True)
-            acc_u = fma_acc(acc_u, w3, x, x_scale, s3_ptr, offs_n, n_ok, k0, k_hi, stride_s3n, SB, BK, True)
+            w1, ws1 = fma_w(w1_ptr, s1_ptr, offs_n, n_ok, k0, k_hi, stride_w1n, stride_s1n, SB, BK, True, EVEN_K)
+            w3, ws3 = fma_w(w3_ptr, s3_ptr, offs_n, n_ok, k0, k_hi, stride_w3n, stride_s3n, SB, BK, True, EVEN_K)
+            x, x_scale = fma_x(x_ptr, x_ptr, M > 0, k0, k_hi, SB, BK, A_FP8, False, EVEN_K)
+            acc_g = fma_acc(acc_g, 0, w1, ws1, x, x_scale, SB)
+            acc_u = fma_acc(acc_u, 0, w3, ws3, x, x_scale, SB)
         for sub in tl.static_range(0 if FMA else BK // SB):  # one scale block of K at a time
             kb0 = k0 + sub * SB
             offs_k = kb0 + tl.arange(0, SB)
