@@ -46,13 +46,14 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
                    "swap-s6": {"swap": True, "num_stages": 6}, "swap-bk256": {"swap": True, "BK": 256},
                    "swap-s2": {"swap": True, "num_stages": 2}, "swap-bn128w8": {"swap": True, "BN": 128, "num_warps": 8},
-                   # one row on the CUDA cores (fp8_gemv.fma_acc; x quantized in registers at every size unless
+                   # up to 4 rows on the CUDA cores (fp8_gemv.fma_acc; x quantized in registers at every size unless
                    # "prequant"), "programs": the split target
                    "fma": {"fma": True, "BK": 512}, "fma-pre": {"fma": True, "BK": 512, "prequant": True},
                    "fma-bk256": {"fma": True, "BK": 256}, "fma-bk1024": {"fma": True, "BK": 1024, "BN": 32},
                    "fma-w8": {"fma": True, "BK": 512, "num_warps": 8},
                    "fma-bn128w8": {"fma": True, "BN": 128, "BK": 512, "num_warps": 8},
-                   "fma-bn32": {"fma": True, "BN": 32, "BK": 512}, "fma-p396": {"fma": True, "BK": 512, "programs": 396},
+                   "fma-bn32": {"fma": True, "BN": 32, "BK": 512},
+                   "fma-p396": {"fma": True, "BK": 512, "programs": 396},
                    "fma-p132": {"fma": True, "BK": 512, "programs": 132},
                    "fma-bk256-pre": {"fma": True, "BK": 256, "prequant": True},
                    "fma-bk256w2": {"fma": True, "BK": 256, "num_warps": 2}}
