@@ -489,9 +489,12 @@ def test_grouped_output_quantized_for_its_consumer(M: int, block: int, monkeypat
     if M > 64:
         return
     # one split or three; tiles holding groups, and groups spanning two or four tiles (finished by the last of all
-    # their programs): each against the plain output of the same tiles and splits
-    for cfg in ({"splits": 1}, {"splits": 3}, {"splits": 1, "BN": block // 2}, {"splits": 3, "BN": block // 2},
-                {"splits": 2, "BN": block // 4}):
+    # their programs), on the tensor cores or the CUDA cores: each against the plain output of the same tiles and splits
+    cfgs = [{"splits": 1}, {"splits": 3}, {"splits": 1, "BN": block // 2}, {"splits": 3, "BN": block // 2},
+            {"splits": 2, "BN": block // 4}]
+    if M <= fp8_gemv.FMA_MAX_ROWS:  # the CUDA-core form (one row's default on the GPU) finishes the same way
+        cfgs += [{"fma": True, "BK": 256}, {"fma": True, "BN": block // 2, "BK": 256, "splits": 3}]
+    for cfg in cfgs:
         want = quant.fp8_rows(fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, cfg), block)
         one = fp8_gemv.run(x, w, s, block, 0, torch.bfloat16, cfg, quant_out=block)
         assert torch.equal(one.values.float(), want.values.float()), cfg
