@@ -668,12 +668,13 @@ if [[ $what == fourteenth1 ]]; then  # prepared in the twelfth session: the opt-
       | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph|floor"
   done
 fi
-if [[ $what == fourteenth2 ]]; then  # prepared in the twelfth session: the CUDA-core GEMV at 2 and 4 rows (cfg "fma",
-  # not a default beyond one row) beside the tensor-core default, per V4 decode shape
-  timeout ${SWEEP_TIMEOUT:-300} python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 2,4 --out "$OUT" \
+if [[ $what == fourteenth2 ]]; then  # prepared in the twelfth session: the CUDA-core GEMV with its weight loads
+  # pipelined through shared memory (cfg fma_stages) at one row, and at 2 and 4 rows (cfg "fma", not a default beyond
+  # one row) beside the tensor-core default, per V4 decode shape
+  timeout ${SWEEP_TIMEOUT:-400} python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 1,2,4 --out "$OUT" \
     --shapes wq_b,"wo_a(grouped)",wo_b,shared_w2,idx_wq_b,wq_a,wkv,v41_wo_b \
-    --variants default,fma,fma-bk256,fma-bk1024,fma-w8,fma-bn32,fma-bk256w2 2>&1 | grep -v Warning \
-    | tee "$OUT/fma_rows_sweep.log" | grep -A40 "best variant"
+    --variants default,fma,fma-bk256,fma-bk1024,fma-w8,fma-bn32,fma-s2,fma-s3,fma-bk256-s3,fma-bk256-s4,fma-bn64-bk256-s3 \
+    2>&1 | grep -v Warning | tee "$OUT/fma_rows_sweep.log" | grep -A40 "best variant"
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

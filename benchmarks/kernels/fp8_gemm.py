@@ -56,7 +56,13 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "fma-p396": {"fma": True, "BK": 512, "programs": 396},
                    "fma-p132": {"fma": True, "BK": 512, "programs": 132},
                    "fma-bk256-pre": {"fma": True, "BK": 256, "prequant": True},
-                   "fma-bk256w2": {"fma": True, "BK": 256, "num_warps": 2}}
+                   "fma-bk256w2": {"fma": True, "BK": 256, "num_warps": 2},
+                   # the weight loads pipelined through shared memory (fp8_gemv FMA_STAGES: cp.async stages)
+                   "fma-s2": {"fma": True, "BN": 32, "BK": 512, "fma_stages": 2},
+                   "fma-s3": {"fma": True, "BN": 32, "BK": 512, "fma_stages": 3},
+                   "fma-bk256-s3": {"fma": True, "BN": 32, "BK": 256, "fma_stages": 3},
+                   "fma-bk256-s4": {"fma": True, "BN": 32, "BK": 256, "fma_stages": 4},
+                   "fma-bn64-bk256-s3": {"fma": True, "BN": 64, "BK": 256, "fma_stages": 3}}
 PREFILL_VARIANTS = {"default": None, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 

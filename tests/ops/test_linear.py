@@ -145,7 +145,8 @@ def test_few_row_gemv_on_the_cuda_cores(block: int, act: int) -> None:
         q, s = fp8_weight(G * N, K, block, g)
         x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
         ref = grouped_linear_reference(x.float(), q, s, block, act)
-        for cfg in ({"BK": 256}, {"BK": 512, "splits": 1}, {"BN": 32, "BK": 128, "splits": 3}):
+        for cfg in ({"BK": 256}, {"BK": 512, "splits": 1}, {"BN": 32, "BK": 128, "splits": 3},
+                    {"BN": 32, "BK": 128, "splits": 2, "fma_stages": 3}):  # (the weight loads pipelined on the GPU)
             cfg = {**cfg, "fma": True}
             out = fp8_gemv.run(x, q, s, block, act, torch.float32, cfg)
             assert rel(out, ref) < F32_TOL, (M, G, N, K, cfg, rel(out, ref))
@@ -535,7 +536,7 @@ for case in ("False", "True", "quant_out", "fma"):
     const = dict(SB=128, A_FP8=case == "fma", A_PRE=case not in ("quant_out", "fma"), BM=1 if case == "fma" else 16,
                  BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
                  SWAP=case == "True", W_SCALED=True, QG=128 if case == "quant_out" else 0,
-                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True)
+                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1)
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}

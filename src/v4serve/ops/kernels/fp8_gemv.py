@@ -171,7 +171,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
                         W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
-                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False):
+                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -191,35 +191,38 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
         acc = tl.zeros((BN, BM), dtype=tl.float32)
     else:
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        if FMA:  # a few rows on the CUDA cores, the weight tile widened once for all of them
+    if FMA:  # a few rows on the CUDA cores, the weight tile widened once for all of them; FMA_STAGES > 1: the weight
+        # loads pipelined through shared memory (Triton 3.6 pipelines loads that feed no dot only when told a count)
+        for k0 in tl.range(k_lo, k_hi, BK, num_stages=FMA_STAGES):
             w, w_scale = fma_w(w_ptr, ws_ptr, w_rows, n_ok, k0, k_hi, stride_wn, stride_wsn, SB, BK, W_SCALED, EVEN_K)
             for m in tl.static_range(BM):
                 x, x_scale = fma_x(x_ptr + m * stride_xm + g * stride_xg, xs_ptr + m * stride_xsm + g * stride_xsg,
                                    m < M, k0, k_hi, SB, BK, A_FP8, A_PRE, EVEN_K)
                 acc = fma_acc(acc, m, w, w_scale, x, x_scale, SB)
-        for sub in tl.static_range(0 if FMA else BK // SB):  # one scale block of K at a time
-            kb0 = k0 + sub * SB
-            offs_k = kb0 + tl.arange(0, SB)
-            k_ok = offs_k < k_hi
-            kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
-                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
-                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            if W_SCALED:
-                w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB,
-                                              mask=n_ok & kb_ok, other=127))
-            else:  # a plain weight (no scale tensor)
-                w_scale = tl.full([BN], 1.0, tl.float32)
-            if A_PRE:  # x already in e4m3 with its per-block scales (kernels/quant.act_quant): large weights
-                x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb0 // SB, mask=m_ok & kb_ok,
-                                  other=1.0)
-            elif A_FP8:  # the activation block quantized here: amax floored at 1e-4, power-of-two scale, e4m3 RNE
-                x, x_scale = quantize_rows(x)
-            else:  # W8A16: no activation scale
-                x_scale = w_scale
-            acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED)
+    else:
+        for k0 in range(k_lo, k_hi, BK):
+            for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+                kb0 = k0 + sub * SB
+                offs_k = kb0 + tl.arange(0, SB)
+                k_ok = offs_k < k_hi
+                kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
+                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
+                            mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
+                            mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                if W_SCALED:
+                    w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB,
+                                                  mask=n_ok & kb_ok, other=127))
+                else:  # a plain weight (no scale tensor)
+                    w_scale = tl.full([BN], 1.0, tl.float32)
+                if A_PRE:  # x already in e4m3 with its per-block scales (kernels/quant.act_quant): large weights
+                    x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb0 // SB, mask=m_ok & kb_ok,
+                                      other=1.0)
+                elif A_FP8:  # the activation block quantized here: amax floored at 1e-4, power-of-two scale, e4m3 RNE
+                    x, x_scale = quantize_rows(x)
+                else:  # W8A16: no activation scale
+                    x_scale = w_scale
+                acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED)
     if SWAP:
         acc = tl.trans(acc)
     # a quantization group wider than a tile spans TILES tiles: the last of all their programs finishes it
@@ -383,5 +386,5 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, **pdl_launch(y))
+        EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y
