@@ -559,18 +559,19 @@ if [[ $what == twelfth1 ]]; then  # prepared in the eleventh session: the GPU te
 fi
 if [[ $what == twelfth2 ]]; then  # prepared in the eleventh session: the issue's table with async scheduling (the
   # engine's default): each preset's graphed step, replay, floor, host time and launches (profile_step.py --graph-only
-  # writes graph-*.json); then batch 32 and V4.1's batch 1 traced kernel by kernel. Files: one archive (the 8-file cap)
+  # writes graph-*.json); then V4's and V4.1's batch 1 traced kernel by kernel (TRACES). Files: one archive (the 8-file
+  # cap)
   W=/tmp/twelfth2; mkdir -p $W
   for mb in ${MEASURE:-v4-flash-e16:1 v4-flash-e16:32 v41-flash-e16-engram1m:1 v4-flash-l8-e16:1}; do
     m=${mb%:*}; b=${mb#*:}
-    echo "== $m b$b"
-    timeout ${AB_TIMEOUT:-80} python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 10 --graph-only \
+    echo "== $m b$b"  # (a model's first run in a call compiles its kernels: V4.1's took over 75 s, twelfth session)
+    timeout ${AB_TIMEOUT:-100} python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 10 --graph-only \
       --async-scheduling --kv-cache-memory 8589934592 --out $W 2>&1 | grep -v -e Warning -e USDT \
       -e "Random weights" | tee -a $W/table.log | grep -E "graph|floor"
   done
-  for mb in v4-flash-e16:32 v41-flash-e16-engram1m:1; do
+  for mb in ${TRACES:-v4-flash-e16:1 v41-flash-e16-engram1m:1}; do  # (batch 32's last trace: the eleventh session)
     m=${mb%:*}; b=${mb#*:}
-    timeout ${AB_TIMEOUT:-100} python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 10 --graph-only \
+    timeout ${TRACE_TIMEOUT:-85} python3 benchmarks/profile_step.py $m --batch $b --context 2048 --steps 10 --graph-only \
       --kv-cache-memory 8589934592 --replay-trace 3 --top 40 --out $W/trace 2>&1 \
       | grep -v -e Warning -e USDT -e "Random weights" > $W/trace-$m-b$b.log
     head -24 $W/trace-$m-b$b.log
