@@ -650,24 +650,34 @@ fi
 if [[ $what == fourteenth1 ]]; then  # prepared in the twelfth session: the opt-in overlaps attention_query and
   # indexer_query (wq_b, and the index queries, on the side stream beside the KV finish, compressors and indexer; the
   # side lane's arrival counters): their GPU tests (eager logits bit for bit, graphed tokens), the rest of the one-row
-  # GEMV's GPU checks, then the V4 step at batch 1 and 32 with each set of overlaps (graph replay, interleaved)
+  # GEMV's GPU checks, then the V4 step at batch 1 and 32 with each set of overlaps and the GEMVs' L2 prefetch
+  # (V4SERVE_PDL=2; last measured slower with the tensor-core GEMV, second session): one process per batch, the graph
+  # recaptured per variant (profile_step.py --env-variant, new: synchronous steps, so that no step is in flight across
+  # a recapture), two interleaved rounds; separate processes if that fails
   timeout 150 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" \
     -k "side_stream_overlap or graph_decode_equals_eager" 2>&1 | tee "$OUT/overlap_tests.log" \
     | grep -E "^E |passed|failed" | head
   timeout 60 python3 -m pytest tests/ops/test_streams.py tests/ops/test_linear.py tests/ops/test_shared_expert.py -q \
     -p no:cacheprovider -o addopts="" -k "lane or real_shapes or cuda_cores" 2>&1 | tee "$OUT/ops_tests.log" \
     | grep -E "^E |passed|failed" | head
-  # batch:overlaps:PDL (PDL 2: the GEMVs' weight rows prefetched into L2 before their wait, kernels/pdl.py; last
-  # measured slower with the tensor-core GEMV, second session)
-  local_all=shared_expert,attention_query,indexer_query
-  for run in 1:shared_expert:1 1:shared_expert,attention_query:1 1:$local_all:1 1:$local_all:2 32:shared_expert:1 \
-      32:$local_all:1; do
-    IFS=: read -r b ov pdl <<< "$run"
-    echo "== b$b V4SERVE_OVERLAP=$ov V4SERVE_PDL=$pdl"
-    V4SERVE_PDL=$pdl V4SERVE_OVERLAP=$ov timeout ${AB_TIMEOUT:-55} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
-      --context 2048 --steps 10 --graph-only --async-scheduling --kv-cache-memory 8589934592 2>&1 \
-      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph|floor"
+  all3=shared_expert,attention_query,indexer_query
+  for b in 1 32; do
+    variants=(--env-variant "V4SERVE_OVERLAP=$all3")
+    [[ $b == 1 ]] && variants=(--env-variant "V4SERVE_OVERLAP=shared_expert,attention_query" "${variants[@]}" \
+      --env-variant "V4SERVE_OVERLAP=$all3 V4SERVE_PDL=2")
+    echo "== b$b (as started: the defaults, V4SERVE_OVERLAP unset = shared_expert)"
+    timeout ${AB_TIMEOUT:-150} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b --context 2048 --steps 10 \
+      --graph-only --kv-cache-memory 8589934592 "${variants[@]}" --rounds 2 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/overlap_ab.log" | grep -E "graph|floor|round"
   done
+  if ! grep -q "round 1" "$OUT/overlap_ab.log"; then  # the recapture failed: a process per variant (batch 1)
+    for ov in shared_expert shared_expert,attention_query $all3; do
+      echo "== b1 V4SERVE_OVERLAP=$ov (own process)"
+      V4SERVE_OVERLAP=$ov timeout 55 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 \
+        --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
+        | tee -a "$OUT/overlap_ab.log" | grep -E "graph|floor"
+    done
+  fi
 fi
 if [[ $what == fourteenth2 ]]; then  # prepared in the twelfth session: the CUDA-core GEMV with its weight loads
   # pipelined through shared memory (cfg fma_stages) at one row, and at 2 and 4 rows (cfg "fma", not a default beyond

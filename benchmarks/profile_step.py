@@ -8,6 +8,9 @@ indexer, compressor, mhc, norm/rope/quant, sampling; everything else is `other`)
 range open when it was launched. Ranges exist only in eager execution, so the profiled steps run eagerly
 (`--enforce-eager`); the CUDA-graph step time is measured beside them without the profiler. Floors come from
 benchmarks/floors.py with the HBM and FP8/bf16 ceilings measured in the same run.
+
+A/B of switches read at run time, in one process (`--graph-only`): each `--env-variant "V4SERVE_OVERLAP=... [...]"`
+recaptures the decode graph under that environment and times it, interleaved with the starting one over `--rounds`.
 """
 
 from __future__ import annotations
@@ -160,6 +163,45 @@ def trace_replays(eng: LLMEngine, batch: int, n: int) -> dict:
     return replay_trace.merge(replays)
 
 
+def parse_env(spec: str) -> dict[str, str]:
+    """'NAME=VALUE NAME2=VALUE2' -> {NAME: VALUE, ...}; '' -> {} (the environment the process started with)."""
+    out = {}
+    for item in spec.split():
+        name, eq, value = item.partition("=")
+        if not eq or not name.startswith("V4SERVE_"):
+            raise SystemExit(f"--env-variant wants V4SERVE_NAME=VALUE items, not {item!r}")
+        out[name] = value
+    return out
+
+
+def env_variants(eng: LLMEngine, batch: int, specs: list[str], rounds: int, timed) -> list[dict]:
+    """The decode graph recaptured under each environment in turn (runtime switches that the step reads as it runs,
+    e.g. V4SERVE_OVERLAP or V4SERVE_PDL, not those read at import), its replay and the graphed step timed, the
+    variants interleaved over `rounds` rounds: A/B runs without a process (and a model build) per variant."""
+    names = {k for spec in specs for k in parse_env(spec)}
+    started = {k: os.environ.get(k) for k in names}
+    rows = []
+    for r in range(rounds):
+        for spec in [""] + specs:
+            for k, v in {**started, **parse_env(spec)}.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            torch.cuda.synchronize()
+            eng.runner.graphs.capture()
+            step_ms, rep = timed(), replay_ms(eng, batch)
+            rows.append({"env": spec or "as started", "round": r, "graph_step_ms": step_ms, "graph_replay_ms": rep})
+            print(f"[{spec or 'as started'}] round {r}: replay {rep:.3f} ms, graphed step {step_ms:.3f} ms",
+                  flush=True)
+    for k, v in started.items():  # the process's own environment again
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -181,8 +223,15 @@ def main() -> int:
     ap.add_argument("--replay-trace", type=int, default=0,
                     help="with --graph-only: trace N graph replays kernel by kernel (replay_trace.py: each kernel's "
                          "exposed time and the idle time before it)")
+    ap.add_argument("--env-variant", action="append", default=[],
+                    help="with --graph-only: after the first timing, recapture the decode graph under this environment "
+                         "('V4SERVE_NAME=VALUE ...', switches read at run time) and time it; repeatable, the variants "
+                         "and the starting environment interleaved over --rounds rounds")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of --env-variant timings")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
+    for spec in args.env_variant:
+        parse_env(spec)  # a malformed variant stops here, before any model is built
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
     ceil = {"hbm_bytes_per_s": 4.3e12, "fp8_flops": 1.3e15, "bf16_flops": 7.7e14}
@@ -206,8 +255,12 @@ def main() -> int:
     results: dict = {"model": args.model, "batch": args.batch, "context": args.context, "ceilings": ceil,
                      "kernels": args.kernels}
 
+    n_timed = max(args.steps, 10)  # graphed steps per timing
+    # tokens for every timed step: the first timing, then each variant's (the starting environment included) per round
+    variant_steps = (len(args.env_variant) + 1) * args.rounds * n_timed if args.env_variant else 0
+
     def fill(eng: LLMEngine) -> None:
-        start_decoding(eng, args.batch, args.context, args.steps + 16, g)
+        start_decoding(eng, args.batch, args.context, args.steps + 16 + variant_steps, g)
         sync(dev)
 
     def timed_steps(eng: LLMEngine, n: int) -> float:
@@ -221,7 +274,7 @@ def main() -> int:
     if args.graph_only and cuda:
         geng = engine(eager=False)
         fill(geng)
-        ms = timed_steps(geng, max(args.steps, 10))
+        ms = timed_steps(geng, n_timed)
         replay = replay_ms(geng, args.batch)
         print(f"decode with CUDA graphs: {ms:.2f} ms/step, of which the graph replay alone "
               f"{replay:.2f} ms (V4SERVE_PDL={os.environ.get('V4SERVE_PDL', '1')})", flush=True)
@@ -236,6 +289,9 @@ def main() -> int:
               f"{len(trace['sequence'])} launches a replay", flush=True)
         if args.replay_trace:
             print("\n".join(replay_trace.table(trace, top=max(args.top, 25))), flush=True)
+        if args.env_variant:
+            results["env_variants"] = env_variants(geng, args.batch, args.env_variant, args.rounds,
+                                                   lambda: timed_steps(geng, n_timed))
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             tag = f"{args.model}-b{args.batch}"
