@@ -180,25 +180,25 @@ def env_variants(eng: LLMEngine, batch: int, specs: list[str], rounds: int, time
     variants interleaved over `rounds` rounds: A/B runs without a process (and a model build) per variant."""
     names = {k for spec in specs for k in parse_env(spec)}
     started = {k: os.environ.get(k) for k in names}
+
+    def set_env(values: dict[str, str | None]) -> None:
+        for k, v in values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
     rows = []
     for r in range(rounds):
         for spec in [""] + specs:
-            for k, v in {**started, **parse_env(spec)}.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            set_env({**started, **parse_env(spec)})
             torch.cuda.synchronize()
             eng.runner.graphs.capture()
             step_ms, rep = timed(), replay_ms(eng, batch)
             rows.append({"env": spec or "as started", "round": r, "graph_step_ms": step_ms, "graph_replay_ms": rep})
             print(f"[{spec or 'as started'}] round {r}: replay {rep:.3f} ms, graphed step {step_ms:.3f} ms",
                   flush=True)
-    for k, v in started.items():  # the process's own environment again
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    set_env(started)  # the process's own environment again
     return rows
 
 

@@ -71,21 +71,12 @@ class V41Attention(nn.Module):
     # --- the shared pieces (also used by DSpark blocks) -----------------------------------------------
     def project_queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Queries [T, H, hd] before RoPE (V4.1 has no per-head query norm) and the q latent."""
-        qa = self.wq_a(x)
-        qr, q_in = self.q_norm.feeding(qa, self.wq_b)
-        return self._queries_of(qa, q_in, x, beside_later_work=False)(), qr
+        qr, q_in = self.q_norm.feeding(self.wq_a(x), self.wq_b)
+        return self._heads(self.wq_b(q_in)), qr
 
-    def _queries_of(self, qa: torch.Tensor, q_in: torch.Tensor, x: torch.Tensor, beside_later_work: bool = True
-                    ) -> Callable[[], torch.Tensor]:
-        """A getter of the queries [T, H, hd] from wq_b of the normed q latent q_in (q_norm.feeding), run on a side
-        stream beside the caller's later work with overlap attention_query."""
-        c = self.config
-        if beside_later_work:
-            q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in))
-        else:
-            q = self.wq_b(q_in)
-            q_of = lambda: q  # noqa: E731
-        return lambda: q_of().view(qa.shape[0], c.n_heads, c.head_dim)
+    def _heads(self, q: torch.Tensor) -> torch.Tensor:
+        """wq_b's output [T, H * hd] as [T, H, hd]."""
+        return q.view(q.shape[0], self.config.n_heads, self.config.head_dim)
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, qr = self.project_queries(x)
@@ -121,7 +112,7 @@ class V41Attention(nn.Module):
         qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
         index_of = (streams.beside("indexer_query", x, lambda: self._index_query(x, qr, ctx))
                     if self.ratio and self.indexer is not None else None)
-        q_of = self._queries_of(qa, q_in, x)
+        q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in))
         store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = self._window_kv_from(kva, cos, sin, *store)
         entries = None
@@ -134,7 +125,7 @@ class V41Attention(nn.Module):
                     self.select(index_of, ctx, sel)
             entries = self.entries(ctx, sel)
         with family("attention"):
-            o = attend(q_of(), cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
+            o = attend(self._heads(q_of()), cos, sin, kv, self.attn_sink, self.config.head_dim ** -0.5, None,
                        ctx.window_refs(self.layer), entries, self.backend)
             if store[0] is None:
                 ctx.write_window(self.layer, kv, self.backend)

@@ -305,6 +305,20 @@ def fma_config(N: int, K: int, G: int) -> dict:
             "swap": False, "fma": True}
 
 
+def fit_fma(cfg: dict, given: dict, M: int, N: int, K: int, G: int, max_rows: int) -> dict:
+    """A merged config (`given`: the caller's overrides) whose CUDA-core form (cfg "fma", fma_acc) is asked for, fitted
+    to M rows: refused past `max_rows`; no 16-row tensor-core tile to pad (BM the rows' power of two) and no transposed
+    accumulator; K splits for its tiles (about cfg "programs" programs) unless given. Other configs pass unchanged."""
+    if not cfg.get("fma"):
+        return cfg
+    if M > max_rows:
+        raise ValueError(f"the CUDA-core GEMV (fma) takes at most {max_rows} row{'s' * (max_rows > 1)}, not {M}")
+    cfg.update(BM=triton.next_power_of_2(M), swap=False)
+    if "splits" not in given:
+        cfg["splits"] = split_count(N, K, G, cfg["BN"], cfg["BK"], cfg.get("programs", 2 * _SMS))
+    return cfg
+
+
 def split_count(N: int, K: int, G: int, bn: int, bk: int, programs: int = 2 * _SMS) -> int:
     """K splits for about `programs` programs over the output tiles (at most one per K tile, at most 16)."""
     return max(1, min(triton.cdiv(K, bk), triton.cdiv(programs, triton.cdiv(N, bn) * G), 16))
@@ -349,13 +363,8 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
     given = cfg or {}
-    cfg = {**config(M, N, K, G, block, w8a8=bool(act_group), plain=not scaled), **given}
-    if cfg["fma"] and M > FMA_MAX_ROWS:
-        raise ValueError(f"the CUDA-core GEMV (fma) takes at most {FMA_MAX_ROWS} rows, not {M}")
-    if cfg["fma"]:  # fma_acc: no 16-row tensor-core tile to pad, no transposed accumulator
-        cfg.update(BM=triton.next_power_of_2(M), swap=False)
-        if "splits" not in given:  # for the tiles given
-            cfg["splits"] = split_count(N, K, G, cfg["BN"], cfg["BK"], cfg.get("programs", 2 * _SMS))
+    cfg = fit_fma({**config(M, N, K, G, block, w8a8=bool(act_group), plain=not scaled), **given}, given, M, N, K, G,
+                  FMA_MAX_ROWS)
     if quantized is not None:
         pre, xs = True, quantized
     else:

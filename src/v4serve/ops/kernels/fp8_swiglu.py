@@ -27,14 +27,14 @@ import triton
 import triton.language as tl
 
 from . import interpreting
-from .fp8_gemv import FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fma_acc, fma_w, fma_x, quantize_rows, split_count
+from .fp8_gemv import (FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x, quantize_rows,
+                       split_count)
 from .fp8_gemv import supports as gemv_supports
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import ArrivalCounters, last_to_arrive
 
 _COUNTERS = ArrivalCounters()
-_SMS = 132  # H200 multiprocessors
 
 
 def supports(x2: torch.Tensor, w1: tuple, w3: tuple, act_group: int) -> bool:
@@ -98,31 +98,34 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
         acc_u = tl.zeros((BM, BN), dtype=tl.float32)
     k_lo = split * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    for k0 in range(k_lo, k_hi, BK):
-        if FMA:  # one row on the CUDA cores (fp8_gemv.fma_acc): both weight tiles in flight, x quantized once
+    if FMA:  # one row on the CUDA cores (fp8_gemv.fma_acc): both weight tiles in flight, x quantized once
+        for k0 in range(k_lo, k_hi, BK):
             w1, ws1 = fma_w(w1_ptr, s1_ptr, offs_n, n_ok, k0, k_hi, stride_w1n, stride_s1n, SB, BK, True, EVEN_K)
             w3, ws3 = fma_w(w3_ptr, s3_ptr, offs_n, n_ok, k0, k_hi, stride_w3n, stride_s3n, SB, BK, True, EVEN_K)
             x, x_scale = fma_x(x_ptr, x_ptr, M > 0, k0, k_hi, SB, BK, A_FP8, False, EVEN_K)
             acc_g = fma_acc(acc_g, 0, w1, ws1, x, x_scale, SB)
             acc_u = fma_acc(acc_u, 0, w3, ws3, x, x_scale, SB)
-        for sub in tl.static_range(0 if FMA else BK // SB):  # one scale block of K at a time
-            kb0 = k0 + sub * SB
-            offs_k = kb0 + tl.arange(0, SB)
-            k_ok = offs_k < k_hi
-            kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
-            wk_ok = n_ok[:, None] & k_ok[None, :]
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w1 = tl.load(w1_ptr + offs_n[:, None] * stride_w1n + offs_k[None, :], mask=wk_ok, other=0.0)
-            w3 = tl.load(w3_ptr + offs_n[:, None] * stride_w3n + offs_k[None, :], mask=wk_ok, other=0.0)
-            s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=n_ok & kb_ok, other=127))
-            s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=n_ok & kb_ok, other=127))
-            if A_FP8:  # one quantization of the activation block serves both dots
-                x, x_scale = quantize_rows(x)
-            else:  # W8A16: no activation scale
-                x_scale = s1
-            acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET, SWAP)
-            acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET, SWAP)
+    else:
+        for k0 in range(k_lo, k_hi, BK):
+            for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+                kb0 = k0 + sub * SB
+                offs_k = kb0 + tl.arange(0, SB)
+                k_ok = offs_k < k_hi
+                kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
+                wk_ok = n_ok[:, None] & k_ok[None, :]
+                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                            mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                w1 = tl.load(w1_ptr + offs_n[:, None] * stride_w1n + offs_k[None, :], mask=wk_ok, other=0.0)
+                w3 = tl.load(w3_ptr + offs_n[:, None] * stride_w3n + offs_k[None, :], mask=wk_ok, other=0.0)
+                s_ok = n_ok & kb_ok
+                s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=s_ok, other=127))
+                s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=s_ok, other=127))
+                if A_FP8:  # one quantization of the activation block serves both dots
+                    x, x_scale = quantize_rows(x)
+                else:  # W8A16: no activation scale
+                    x_scale = s1
+                acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET, SWAP)
+                acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET, SWAP)
     if SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -171,13 +174,8 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
     if w1.stride(-1) != 1 or w3.stride(-1) != 1:
         w1, w3 = w1.contiguous(), w3.contiguous()
     given = cfg or {}
-    cfg = {**paired_config(M, N, K, block, w8a8=bool(act_group)), **given}
-    if cfg.get("fma"):  # one row on the CUDA cores, as fp8_gemv's fma form
-        if M > 1:
-            raise ValueError("the CUDA-core paired GEMV (fma) takes one row")
-        cfg.update(BM=1, swap=False)
-        if "splits" not in given:
-            cfg["splits"] = split_count(N, K, 1, cfg["BN"], cfg["BK"], cfg.get("programs", 2 * _SMS))
+    # (the kernel's CUDA-core form takes one row)
+    cfg = fit_fma({**paired_config(M, N, K, block, w8a8=bool(act_group)), **given}, given, M, N, K, 1, 1)
     bk = cfg["BK"]
     k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
     splits = triton.cdiv(K, k_per_split)
@@ -192,6 +190,6 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         x2.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=bool(cfg.get("fma")),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
         EVEN_K=K % block == 0, **pdl_launch(x2))
     return h
