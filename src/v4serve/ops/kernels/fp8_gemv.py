@@ -104,6 +104,15 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
 
 
 @triton.jit
+def scale_block(k0, sub, k_hi, SB: tl.constexpr):
+    """Scale block `sub` of the K tile at k0 -> (its first K position, its positions [SB], their mask, whether it
+    starts before k_hi: a block past the split's end reads zeros and no scales)."""
+    kb0 = k0 + sub * SB
+    offs_k = kb0 + tl.arange(0, SB)
+    return kb0, offs_k, offs_k < k_hi, kb0 < k_hi
+
+
+@triton.jit
 def _fma_k(k0, k_hi, SB: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
     """A CUDA-core tile's K positions and their mask; with EVEN_K (K and the splits' bounds on scale blocks) a mask
     constant per block, which keeps the weight loads 16 B wide."""
@@ -202,10 +211,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
     else:
         for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
-                kb0 = k0 + sub * SB
-                offs_k = kb0 + tl.arange(0, SB)
-                k_ok = offs_k < k_hi
-                kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
+                kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB)
                 x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
                             mask=m_ok[:, None] & k_ok[None, :], other=0.0)
                 w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import interpreting
 from .fp8_gemv import (FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x, quantize_rows,
-                       split_count)
+                       scale_block, split_count)
 from .fp8_gemv import supports as gemv_supports
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -108,10 +108,7 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
     else:
         for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
-                kb0 = k0 + sub * SB
-                offs_k = kb0 + tl.arange(0, SB)
-                k_ok = offs_k < k_hi
-                kb_ok = kb0 < k_hi  # a sub-block past the split's end: zeros, and its scales are not read
+                kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB)
                 wk_ok = n_ok[:, None] & k_ok[None, :]
                 x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                             mask=m_ok[:, None] & k_ok[None, :], other=0.0)
