@@ -53,7 +53,8 @@ def test_every_overlap_forks_and_joins(name: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(streams.OVERLAP_ENV, "none")
     plain = _logits(name, toks, chunks)
     monkeypatch.setenv(streams.OVERLAP_ENV, "all")
-    monkeypatch.setattr(streams, "fork", lambda n, x: InlineFork(n) if streams.overlapped(n) else None)
+    monkeypatch.setattr(streams, "fork", lambda n, x, default=None: InlineFork(n) if streams.overlapped(n, default)
+                        else None)
     InlineFork.log = []
     assert torch.equal(_logits(name, toks, chunks), plain)
     names = {f.name for f in InlineFork.log}

@@ -22,6 +22,21 @@ def test_overlap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         streams.overlapped("nothing")
 
 
+def test_call_site_default_applies_only_when_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model may keep an overlap off by default (V4.1's queries until their GPU check runs); naming it turns it on."""
+    monkeypatch.delenv(streams.OVERLAP_ENV, raising=False)
+    assert "attention_query" in streams.DEFAULT_OVERLAPS
+    assert streams.overlapped("attention_query") is True
+    assert streams.overlapped("attention_query", default=False) is False
+    assert streams.overlapped("shared_expert", default=True) is True
+    with pytest.raises(ValueError, match="unknown overlap"):
+        streams.overlapped("nothing", default=False)
+    monkeypatch.setenv(streams.OVERLAP_ENV, "attention_query")
+    assert streams.overlapped("attention_query", default=False) is True
+    monkeypatch.setenv(streams.OVERLAP_ENV, "none")
+    assert streams.overlapped("attention_query", default=True) is False
+
+
 def test_no_fork_off_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """CPU tensors (and the switch off) run inline: no fork, so the model's plain path is taken."""
     monkeypatch.setenv(streams.OVERLAP_ENV, "shared_expert")

@@ -110,9 +110,10 @@ class V41Attention(nn.Module):
         # and head weights (indexer_query) beside the KV finish and the compressor, then the queries (attention_query;
         # rotated inside the attention) beside those and the indexer
         qr, q_in = self.q_norm.feeding(qa, self.wq_b)  # q_in: qr, or qr quantized for wq_b by the norm (norm_quant)
-        index_of = (streams.beside("indexer_query", x, lambda: self._index_query(x, qr, ctx))
+        # (default off here: their GPU check on V4.1, tests/gpu/test_cuda.py, has not run yet; on for V4)
+        index_of = (streams.beside("indexer_query", x, lambda: self._index_query(x, qr, ctx), default=False)
                     if self.ratio and self.indexer is not None else None)
-        q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in))
+        q_of = streams.beside("attention_query", x, lambda: self.wq_b(q_in), default=False)
         store = ctx.early_window_store(self.layer)  # decode steps with early_window: the rows stored by their finish
         kv = self._window_kv_from(kva, cos, sin, *store)
         entries = None
