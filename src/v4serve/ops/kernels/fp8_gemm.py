@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..quant import Quantized
-from . import fp8_gemv, interpreting
+from . import fp8_gemv, interpreting, scaled_mm
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import act_quant, act_simulate
@@ -189,8 +189,9 @@ def _run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, blo
 
 def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int, act_group: int,
             out_dtype: torch.dtype, cfg: dict | None = None, xs: torch.Tensor | None = None) -> torch.Tensor:
-    """Any M and mode: activation quantization, the GEMM, and a split-K sum when split. `cfg` overrides the tile
-    choice (benchmarks). xs: x3 is already quantized (e4m3, its float32 scales [M, G, K/block])."""
+    """Any M and mode: activation quantization, the GEMM, and a split-K sum when split; W8A8 prefill rows of
+    128-block weights go to cuBLAS (scaled_mm.py) where it has the recipe. `cfg` overrides the tile choice and keeps
+    the Triton kernel (benchmarks). xs: x3 is already quantized (e4m3, its float32 scales [M, G, K/block])."""
     M, G, K = x3.shape
     N = weight.shape[0] // G
     if M == 0:  # e.g. the head of a prefill chunk that samples nothing (no tiles: no config either)
@@ -204,6 +205,8 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         x3 = act_simulate(x3, act_group)
     if x3.stride(-1) != 1:
         x3 = x3.contiguous()
+    if a_fp8 and G == 1 and cfg is None and scaled_mm.supports(x3[:, 0], weight, block, out_dtype):
+        return scaled_mm.gemm(x3[:, 0], xs[:, 0], weight, scale, out_dtype).view(M, 1, N)  # prefill rows: cuBLAS
     sb = block if w_fp8 else 128  # plain float weights: no scale blocks
     wide = x3.dtype in (torch.float32, torch.float64)
     cfg = {**_config(M, N, K, G, sb, a_fp8, wide), **(cfg or {})}
