@@ -687,6 +687,72 @@ if [[ $what == fourteenth2 ]]; then  # prepared in the twelfth session: the CUDA
     --variants default,fma,fma-bk256,fma-bk1024,fma-w8,fma-bn32,fma-s2,fma-s3,fma-bk256-s3,fma-bk256-s4,fma-bn64-bk256-s3 \
     2>&1 | grep -v Warning | tee "$OUT/fma_rows_sweep.log" | grep -A40 "best variant"
 fi
+if [[ $what == cublas1 ]]; then  # prepared in the thirteenth session: W8A8 prefill GEMMs of 128-block weights on
+  # cuBLAS (torch._scaled_mm's DeepSeek recipe, ops/kernels/scaled_mm.py): its GPU tests, the prefill shapes against
+  # the Triton kernel, then the 43-layer step's profile by family (eager decode at batch 1 and an 8K prefill chunk)
+  # with cuBLAS off and on (V4SERVE_CUBLAS_FP8=0|1)
+  timeout 100 python3 -m pytest tests/ops/test_scaled_mm.py tests/ops/test_linear.py -q -p no:cacheprovider \
+    -o addopts="" -k "cublas or real_shapes or recipe or e8m0" 2>&1 | tee "$OUT/cublas_tests.log" \
+    | grep -E "^E |passed|failed" | head
+  timeout 120 python3 benchmarks/kernels/fp8_gemm.py --prefill-only --shapes wq_b,wo_b,shared_w1,wq_a \
+    --variants default,triton --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill_gemm.log" | grep -A12 "best variant"
+  for v in 0 1; do
+    echo "== V4SERVE_CUBLAS_FP8=$v"
+    V4SERVE_CUBLAS_FP8=$v timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
+      --context 2048 --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 --out /tmp/prof$v 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-cublas$v.log"
+    grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|router|norm|sampling|other|\*\*total)|prefill chunk|decode," \
+      "$OUT/profile-cublas$v.log" | head -30
+  done
+fi
+if [[ $what == attn1 ]]; then  # prepared in the thirteenth session: the batched-decode attention (flash mode, 32 heads
+  # a program) with more KV splits than the one-wave rule gives (f32r32w8pk4/8/16, f32r16w*pk8) at 64K context, V4's
+  # 584-B records and bf16 records (the engine's default), beside the default configs (the issue's 60%-of-HBM target
+  # at batch 32)
+  for f in v4 bf16; do
+    timeout ${ATTN_TIMEOUT:-200} python3 benchmarks/kernels/attention.py --format $f --variants default f32r32w8p \
+      f32r16w4pk8 f32r16w8pk8 hk hd1k8 h32d1k8 --out "$OUT" 2>&1 | grep -v Warning | tee -a "$OUT/attn_splits.log" \
+      | grep -E "decode"
+  done
+fi
+if [[ $what == l2pf ]]; then  # prepared in the thirteenth session: can a side stream put a decode GEMV's weight in L2
+  # while the main stream runs latency-bound work (benchmarks/kernels/l2_prefetch.py: cold / bulk / lines / warm)
+  timeout ${L2_TIMEOUT:-150} python3 benchmarks/kernels/l2_prefetch.py --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/l2_prefetch.log" | tail -8
+fi
+if [[ $what == thirteenthB ]]; then  # prepared in the thirteenth session, one call: the new default overlaps' GPU test
+  # (attention_query + indexer_query: eager logits bit for bit, graphed tokens), cublas1's tests and prefill GEMMs, the
+  # L2 prefetch probe (l2pf), then the 43-layer profile by family (eager decode at batch 1 with this session's
+  # defaults, and an 8K prefill chunk with cuBLAS on). Files: one archive (the 8-file cap)
+  W=/tmp/thB; mkdir -p $W
+  timeout 100 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
+    -k "side_stream_overlap and attention_query" 2>&1 | tee "$W/overlap_new.log" | grep -E "^E |passed|failed" | head
+  timeout 80 python3 -m pytest tests/ops/test_scaled_mm.py tests/ops/test_linear.py -q -p no:cacheprovider \
+    -o addopts="" -k "cublas or real_shapes or recipe or e8m0" 2>&1 | tee "$W/cublas_tests.log" \
+    | grep -E "^E |passed|failed" | head
+  timeout 100 python3 benchmarks/kernels/fp8_gemm.py --prefill-only --shapes wq_b,wo_b,shared_w1,wq_a \
+    --variants default,triton --out "$W" 2>&1 | grep -v Warning | tee "$W/prefill_gemm.log" | grep -A12 "best variant"
+  timeout 110 python3 benchmarks/kernels/l2_prefetch.py --out "$W" 2>&1 | grep -v Warning | tee "$W/l2_prefetch.log" \
+    | tail -7
+  timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 2 \
+    --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 --out $W 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$W/profile-cublas1.log"
+  grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|router|norm|sampling|other|\*\*total)|prefill chunk|decode," \
+    "$W/profile-cublas1.log" | head -30
+  tar -czf "$OUT/thirteenthB.tgz" -C $W .
+fi
+if [[ $what == thirteenthC ]]; then  # prepared in the thirteenth session, one call: the attention over bf16 records (the
+  # engine's default) with the flash mode on the 4K prefill too (thirteenthB's prefill profile: attention 1,040 of
+  # 2,155 ms GPU for 8K tokens, in the "heads" mode) and more KV splits at decode (attn1's variants), then the 43-layer
+  # profile by family with cuBLAS's prefill GEMMs off (the before of thirteenthB's). Files straight to $OUT (a cut
+  # call keeps what finished)
+  timeout ${ATTN_TIMEOUT:-220} python3 benchmarks/kernels/attention.py --format bf16 --flash-prefill --variants default \
+    f32r32w8p hk --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attn_prefill.log" | grep -E "prefill|T=   32"
+  V4SERVE_CUBLAS_FP8=0 timeout ${PROF_TIMEOUT:-150} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
+    --context 2048 --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-cublas0.log"
+  sed -n '/prefill chunk/,/total/p' "$OUT/profile-cublas0.log"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -340,11 +340,15 @@ def main() -> int:
             sync(dev)
         wall = (time.perf_counter() - t) * 1e3
         profiling.enable(False)
-        pre = attribute(prof, cuda)
+        pre_kernels: dict = {}
+        pre = attribute(prof, cuda, pre_kernels)
         pre_floor = floors.floor_ms({}, floors.prefill_flops(c, args.prefill, args.prefill), ceil)
         lines += table(f"prefill chunk of {args.prefill} tokens (wall {wall:.1f} ms under the profiler)", pre,
                        pre_floor, 1)
         results["prefill"] = {"tokens": args.prefill, "families": pre, "floor_ms": pre_floor}
+        if args.top and pre_kernels:
+            top_lines, results["prefill"]["top_kernels"] = top_kernels(pre_kernels, 1, args.top)
+            lines += top_lines
     del eng
     if cuda and args.graphs:
         torch.cuda.empty_cache()

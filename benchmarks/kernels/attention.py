@@ -31,7 +31,12 @@ FORMATS = {"v4": ("v4_fp8", "v4_fp8"), "v41": ("fp8_b32", "nvfp4"), "bf16": ("pl
 VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": kernel.Config(16, 64, 4, 8, 1),
             "w8": kernel.Config(16, 32, 4, 8, 1), "d2w8": kernel.Config(16, 32, 2, 8, 1),
             "d8": kernel.Config(16, 32, 8, 4, 1), "s2": kernel.Config(16, 32, 4, 4, 2),
-            "h32w8": kernel.Config(32, 32, 4, 8, 1), "h64w8": kernel.Config(64, 32, 4, 8, 1)}
+            "h32w8": kernel.Config(32, 32, 4, 8, 1), "h64w8": kernel.Config(64, 32, 4, 8, 1),
+            # single decode rows: GPU_CONFIG with explicit KV splits (0 = the one-wave rule: 16 at T=1) and wider
+            # D halves, fewer programs to combine
+            "hk2": kernel.Config(16, 32, 2, 8, 1, kv_splits=2), "hk4": kernel.Config(16, 32, 2, 8, 1, kv_splits=4),
+            "hk8": kernel.Config(16, 32, 2, 8, 1, kv_splits=8), "hk32": kernel.Config(16, 32, 2, 8, 1, kv_splits=32),
+            "hd1k8": kernel.Config(16, 32, 1, 8, 1, kv_splits=8), "h32d1k8": kernel.Config(32, 32, 1, 8, 1, kv_splits=8)}
 
 
 def flash(heads: int, rows: int, warps: int, stages: int = 1, splits: int = 0, dchunk: int = 128,
@@ -50,6 +55,11 @@ FLASH_VARIANTS = {
     "f64r32w16p": flash(64, 32, 16, prefetch=1), "f64r16w16k2": flash(64, 16, 16, splits=2),
     "f64r16w16k4": flash(64, 16, 16, splits=4), "f64r16w16k8": flash(64, 16, 16, splits=8),
     "f32r32w8": flash(32, 32, 8), "f32r16w4": flash(32, 16, 4), "f32r32w8p": flash(32, 32, 8, prefetch=1),
+    # the batched-decode default (FLASH_DECODE_CONFIG: 32 heads, 32 rows, L2 prefetch) with more KV splits than the
+    # one-wave rule's (2 at T=32): shorter per-program gather chains against more partials to combine
+    "f32r32w8pk4": flash(32, 32, 8, prefetch=1, splits=4), "f32r32w8pk8": flash(32, 32, 8, prefetch=1, splits=8),
+    "f32r32w8pk16": flash(32, 32, 8, prefetch=1, splits=16), "f32r16w4pk8": flash(32, 16, 4, prefetch=1, splits=8),
+    "f32r16w8pk8": flash(32, 16, 8, prefetch=1, splits=8),
 }
 VARIANTS.update(FLASH_VARIANTS)
 

@@ -63,7 +63,9 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "fma-bk256-s3": {"fma": True, "BN": 32, "BK": 256, "fma_stages": 3},
                    "fma-bk256-s4": {"fma": True, "BN": 32, "BK": 256, "fma_stages": 4},
                    "fma-bn64-bk256-s3": {"fma": True, "BN": 64, "BK": 256, "fma_stages": 3}}
-PREFILL_VARIANTS = {"default": None, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
+# prefill: "default" = the dispatch (cuBLAS's block-scaled recipe for 128-block W8A8, ops/kernels/scaled_mm.py, where
+# it applies), "triton" = fp8_gemm's kernel with its default tiles
+PREFILL_VARIANTS = {"default": None, "triton": {}, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 
 
@@ -255,6 +257,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true", help="default configs only")
     ap.add_argument("--decode-only", action="store_true", help="decode rows only (M <= 64), every tile variant")
+    ap.add_argument("--prefill-only", action="store_true", help="prefill rows only (M >= 4096)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all, or QUICK)")
     ap.add_argument("--variants", default=None, help="comma-separated decode/prefill variant names (default: all)")
     ap.add_argument("--rows", default=None, help="comma-separated decode row counts (default: 1,8,32,64)")
@@ -289,6 +292,8 @@ def main() -> None:
         if args.decode_only:
             prefill = ()
         decode_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else DECODE_M
+        if args.prefill_only:
+            decode_m, prefill = (), PREFILL_M
         for M in (decode_m + prefill) if not args.quick else (1, 32, 64) + prefill[1:2]:
             decode = M <= 64
             x = torch.randn(M, G, K, device="cuda", dtype=torch.bfloat16)
