@@ -205,7 +205,8 @@ def test_flash_mode_reads_each_token_rows_in_one_launch(cfg) -> None:
 
 def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     """Batched decode (16-128 query tokens) over CSA picks in V4's records or bf16, and over HCA's visible entries in
-    bf16, takes flash mode; single rows, prefill chunks, window-only layers and the untimed cases keep GPU_CONFIG."""
+    bf16, takes flash mode, as do prefill chunks over bf16 records; single rows, prefill chunks over V4's records,
+    window-only layers and the untimed cases keep GPU_CONFIG."""
     from types import SimpleNamespace as NS
 
     def refs(kind: str, wkind: str | None = None, picks: bool = True):
@@ -217,5 +218,8 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(64, *refs("plain", picks=False)) is flash  # HCA over bf16 records
     assert kernel.gpu_config(64, *refs("v4_fp8", picks=False)) is heads  # HCA over V4's records: not timed
     assert kernel.gpu_config(32, *refs("nvfp4", "fp8_b32")) is heads  # V4.1's formats
-    assert kernel.gpu_config(1, *refs("plain")) is heads and kernel.gpu_config(4096, *refs("plain")) is heads
+    assert kernel.gpu_config(1, *refs("plain")) is heads and kernel.gpu_config(15, *refs("plain")) is heads
+    assert kernel.gpu_config(4096, *refs("plain")) is flash  # prefill over bf16 records: CSA and HCA
+    assert kernel.gpu_config(129, *refs("plain", picks=False)) is flash
+    assert kernel.gpu_config(4096, *refs("v4_fp8")) is heads  # prefill over V4's records: not timed
     assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers

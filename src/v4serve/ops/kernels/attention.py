@@ -91,6 +91,11 @@ FLASH_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stage
                              prefetch=1)
 FLASH_DECODE_TOKENS = (16, 128)
 FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # record format -> entry kinds timed
+# Prefill chunks (more than 128 query tokens) take the same config where timed: over bf16 records at 64K context, a
+# 4K-token chunk (benchmarks/kernels/attention.py --format bf16 --flash-prefill, H200, thirteenth session) CSA 18.36 ->
+# 5.86 ms and HCA 17.36 -> 5.44 ms against GPU_CONFIG, the same error against the reference (each record decoded once
+# per 32 heads instead of once per 16 heads and D half). One KV split at these sizes (_flash_splits).
+FLASH_PREFILL_FORMATS = {"plain": ("picks", "dense")}
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
 _SMS = 132  # H200 multiprocessors
 _COUNTERS = ArrivalCounters()
@@ -624,14 +629,15 @@ def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) ->
 
 
 def gpu_config(tokens: int, window, entries) -> Config:
-    """The measured choice on the GPU: flash mode for batched decode over compressed entries where it was timed
-    (FLASH_DECODE_FORMATS: CSA picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records),
-    GPU_CONFIG otherwise."""
+    """The measured choice on the GPU: flash mode over compressed entries where it was timed — batched decode
+    (FLASH_DECODE_FORMATS: CSA picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records)
+    and prefill chunks (FLASH_PREFILL_FORMATS: both over bf16 records) — GPU_CONFIG otherwise."""
     lo, hi = FLASH_DECODE_TOKENS
-    if entries is None or not lo <= tokens <= hi or window.pool.codec.kind != entries.pool.codec.kind:
+    if entries is None or tokens < lo or window.pool.codec.kind != entries.pool.codec.kind:
         return GPU_CONFIG
     kind = "picks" if entries.picks is not None else "dense"
-    return FLASH_DECODE_CONFIG if kind in FLASH_DECODE_FORMATS.get(entries.pool.codec.kind, ()) else GPU_CONFIG
+    timed = FLASH_DECODE_FORMATS if tokens <= hi else FLASH_PREFILL_FORMATS
+    return FLASH_DECODE_CONFIG if kind in timed.get(entries.pool.codec.kind, ()) else GPU_CONFIG
 
 
 def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:
