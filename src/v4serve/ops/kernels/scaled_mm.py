@@ -26,9 +26,12 @@ BLOCK = 128
 # timed alone, host launch included): wq_b 32768 x 1024 at M = 4096 / 8192 / 16384 437 / 516, 598 / 1164, 1171 /
 # 2053 (63.5-64.8% of the FP8 peak from 8192 rows); wo_b 4096 x 8192 at M = 4096 552 / 433, 8192 546 / 949, 16384
 # 1091 / 1844 (69.5%); the small weights lost at every M (wq_a 1024 x 4096 at 16384 rows 383 / 269, shared_w1 2048 x
-# 4096 554 / 471). cuBLAS never took less than ~440 µs a call there, whatever the size: the calls that win do at
-# least 2^38 multiply-adds (wq_b at 4096 rows, 2^37, won by less than the others lost at the same size)
-MIN_WORK = 1 << 38
+# 4096 554 / 471). cuBLAS never took less than ~440 µs a call there, whatever the size: its host-side cost, as the
+# step shows — in the 43-layer profile of an 8K-token prefill chunk (GPU time only) every W8A8 GEMM on cuBLAS gave
+# the linears 269 ms against the Triton kernel's 323 ms, ~41 of the 54 ms from wq_b and wo_b. From 2^36
+# multiply-adds (wq_b from 2K rows, wo_b and the shared expert from 8K; not wq_a), where a prefill's GPU work per
+# layer hides that host cost; smaller GEMMs (mixed steps' short chunks) keep the kernel
+MIN_WORK = 1 << 36
 MIN_ROWS = 256
 
 
