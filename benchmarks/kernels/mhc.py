@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import itertools
 
 import common
 import torch
@@ -217,14 +216,33 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=4096, help="the streams' width D (V4-Flash 4096, V4.1-Flash 5120)")
     ap.add_argument("--head", action="store_true", help="only ops.mhc.hc_head (the head's collapse and final norm) "
                     "against its torch reference at 1, 32 and 128 logits rows")
-    ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) with each "
-                    "pipeline depth, with and without the bf16x3 GEMM")
+    ap.add_argument("--precision", action="store_true", help="only the prefill grid's agreement (T = 4096) and time "
+                    "(T = 8192) per variant: fp32 FMA dots, the bf16x3 GEMM chained or promoted per D chunk")
     a = ap.parse_args()
     D = a.dim
     if a.precision:
-        for stages, x3 in itertools.product((1, 2), (True, False)):
-            cfg = dataclasses.replace(mk.default_pre_config(4096, D, on_gpu=True), num_stages=stages, bf16x3=x3)
-            print(f"T=4096 num_stages={stages} bf16x3={x3}: {validate(4096, cfg)}", flush=True)
+        # the prefill grid: its default (fp32 FMA dots), the bf16x3 GEMM chained through the tensor cores'
+        # accumulator, and promoted per D chunk (PreConfig.promote), with each one's time at 8K tokens
+        base_cfg = mk.default_pre_config(4096, D, on_gpu=True)
+        variants = {"default": {}, "x3": {"bf16x3": True}, "x3p": {"bf16x3": True, "promote": True},
+                    "x3p-s1": {"bf16x3": True, "promote": True, "num_stages": 1},
+                    "x3p-bt64": {"bf16x3": True, "promote": True, "block_t": 64},
+                    "x3p-bd128": {"bf16x3": True, "promote": True, "block_d": 128}}
+        for name, v in variants.items():
+            cfg = dataclasses.replace(base_cfg, **v)
+            try:
+                check = validate(4096, cfg)
+                x, fn, base, scale, w, f = _inputs(8192, seed=1)
+                _, _, post, comb = _pre(mhc.hc_pre_reference, x, fn, base, scale, w)
+                pre_ms = common.bench_ms(lambda: mk.hc_pre(x, fn, base, scale, N, ITERS, EPS, EPS, norm_weight=w,
+                                                           norm_eps2=EPS, config=cfg))
+                pp_ms = common.bench_ms(lambda: mk.hc_post_pre(f, x, post, comb, fn, base, scale, N, ITERS, EPS, EPS,
+                                                               norm_weight=w, norm_eps2=EPS, config=cfg))
+            except Exception as exc:  # noqa: BLE001 - a variant the compiler rejects
+                print(f"{name}: failed {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                continue
+            print(f"{name:10s} T=4096 {check}; T=8192 hc_pre {pre_ms * 1e3:8.1f} us, hc_post_pre {pp_ms * 1e3:8.1f} us",
+                  flush=True)
         return
     ceil = common.measure_ceilings()
     hbm = ceil["hbm_bytes_per_s"]

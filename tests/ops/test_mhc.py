@@ -122,14 +122,23 @@ def test_gpu_default_configs():
         assert _scaled_err(got, mhc.hc_expand(f, x, post, comb)) <= 1e-5
 
 
-def test_bf16x3_gemm_split():
+@pytest.mark.parametrize("promote", [False, True], ids=["chained", "promoted"])
+def test_bf16x3_gemm_split(promote: bool):
     """The GPU's bf16 path splits fn into three bf16 parts; under the interpreter the parts go through fp32 dots,
-    which checks the split itself (x holds bf16 values, as the GPU's streams do)."""
+    which checks the split itself (x holds bf16 values, as the GPU's streams do). `promote`: each D chunk's three
+    dots summed apart and added in float32 (the prefill grid's candidate), hc_pre and the fused post + pre alike."""
     x, fn, base, scale, w, _ = _inputs(37, 96, torch.float32, seed=13)
     x = x.bfloat16().float()
     args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
-    got = mk.hc_pre(*args, norm_weight=w, config=mk.PreConfig(block_t=16, block_d=32, split_d=1, bf16x3=True))
+    cfg = mk.PreConfig(block_t=16, block_d=32, split_d=1, bf16x3=True, promote=promote)
+    got = mk.hc_pre(*args, norm_weight=w, config=cfg)
     _check_pre(got, mhc.hc_pre_reference(*args, norm_weight=w), 1e-5, 1e-5)
+    f = torch.randn(37, 96, device=DEVICE).bfloat16().float()
+    fused = mk.hc_post_pre(f, x, got[2], got[3], fn, base, scale, N, ITERS, NORM_EPS, HC_EPS, norm_weight=w,
+                           config=cfg)
+    new = mk.hc_post(f, x, got[2], got[3])
+    assert torch.equal(fused[0], new)
+    _check_pre(fused[1:], mhc.hc_pre_reference(new, *args[1:], norm_weight=w), 1e-5, 1e-5)
 
 
 def test_float64_streams_with_float32_lagged_pre():

@@ -62,6 +62,7 @@ class PreConfig:
     num_warps: int = 4
     num_stages: int = 2
     bf16x3: bool | None = None  # the split-fn bf16 GEMM; None = for bf16 x on the GPU
+    promote: bool = False  # bf16x3: each D chunk's dots summed apart, then added in float32 (`_dot`'s PROMOTE)
     fma: bool | None = None  # the mixes in fp32 FMAs, no dots (`_chunk_start`); None = for 1-2-token blocks on the GPU
 
 
@@ -94,8 +95,10 @@ def _rsqrt(v, ACC: tl.constexpr):
 
 
 @triton.jit
-def _dot(acc, xt, w, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr):
-    """acc + xt [BT, BD] @ w^T (w [R, BD])."""
+def _dot(acc, xt, w, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexpr, PROMOTE: tl.constexpr = False):
+    """acc + xt [BT, BD] @ w^T (w [R, BD]). PROMOTE (X3): the chunk's three dots summed in a fresh accumulator, then
+    added to acc in float32 registers, rather than chained through the tensor cores' accumulator over every chunk
+    (which put the prefill grid's coefficients 3.7e-4 from the float32 reference at T = 4096 on the H200)."""
     wt = tl.trans(w)
     if X3:
         wf = wt.to(tl.float32)
@@ -103,16 +106,24 @@ def _dot(acc, xt, w, ACC: tl.constexpr, X3: tl.constexpr, INTERPRET: tl.constexp
         r = wf - hi.to(tl.float32)  # exact: hi holds the top bits of wf
         mid = r.to(tl.bfloat16)
         lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+        if PROMOTE:
+            part = tl.zeros(acc.shape, acc.dtype)
+        else:
+            part = acc
         if INTERPRET:
             xs = xt.to(tl.float32)
-            acc = tl.dot(xs, hi.to(tl.float32), acc, input_precision="ieee")
-            acc = tl.dot(xs, mid.to(tl.float32), acc, input_precision="ieee")
-            acc = tl.dot(xs, lo.to(tl.float32), acc, input_precision="ieee")
+            part = tl.dot(xs, hi.to(tl.float32), part, input_precision="ieee")
+            part = tl.dot(xs, mid.to(tl.float32), part, input_precision="ieee")
+            part = tl.dot(xs, lo.to(tl.float32), part, input_precision="ieee")
         else:
             xb = xt.to(tl.bfloat16)
-            acc = tl.dot(xb, hi, acc)
-            acc = tl.dot(xb, mid, acc)
-            acc = tl.dot(xb, lo, acc)
+            part = tl.dot(xb, hi, part)
+            part = tl.dot(xb, mid, part)
+            part = tl.dot(xb, lo, part)
+        if PROMOTE:
+            acc = acc + part
+        else:
+            acc = part
     else:
         acc = tl.dot(xt.to(ACC), wt.to(ACC), acc, input_precision="ieee", out_dtype=ACC)
     return acc
@@ -137,8 +148,8 @@ def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.c
         acc_c = tl.fma(xf[:, None, :], wc.to(ACC)[None, :, :], acc_c)
     else:
         ss += tl.sum(xf * xf, axis=1)
-        acc_pp = _dot(acc_pp, xt, wpp, ACC, MIX == "x3", INTERPRET)
-        acc_c = _dot(acc_c, xt, wc, ACC, MIX == "x3", INTERPRET)
+        acc_pp = _dot(acc_pp, xt, wpp, ACC, MIX != "ieee", INTERPRET, MIX == "x3p")
+        acc_c = _dot(acc_c, xt, wc, ACC, MIX != "ieee", INTERPRET, MIX == "x3p")
     return acc_pp, acc_c, ss
 
 
@@ -598,7 +609,7 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     if x3 and acc != torch.float32:
         raise ValueError("the bf16x3 GEMM is for float32 accumulation")
     fma = cfg.fma if cfg.fma is not None else (x.is_cuda and cfg.block_t <= 2)
-    mix = "fma" if fma else "x3" if x3 else "ieee"
+    mix = "fma" if fma else ("x3p" if cfg.promote else "x3") if x3 else "ieee"
     pp = max(16, triton.next_power_of_2(2 * n))
     n_tb = triton.cdiv(t, cfg.block_t)
     d_per_split = triton.cdiv(triton.cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
