@@ -753,6 +753,18 @@ if [[ $what == thirteenthC ]]; then  # prepared in the thirteenth session, one c
     | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-cublas0.log"
   sed -n '/prefill chunk/,/total/p' "$OUT/profile-cublas0.log"
 fi
+if [[ $what == fourteenthA ]]; then  # prepared in the thirteenth session, one call: V4.1's GPU check of the query
+  # overlaps (cut twice by time limits; until it passes V4.1 keeps them off unless named), the mHC prefill grid's
+  # precision and time with the bf16x3 GEMM promoted per D chunk (PreConfig.promote: the thirteenth session's profile
+  # had the mHC at 226 ms of an 8K prefill's 2,155), and the fixed L2 prefetch probe. Files straight to $OUT
+  timeout 240 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
+    -k "side_stream_overlap and attention_query and v41" 2>&1 | tee "$OUT/overlap_v41.log" | grep -E "^E |passed|failed"
+  timeout 60 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "bf16x3" 2>&1 \
+    | tee "$OUT/mhc_x3_tests.log" | grep -E "^E |passed|failed"
+  timeout 150 python3 benchmarks/kernels/mhc.py --precision 2>&1 | grep -v Warning | tee "$OUT/mhc_precision.log"
+  timeout 100 python3 benchmarks/kernels/l2_prefetch.py --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/l2_prefetch.log" | tail -7
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
