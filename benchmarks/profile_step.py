@@ -6,7 +6,8 @@ prefill chunk.
 The model code carries one `record_function` range per family (ops/profiling.py: linear, moe, router, attention,
 indexer, compressor, mhc, norm/rope/quant, sampling; everything else is `other`); a kernel belongs to the innermost
 range open when it was launched. Ranges exist only in eager execution, so the profiled steps run eagerly
-(`--enforce-eager`); the CUDA-graph step time is measured beside them without the profiler. Floors come from
+(`--enforce-eager`), without PDL unless V4SERVE_PDL is set (a kernel launched early waits on the GPU inside its own
+span); the CUDA-graph step time is measured beside them without the profiler. Floors come from
 benchmarks/floors.py with the HBM and FP8/bf16 ceilings measured in the same run.
 
 A/B of switches read at run time, in one process (`--graph-only`): each `--env-variant "V4SERVE_OVERLAP=... [...]"`
@@ -302,6 +303,14 @@ def main() -> int:
                 with open(os.path.join(args.out, f"replay-trace-{tag}.json"), "w") as f:
                     json.dump(trace, f, indent=1)
         return 0
+    # The eager profile gives each kernel's GPU span to its family. Under PDL a kernel is launched early and waits on the
+    # GPU for its predecessor, so its span covers the wait: an 8K prefill's router, launched behind a 2.6 ms mHC
+    # launch, read as 2.7 ms of routing. The profiled steps therefore run without PDL unless V4SERVE_PDL is set; the
+    # CUDA-graph timings after them keep the process's setting.
+    pdl_started = os.environ.get("V4SERVE_PDL")
+    if pdl_started is None:
+        os.environ["V4SERVE_PDL"] = "0"
+    results["profile_pdl"] = os.environ["V4SERVE_PDL"]
     eng = engine(eager=True)
     c = eng.model_config
     held = held_bytes(eng.loaded.model)
@@ -350,6 +359,8 @@ def main() -> int:
             top_lines, results["prefill"]["top_kernels"] = top_kernels(pre_kernels, 1, args.top)
             lines += top_lines
     del eng
+    if pdl_started is None:
+        os.environ.pop("V4SERVE_PDL", None)
     if cuda and args.graphs:
         torch.cuda.empty_cache()
         geng = engine(eager=False)
