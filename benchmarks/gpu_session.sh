@@ -765,6 +765,20 @@ if [[ $what == fourteenthA ]]; then  # prepared in the thirteenth session, one c
   timeout 100 python3 benchmarks/kernels/l2_prefetch.py --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/l2_prefetch.log" | tail -7
 fi
+if [[ $what == fourteenthB ]]; then  # prepared in the thirteenth session, one call: the MoE's prefill with the W4A8
+  # fp8 body on prefill tiles (moe.py pf-fp8*, checked against the reference) at 256 and 16 experts, then the 43-layer
+  # profile with this session's defaults (prefill attention in the flash mode, cuBLAS from 2^36 multiply-adds; the
+  # eager steps now without PDL, so each family's GPU time is its own). Files straight to $OUT
+  for e in 256 16; do
+    timeout 150 python3 benchmarks/kernels/moe.py --experts $e --tokens 1 --no-reference \
+      --variants default,pf-fp8,pf-fp8-k128,pf-fp8-m64,pf-fp8-n64 --out "$OUT" 2>&1 | grep -v Warning \
+      | tee -a "$OUT/moe_prefill_fp8.log" | grep -E "T= *8192|T= *1 "
+  done
+  timeout ${PROF_TIMEOUT:-200} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 2 \
+    --prefill 8192 --no-graphs --top 40 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-defaults.log"
+  sed -n '/prefill chunk/,/total/p' "$OUT/profile-defaults.log"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -133,6 +133,12 @@ VARIANTS = {
         "m64n128k128w8": lambda t: mk.MoeConfig(64, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8),
         "m128-dn-n256": lambda t: mk.MoeConfig(128, G(128, 64, 8, 3), G(256, 64, 8, 3), group_m=8),
         "mid": lambda t: mk.MID,
+        # W4A8 on the FP8 tensor cores (moe_decode.py's fp8 body: FP4 -> e4m3 in registers, per-32-group weight scales
+        # on each group's partial product) with prefill tiles, against the bf16 W4A16 default (12% of the FP8 peak)
+        "pf-fp8": lambda t: replace(mk.PREFILL, body="fp8"),
+        "pf-fp8-k128": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8"),
+        "pf-fp8-m64": lambda t: mk.MoeConfig(64, G(128, 64, 4, 3), G(128, 64, 4, 3), group_m=8, body="fp8"),
+        "pf-fp8-n64": lambda t: mk.MoeConfig(128, G(64, 64, 4, 3), G(64, 64, 4, 3), group_m=8, body="fp8"),
     },
 }
 
@@ -327,14 +333,15 @@ def main() -> None:
             variants = {n: c for n, c in variants.items() if n in a.variants.split(",")}
         for t in sizes:
             flops = 2 * t * K * 3 * D * I
-            check = regime == "decode" and not a.quick  # every decode variant vs the reference first
+            # every decode variant vs the reference first; at prefill the variants with another body than the default
+            check = not a.quick and (regime == "decode" or any(n.startswith("pf-") for n in variants))
             if check:
                 xc, wc, ic = inputs(t, seed=100 + t)
                 ref = reference(xc, ex, wc, ic)
             for name, make in variants.items():
                 cfg, err = make(t), None
                 try:
-                    if check:
+                    if check and (regime == "decode" or name.startswith("pf-") or name == "default"):
                         err = rel_err(kernel(cfg)(xc, ex, wc, ic), ref)
                     if regime == "decode":
                         ms, nbytes = time_decode(ex, t, kernel(cfg))

@@ -264,7 +264,7 @@ def fp8_taken(monkeypatch):
     return taken
 
 
-@pytest.mark.parametrize("case", ["one-token", "ragged", "tails", "split-k", "group-64"])
+@pytest.mark.parametrize("case", ["one-token", "ragged", "tails", "split-k", "group-64", "prefill-tiles"])
 def test_fp8_body(case, fp8_taken, monkeypatch):
     """W4A8 on FP8 tensor cores (moe_decode.py "fp8"): FP4 bytes turned into e4m3 (value * 2^-6) in registers and the
     FP8-simulated activations re-quantized to e4m3 per 32-group with their own scales, exactly; float32 sums (under
@@ -281,8 +281,12 @@ def test_fp8_body(case, fp8_taken, monkeypatch):
         check(7, 96, 64, 6, 3, dtype, 32, True, 0.0, config=FP8)
     elif case == "split-k":  # partials summed by the tile's last program, and by the combine
         check(5, 96, 64, 6, 3, dtype, 32, True, 2.0, config=dataclasses.replace(FP8, **SPLIT), skew=2)
-    else:  # act_group 64 over 64-wide gate-up tiles: each 32-slice re-quantized within its 64-group
+    elif case == "group-64":  # act_group 64 over 64-wide gate-up tiles: each 32-slice re-quantized within its 64-group
         check(6, 128, 64, 4, 2, dtype, 64, False, 1.0, config=mk.MoeConfig(16, G(64, 64), G(32, 64), body="fp8"))
+    else:  # the prefill grid's shape (benchmarks/kernels/moe.py pf-fp8*): 32-row blocks, several per expert, in
+        # GROUP_M sweeps over the column tiles
+        check(70, 128, 64, 4, 2, dtype, 32, True, 1.0,
+              config=mk.MoeConfig(32, G(64, 64), G(64, 64), group_m=2, body="fp8"), skew=1)
     assert fp8_taken and all(fp8_taken)
 
 
