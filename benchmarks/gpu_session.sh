@@ -779,6 +779,23 @@ if [[ $what == fourteenthB ]]; then  # prepared in the thirteenth session, one c
     | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-defaults.log"
   sed -n '/prefill chunk/,/total/p' "$OUT/profile-defaults.log"
 fi
+if [[ $what == fourteenthC ]]; then  # prepared in the thirteenth session, one call: the routed experts' combine in the
+  # down kernel (fusion moe_combine, one launch fewer a layer; never timed in the step) against the defaults, one
+  # process per batch recapturing the graph per variant, then V4.1's batch 1 with its query overlaps named (off by
+  # default for V4.1 until fourteenthA's check passes)
+  for b in 1 32; do
+    echo "== b$b"
+    timeout ${AB_TIMEOUT:-150} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b --context 2048 --steps 10 \
+      --graph-only --kv-cache-memory 8589934592 --rounds 2 \
+      --env-variant "V4SERVE_FUSIONS=norm_quant,head_weight_round,moe_combine" 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/moe_combine_ab.log" | grep -E "graph|floor|round"
+  done
+  echo "== V4.1 b1"
+  timeout ${AB_TIMEOUT2:-200} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 2048 \
+    --steps 10 --graph-only --kv-cache-memory 8589934592 --rounds 2 \
+    --env-variant "V4SERVE_OVERLAP=shared_expert,attention_query,indexer_query" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/v41_overlap_ab.log" | grep -E "graph|floor|round"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
