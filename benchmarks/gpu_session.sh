@@ -765,10 +765,14 @@ if [[ $what == fourteenthA ]]; then  # prepared in the thirteenth session, one c
   timeout 100 python3 benchmarks/kernels/l2_prefetch.py --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/l2_prefetch.log" | tail -7
 fi
-if [[ $what == fourteenthB ]]; then  # prepared in the thirteenth session, one call: the MoE's prefill with the W4A8
+if [[ $what == fourteenthB ]]; then  # prepared in the thirteenth session, one call: V4.1's 32-block prefill GEMMs
+  # through the bf16 dot (fp8_gemm.py bf16dot; the FP8 kernel gave 10.5% of the FP8 peak), the MoE's prefill with the W4A8
   # fp8 body on prefill tiles (moe.py pf-fp8*, checked against the reference) at 256 and 16 experts, then the 43-layer
   # profile with this session's defaults (prefill attention in the flash mode, cuBLAS from 2^36 multiply-adds; the
   # eager steps now without PDL, so each family's GPU time is its own). Files straight to $OUT
+  timeout 120 python3 benchmarks/kernels/fp8_gemm.py --prefill-only --shapes v41_wo_b,v41_wq_a,wo_b \
+    --variants default,triton,bf16dot,bf16dot-bn256 2>&1 | grep -v Warning | tee "$OUT/prefill_bf16dot.log" \
+    | grep -A12 "best variant"
   for e in 256 16; do
     timeout 150 python3 benchmarks/kernels/moe.py --experts $e --tokens 1 --no-reference \
       --variants default,pf-fp8,pf-fp8-k128,pf-fp8-m64,pf-fp8-n64 --out "$OUT" 2>&1 | grep -v Warning \

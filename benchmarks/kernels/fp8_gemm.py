@@ -65,7 +65,10 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "fma-bn64-bk256-s3": {"fma": True, "BN": 64, "BK": 256, "fma_stages": 3}}
 # prefill: "default" = the dispatch (cuBLAS's block-scaled recipe for 128-block W8A8, ops/kernels/scaled_mm.py, where
 # it applies), "triton" = fp8_gemm's kernel with its default tiles
-PREFILL_VARIANTS = {"default": None, "triton": {}, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
+# "bf16dot": the W8A8 values through the bf16 dot (x FP8-simulated, the weight widened per tile; no per-block
+# rescale: V4.1's 32-wide blocks)
+PREFILL_VARIANTS = {"default": None, "triton": {}, "bf16dot": {"a_fp8": False},
+                    "bf16dot-bn256": {"a_fp8": False, "BN": 256, "num_warps": 8, "num_stages": 3}, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 
 

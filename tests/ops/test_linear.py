@@ -86,6 +86,21 @@ def test_fp8_gemm_matches_reference(block: int, dtype: torch.dtype) -> None:
             assert rel(out, ref) < tol, (M, N, K, act, rel(out, ref))
 
 
+@pytest.mark.parametrize("block", [32, 128])
+def test_w8a8_values_on_the_half_precision_dot(block: int) -> None:
+    """cfg {"a_fp8": False}: the W8A8 linear's values (x FP8-simulated per the block) through the bf16 dot with the
+    weight widened per tile, instead of FP8 dots rescaled per block: the reference's result, ragged M / N."""
+    g = torch.Generator().manual_seed(40 + block)
+    for M, N, K in ((70, 200, 384), (5, 64, 256)):
+        q, s = fp8_weight(N, K, block, g)
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
+        out = fp8_gemm.general(x.view(M, 1, K), q, s, block, block, torch.bfloat16, cfg={"a_fp8": False})
+        ref = linear_reference(x.float(), q, s, block, block)
+        assert rel(out.view(M, N), ref) < 1e-2, (M, N, K)
+        fp8 = fp8_gemm.general(x.view(M, 1, K), q, s, block, block, torch.bfloat16, cfg={})
+        assert rel(out.view(M, N), fp8.view(M, N)) < 1e-2
+
+
 @pytest.mark.parametrize("act", [0, 32])
 def test_no_scale_read_past_k(act: int) -> None:
     """K (32) smaller than the kernel's K tile: the sub-blocks past K must not read scales. The scale tensors are

@@ -198,7 +198,11 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         return torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     w_fp8 = weight.dtype == torch.float8_e4m3fn
     half = x3.dtype in (torch.bfloat16, torch.float16)
-    a_fp8 = xs is not None or (bool(act_group) and half and w_fp8 and act_group == block)
+    # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} runs the
+    # same values as W8A16 instead (x FP8-simulated in bf16, exact, against the widened weight on the bf16 tensor
+    # cores: no per-block rescale of the accumulator, the candidate for V4.1's 32-wide blocks on prefill)
+    a_fp8 = xs is not None or (bool(act_group) and half and w_fp8 and act_group == block
+                               and (cfg or {}).get("a_fp8", True))
     if a_fp8 and xs is None:  # (xs given: quantized by its producer)
         x3, xs = act_quant(x3, block)
     elif not a_fp8 and act_group:
