@@ -57,7 +57,9 @@ def test_every_kernel_waits_first_and_every_launch_asks_for_pdl(path: Path) -> N
     for call in launches:
         kw = [ast.unparse(k.value) for k in call.keywords if k.arg is None]
         assert any(k.startswith("pdl_launch(") for k in kw), f"{path.name}: {call.func.value.id} launched without PDL"
-    assert bool(launches) == (path.name != "moe_decode.py"), path.name  # moe_decode's kernels launch from moe.py
+    # moe_decode's kernels launch from moe.py; scaled_mm.py is a cuBLAS call (no Triton kernel: a launch after it
+    # waits for it in full, as after any torch op)
+    assert bool(launches) == (path.name not in ("moe_decode.py", "scaled_mm.py")), path.name
 
 
 def test_launch_arguments_off_the_gpu() -> None:
