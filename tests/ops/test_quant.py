@@ -63,6 +63,8 @@ def test_e8m0_is_a_bit_reinterpretation():
     s = torch.tensor([2.0**-10, 1.0, 4.0, 2.0**100])
     assert quant.e8m0_from_pow2(s).tolist() == [117, 127, 129, 227]
     assert torch.equal(quant.e8m0_to_float(quant.e8m0_from_pow2(s)), s)
+    every = torch.arange(255, dtype=torch.int32).to(torch.uint8)  # every byte but 255 (NaN in e8m0, never stored)
+    assert torch.equal(quant.e8m0_to_float(every).double(), torch.pow(2.0, every.double() - 127))
 
 
 @pytest.mark.parametrize("amax,scale", [(448.0, 1.0), (449.0, 2.0), (896.0, 2.0), (1344.0, 4.0), (14.0, 2.0**-5),

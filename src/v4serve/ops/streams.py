@@ -20,7 +20,6 @@ the main stream's compressor projections, both fp8_gemv).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -43,10 +42,8 @@ T = TypeVar("T")
 def overlapped(name: str, default: bool | None = None) -> bool:
     """Whether overlap `name` (OVERLAPS) is on: V4SERVE_OVERLAP names it (or says "all"); unset, DEFAULT_OVERLAPS, or
     `default` where a call site gives one (a model whose GPU check of this overlap has not run yet: False)."""
-    if default is not None and os.environ.get(OVERLAP_ENV) is None:
-        switched_on(name, OVERLAP_ENV, OVERLAPS, "overlap")  # (an unknown name is refused all the same)
-        return default
-    return switched_on(name, OVERLAP_ENV, OVERLAPS, "overlap", DEFAULT_OVERLAPS)
+    defaults = DEFAULT_OVERLAPS if default is None else (name,) if default else ()
+    return switched_on(name, OVERLAP_ENV, OVERLAPS, "overlap", defaults)
 
 
 class Fork:

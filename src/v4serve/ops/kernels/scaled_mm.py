@@ -19,6 +19,8 @@ import os
 
 import torch
 
+from ..quant import e8m0_to_float
+
 ENV = "V4SERVE_CUBLAS_FP8"  # 0: the Triton kernel for every M (A/B runs)
 BLOCK = 128
 # Where a W8A8 GEMM goes to cuBLAS: from MIN_WORK = M x N x K, and never below MIN_ROWS rows (the Triton path's
@@ -33,14 +35,6 @@ BLOCK = 128
 # layer hides that host cost; smaller GEMMs (mixed steps' short chunks) keep the kernel
 MIN_WORK = 1 << 36
 MIN_ROWS = 256
-
-
-def e8m0_to_float(scale: torch.Tensor) -> torch.Tensor:
-    """e8m0 exponent bytes (uint8 or float8_e8m0fnu) -> float32 2^(b - 127), b = 0 the subnormal 2^-127 (255, NaN in
-    e8m0, is never written by the checkpoint's quantizer)."""
-    b = scale.view(torch.uint8).to(torch.int32)
-    bits = torch.where(b == 0, torch.full_like(b, 0x400000), b << 23)
-    return bits.view(torch.float32)
 
 
 def operands(xq: torch.Tensor, xs: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor
@@ -77,7 +71,8 @@ def _works(index: int) -> bool:
 
 def supports(xq: torch.Tensor, weight: torch.Tensor, block: int, out_dtype: torch.dtype) -> bool:
     """W8A8 prefill rows (MIN_WORK multiply-adds and more) against a 128 x 128-block FP8 weight on an sm_90 GPU whose
-    cuBLAS has the recipe; bf16 out; K a multiple of 512 (the weight scales' rows whole groups of 4, which some torch versions pad to) and N of 16."""
+    cuBLAS has the recipe; bf16 out; K a multiple of 512 (the weight scales' rows whole groups of 4, which some torch
+    versions pad to) and N of 16."""
     if os.environ.get(ENV, "1") == "0" or not xq.is_cuda or block != BLOCK or out_dtype != torch.bfloat16:
         return False
     if weight.dtype != torch.float8_e4m3fn or xq.dim() != 2 or xq.shape[0] < MIN_ROWS:
