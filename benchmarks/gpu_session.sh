@@ -800,6 +800,18 @@ if [[ $what == fourteenthC ]]; then  # prepared in the thirteenth session, one c
     --env-variant "V4SERVE_OVERLAP=shared_expert,attention_query,indexer_query" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/v41_overlap_ab.log" | grep -E "graph|floor|round"
 fi
+if [[ $what == agentx14 ]]; then  # prepared in the fourteenth session: the issue's AgentX-style target (p90 interactivity
+  # >= 150 tok/s per user at 16 sessions, v4-flash-l8-e16, prefix caching on), first measured at commit 45c6b69 with a
+  # 20 ms step and no prefill cap (p90 6.1 at 16): the inter-token-latency cap (--target-itl-ms) at block 256 (its
+  # floor: one block of prefill beside decodes) and 128, and no cap at 16 sessions. Files: one archive (the 8-file cap)
+  W=/tmp/agentx; mkdir -p $W
+  RUNS=${RUNS:-"itl6|--target-itl-ms 6;itl6-b128|--target-itl-ms 6 --block-size 128;nocap||--concurrency 16"} \
+    OUT=$W timeout ${AGX_TIMEOUT:-570} bash benchmarks/agentic_run.sh v4-flash-l8-e16 \
+    "--max-model-len 16384 --kv-cache-memory 40GiB --max-num-seqs 32" "--concurrency 1,4,16 --duration 30 --scale 0.03 \
+    --output-scale 0.1 --warmup-requests 1 --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 \
+    --drain-timeout 15" 2>&1 | grep -v Warning | tee $W/agentic.log | grep -E "KV cache|conc|^\||error|Error" | head -60
+  tar -czf "$OUT/agentx.tgz" -C $W .
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
