@@ -812,6 +812,33 @@ if [[ $what == agentx14 ]]; then  # prepared in the fourteenth session: the issu
     --drain-timeout 15" 2>&1 | grep -v Warning | tee $W/agentic.log | grep -E "KV cache|conc|^\||error|Error" | head -60
   tar -czf "$OUT/agentx.tgz" -C $W .
 fi
+if [[ $what == fourteenthD ]]; then  # prepared in the fourteenth session, one call: the mHC Sinkhorn on 16 cell tensors
+  # (new default; the GPU tests, then hc_pre / hc_post_pre at T=1 and 32 against the tile form and one iteration), then
+  # V4.1's GPU check of the query overlaps (cut twice by time limits) and its batch-1 A/B. Files straight to $OUT
+  timeout 70 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "gpu or sinkhorn" 2>&1 \
+    | tee "$OUT/mhc_tests.log" | grep -E "^E |passed|failed"
+  timeout 100 python3 benchmarks/kernels/mhc.py --sweep --tokens 1,32 --variants default,tile-sinkhorn,diag:iters1 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_sweep.log" | grep -E "T="
+  timeout 220 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
+    -k "side_stream_overlap and attention_query and v41" 2>&1 | tee "$OUT/overlap_v41.log" | grep -E "^E |passed|failed"
+  echo "== V4.1 b1"
+  timeout ${AB_TIMEOUT2:-180} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 2048 \
+    --steps 10 --graph-only --kv-cache-memory 8589934592 --rounds 2 \
+    --env-variant "V4SERVE_OVERLAP=shared_expert,attention_query,indexer_query" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/v41_overlap_ab.log" | grep -E "graph|floor|round"
+fi
+if [[ $what == fourteenthE ]]; then  # prepared in the fourteenth session, one call: the V4 step's A/B at batch 1 and 32
+  # (graph replay, one process per batch, interleaved rounds): the routed experts' combine in the down kernel
+  # (moe_combine) and the mHC Sinkhorn's tile form against this tree's defaults (cells)
+  for b in 1 32; do
+    echo "== b$b"
+    timeout ${AB_TIMEOUT:-200} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b --context 2048 --steps 10 \
+      --graph-only --kv-cache-memory 8589934592 --rounds 2 \
+      --env-variant "V4SERVE_FUSIONS=norm_quant,head_weight_round,moe_combine" \
+      --env-variant "V4SERVE_MHC_SINKHORN=tile" --out "$OUT" 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/step_ab.log" | grep -E "graph|floor|round"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -158,6 +158,8 @@ PRE_VARIANTS = {
     # with spills at 4 warps, 218 without at 8)
     "dc8192": {"block_dc": 8192}, "dc8192-w8": {"block_dc": 8192, "num_warps": 8},
     "diag:iters1": "iters1", "diag:no-norm": "no-norm",
+    # the Sinkhorn on the [T, 4, 4] tile (cross-lane sums each half-iteration) instead of 16 cell tensors
+    "tile-sinkhorn": {"sinkhorn_cells": False},
     # batched decode (T = 8..64; the default there is 4-token blocks x 16 D slices, never swept): smaller token blocks
     # so that the finishing programs' serial work (Sinkhorn, collapse, norm per token) runs on more SMs at once
     "bt1": {"block_t": 1, "split_d": 32, "block_dc": 8192}, "bt1-s16": {"block_t": 1, "split_d": 16, "block_dc": 8192},
@@ -192,16 +194,18 @@ def sweep(ts: tuple[int, ...], only: list[str] | None = None) -> list[dict]:
                 return mk.hc_post_pre(f, x, post, comb, ff, base, scale, N, iters, EPS, EPS, norm_weight=nw,
                                       norm_eps2=EPS, config=cfg)
             try:
-                err = _scaled(call(fn)[0], ref[0]) if not isinstance(v, str) else float("nan")
+                out = call(fn)
+                err = _scaled(out[0], ref[0]) if not isinstance(v, str) else float("nan")
+                comb_err = _scaled(out[3], ref[3]) if not isinstance(v, str) else float("nan")
                 us = common.bench_graph_ms(lambda: [call(f) for f in fns]) / LAYERS * 1e3
                 us_pp = common.bench_graph_ms(lambda: [call_pp(f) for f in fns]) / LAYERS * 1e3
             except Exception as exc:  # noqa: BLE001 - a variant the compiler rejects
                 print(f"T={t} {name}: failed {type(exc).__name__}: {str(exc)[:160]}", flush=True)
                 continue
             rows.append({"T": t, "variant": name, "config": cfg.__dict__, "us": us, "post_pre_us": us_pp,
-                         "y_err": err})
-            print(f"hc_pre T={t:>3} {name:<12} {us:8.2f} us  hc_post_pre {us_pp:8.2f} us  y err {err:.1e}",
-                  flush=True)
+                         "y_err": err, "comb_err": comb_err})
+            print(f"hc_pre T={t:>3} {name:<12} {us:8.2f} us  hc_post_pre {us_pp:8.2f} us  y err {err:.1e}  "
+                  f"comb err {comb_err:.1e}", flush=True)
     return rows
 
 
