@@ -47,6 +47,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "V4.1); --no-swa-bounded-replay is exact")
     g.add_argument("--num-window-checkpoints", type=int, default=None)
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
+                   help="compile the step's kernels before serving with a short scripted workload (default: on a "
+                        "GPU); without it the first prefill chunks and mixed steps of each size stall the engine "
+                        "while Triton compiles")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
                    help="schedule and launch each step before the previous step's tokens reach the host (the host's "
                         "work overlaps the GPU's; world size 1; while a request wants logprobs, penalties or "
@@ -61,7 +65,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dtype", "index_cache_dtype",
                "gpu_memory_utilization", "kv_cache_memory", "max_num_seqs", "max_num_batched_tokens",
                "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
-               "num_window_checkpoints", "enforce_eager", "async_scheduling", "kernels", "max_queue_len",
+               "num_window_checkpoints", "enforce_eager", "warmup", "async_scheduling", "kernels", "max_queue_len",
                "tensor_parallel_size",
                "prefill_budget_with_decodes", "target_itl_ms", "nnodes", "master_addr", "master_port",
                "enable_expert_parallel", "data_parallel_size")

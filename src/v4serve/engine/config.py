@@ -35,6 +35,9 @@ class EngineConfig:
     swa_bounded_replay: bool | None = None  # None = on for V4.1, off (exact) for V4
     num_window_checkpoints: int | None = None  # window snapshots kept for exact prefix hits (None = max_num_seqs)
     enforce_eager: bool = False
+    # compile the step's kernels at start-up with a short scripted workload (engine/warmup.py); None = when the server
+    # starts the engine on a GPU (the offline LLM and the benchmarks run their own warm-up steps)
+    warmup: bool | None = None
     # schedule and launch step N+1 before step N's sampled tokens reach the host (engine/async_steps.py): the host's
     # per-step work overlaps the GPU's; each step's tokens are reported one step later. On by default: the graphed
     # V4 step (H200, eleventh session) 9.64 -> 9.45 ms at batch 1, 19.42 -> 17.70 ms at batch 32 (replay 17.50)

@@ -47,6 +47,10 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
         if cfg.device in ("cpu",) or (cfg.device == "auto" and not torch.cuda.is_available()):
             torch.set_num_threads(int(os.environ.get("V4SERVE_CPU_THREADS", "1")))
         engine = LLMEngine(model, cfg)
+        if cfg.warmup or (cfg.warmup is None and engine.device.type == "cuda"):
+            from .warmup import warm_up
+
+            warm_up(engine)
     except Exception as e:  # a model that cannot load ends the server with the reason
         push.send(P.encode(P.Fatal(f"engine failed to start: {e}")))
         log.error("engine failed to start:\n%s", traceback.format_exc())
