@@ -839,6 +839,30 @@ if [[ $what == fourteenthE ]]; then  # prepared in the fourteenth session, one c
       | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/step_ab.log" | grep -E "graph|floor|round"
   done
 fi
+if [[ $what == agentx14b ]]; then  # prepared in the fourteenth session: agentx14 again with the server's start-up warm-up
+  # (engine/warmup.py, new: agentx14's cold compile cache stalled the engine for seconds at a time during the
+  # measurement) and graphs for 1-32 rows only (fewer to compile), the inter-token-latency cap at block 256, 4 and 16
+  # sessions. Files: one archive
+  W=/tmp/agentx; rm -rf $W; mkdir -p $W
+  RUNS=${RUNS:-"itl6|--target-itl-ms 6"} OUT=$W timeout ${AGX_TIMEOUT:-490} bash benchmarks/agentic_run.sh \
+    v4-flash-l8-e16 "--max-model-len 16384 --kv-cache-memory 40GiB --max-num-seqs 32 --cuda-graph-sizes 1 2 4 8 16 32" \
+    "--concurrency ${AGX_CONC:-4,16} --duration 30 --scale 0.03 --output-scale 0.1 --warmup-requests 1 \
+    --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 --drain-timeout 15" 2>&1 | grep -v Warning \
+    | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
+  tar -czf "$OUT/agentx.tgz" -C $W .
+fi
+if [[ $what == fourteenthF ]]; then  # prepared in the fourteenth session, a short call on a warm machine: the mHC
+  # Sinkhorn on 16 cell tensors (new default): its GPU tests, hc_pre / hc_post_pre at T=1 and 32 against the tile form,
+  # then the V4 step at batch 1 (graph replay, interleaved) against the tile form and against fusion moe_combine
+  timeout 70 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "gpu or sinkhorn" 2>&1 \
+    | tee "$OUT/mhc_tests.log" | grep -E "^E |passed|failed"
+  timeout 90 python3 benchmarks/kernels/mhc.py --sweep --tokens 1,32 --variants default,tile-sinkhorn,diag:iters1 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc_sweep.log" | grep -E "T="
+  timeout ${AB_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 10 \
+    --graph-only --kv-cache-memory 8589934592 --rounds 2 --env-variant "V4SERVE_MHC_SINKHORN=tile" \
+    --env-variant "V4SERVE_FUSIONS=norm_quant,head_weight_round,moe_combine" --out "$OUT" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/step_ab.log" | grep -E "graph|floor|round"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

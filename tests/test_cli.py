@@ -32,3 +32,19 @@ def test_make_checkpoint_then_generate_from_the_folder(tmp_path, capsys) -> None
 def test_bad_arguments_say_what_to_fix(capsys) -> None:
     assert main(["generate", "tiny-v4-flash", "--block-size", "7", "--prompt", "x"]) == 2
     assert "--block-size" in capsys.readouterr().err
+
+
+def test_engine_flags_reach_the_engine_config() -> None:
+    """--cuda-graph-sizes (vLLM's name) and --[no-]warmup land in EngineConfig; graph sizes sorted, bad ones refused."""
+    import pytest
+
+    from v4serve.cli import build_parser, engine_kwargs
+    from v4serve.engine.config import EngineConfig, EngineConfigError
+
+    args = build_parser().parse_args(["serve", "tiny-v4-flash", "--cuda-graph-sizes", "8", "1", "4", "--no-warmup"])
+    cfg = EngineConfig.from_kwargs(**engine_kwargs(args))
+    assert cfg.cuda_graph_sizes == (1, 4, 8) and cfg.warmup is False
+    default = EngineConfig.from_kwargs(**engine_kwargs(build_parser().parse_args(["serve", "tiny-v4-flash"])))
+    assert default.cuda_graph_sizes == (1, 2, 4, 8, 16, 32, 64, 128) and default.warmup is None
+    with pytest.raises(EngineConfigError, match="--cuda-graph-sizes"):
+        EngineConfig(cuda_graph_sizes=(0, 4))

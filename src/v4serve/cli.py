@@ -47,6 +47,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "V4.1); --no-swa-bounded-replay is exact")
     g.add_argument("--num-window-checkpoints", type=int, default=None)
     g.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    g.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
+                   help="decode batch sizes captured as CUDA graphs (default 1 2 4 8 16 32 64 128; a step of more "
+                        "rows than the largest runs eagerly)")
     g.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the step's kernels before serving with a short scripted workload (default: on a "
                         "GPU); without it the first prefill chunks and mixed steps of each size stall the engine "
@@ -72,7 +75,10 @@ ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dt
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    return {k: getattr(args, k) for k in ENGINE_ARGS if hasattr(args, k)}
+    kw = {k: getattr(args, k) for k in ENGINE_ARGS if hasattr(args, k)}
+    if getattr(args, "cuda_graph_sizes", None):
+        kw["cuda_graph_sizes"] = tuple(args.cuda_graph_sizes)
+    return kw
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -66,6 +66,9 @@ class EngineConfig:
             bad("kv_cache_memory", f"must be a positive number of bytes, got {self.kv_cache_memory}")
         if self.max_num_seqs < 1:
             bad("max_num_seqs", f"must be at least 1, got {self.max_num_seqs}")
+        if not self.cuda_graph_sizes or any(int(b) < 1 for b in self.cuda_graph_sizes):
+            bad("cuda_graph_sizes", f"must be positive batch sizes, got {list(self.cuda_graph_sizes)}")
+        self.cuda_graph_sizes = tuple(sorted({int(b) for b in self.cuda_graph_sizes}))
         if self.max_num_batched_tokens < 1:
             bad("max_num_batched_tokens", f"must be at least 1, got {self.max_num_batched_tokens}")
         if self.long_prefill_token_threshold < 0:
