@@ -158,8 +158,6 @@ PRE_VARIANTS = {
     # with spills at 4 warps, 218 without at 8)
     "dc8192": {"block_dc": 8192}, "dc8192-w8": {"block_dc": 8192, "num_warps": 8},
     "diag:iters1": "iters1", "diag:no-norm": "no-norm",
-    # the Sinkhorn on the [T, 4, 4] tile (cross-lane sums each half-iteration) instead of 16 cell tensors
-    "tile-sinkhorn": {"sinkhorn_cells": False},
     # batched decode (T = 8..64; the default there is 4-token blocks x 16 D slices, never swept): smaller token blocks
     # so that the finishing programs' serial work (Sinkhorn, collapse, norm per token) runs on more SMs at once
     "bt1": {"block_t": 1, "split_d": 32, "block_dc": 8192}, "bt1-s16": {"block_t": 1, "split_d": 16, "block_dc": 8192},

@@ -17,14 +17,21 @@ from v4serve.ops import backend
 def test_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(backend.FUSIONS_ENV, raising=False)
     assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, False, True, False]  # the defaults
+    # a small-step fusion: by default on for steps of at most its token count, when the caller says how many
+    assert not backend.fused("moe_combine", 1)
+    monkeypatch.setattr(backend, "SMALL_STEP_FUSIONS", {"moe_combine": 1})
+    assert backend.fused("moe_combine", 1) and not backend.fused("moe_combine", 2) and not backend.fused("moe_combine")
+    assert not backend.fused("early_window", 1)
     monkeypatch.setenv(backend.FUSIONS_ENV, "none")
     assert not any(backend.fused(n) for n in backend.FUSIONS)
+    assert not backend.fused("moe_combine", 1)  # a set switch list decides alone
     monkeypatch.setenv(backend.FUSIONS_ENV, "")
     assert not any(backend.fused(n) for n in backend.FUSIONS)
     monkeypatch.setenv(backend.FUSIONS_ENV, "norm_quant, early_window")
     assert [backend.fused(n) for n in backend.FUSIONS] == [True, False, True, False, False]
     monkeypatch.setenv(backend.FUSIONS_ENV, "all")
     assert all(backend.fused(n) for n in backend.FUSIONS)
+    assert backend.fused("moe_combine", 64)
     monkeypatch.setenv(backend.FUSIONS_ENV, "norm_quant,typo")
     with pytest.raises(ValueError, match="typo"):
         backend.fused("norm_quant")

@@ -104,33 +104,6 @@ def test_split_grid_matches_reference(cfg, t, dtype):
     assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
-@pytest.mark.parametrize("t,block_t", [(1, 1), (37, 16)], ids=["decode", "token-blocks"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
-def test_sinkhorn_cells_match_the_tile(dtype, t, block_t):
-    """n = 4: the Sinkhorn on 16 cell tensors (the default) gives the reference's coefficients as the [T, n, n] tile
-    form does, with logits spread wide enough that the softmax and the normalisations matter (scale 3); y, pre and
-    post do not depend on the form at all."""
-    x, fn, base, scale, w, cpre = _inputs(t, 64, dtype, seed=23)
-    args = (x, fn, base, scale * 3, N, ITERS, NORM_EPS, HC_EPS)
-    kw = _kwargs(x, w, cpre, lagged=False, normed=True)
-    split = 2 if block_t == 1 else 1
-    cells = mk.hc_pre(*args, **kw, config=mk.PreConfig(block_t=block_t, block_d=32, split_d=split))
-    tile = mk.hc_pre(*args, **kw, config=mk.PreConfig(block_t=block_t, block_d=32, split_d=split,
-                                                        sinkhorn_cells=False))
-    want = mhc.hc_pre_reference(*args, **kw)
-    _check_pre(cells, want, TOL[dtype], TOL[dtype])
-    _check_pre(tile, want, TOL[dtype], TOL[dtype])
-    assert all(torch.equal(a, b) for a, b in zip(cells[:3], tile[:3]))
-    assert torch.allclose(cells[3], tile[3], rtol=TOL[dtype], atol=0)
-
-
-def test_sinkhorn_switch(monkeypatch):
-    """The GPU configs take the cell form unless V4SERVE_MHC_SINKHORN=tile (the step's A/B switch)."""
-    assert all(mk.default_pre_config(t, 4096, on_gpu=True).sinkhorn_cells for t in (1, 32, 4096))
-    monkeypatch.setenv(mk.SINKHORN_ENV, "tile")
-    assert not any(mk.default_pre_config(t, 4096, on_gpu=True).sinkhorn_cells for t in (1, 32, 4096))
-
-
 def test_gpu_default_configs():
     """The GPU's default grids (split D, wide collapse chunks; bf16x3 off for float32 x), run by the interpreter."""
     # prefill's token blocks take fp32 FMA dots: the bf16x3 GEMM through the tensor cores' accumulator missed the

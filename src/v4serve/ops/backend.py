@@ -62,14 +62,22 @@ def use(name: str) -> Iterator[None]:
 # head_weight_round 9.81, gemv_quant_out 9.88, early_window 10.05 (the GEMM launches after the KV finish lose ~6 us a
 # layer, more than the window store's launch saves), all 10.07.
 # moe_combine (the routed experts' combine run by the down kernel's last program of each column tile, one launch
-# fewer a layer): not yet timed on a GPU, off until it is
+# fewer a layer). The V4 step's graph replay (H200, fourteenth session, `profile_step.py v4-flash-e16 --env-variant`,
+# two interleaved rounds): batch 1 8.59 / 8.58 -> 8.43 / 8.41 ms, but batch 4 12.31 / 12.36 -> 12.45 / 12.45, batch 8
+# 13.41 / 13.39 -> 13.51 / 13.53 and batch 32 17.04 / 17.17 -> 17.60 / 17.48 (the tiles' last programs then sum many
+# rows serially). Its outputs are checked bit for bit under the interpreter only: it joins SMALL_STEP_FUSIONS as
+# {"moe_combine": 1} once its GPU check passes (gpu_session.sh fifteenthA), off until then.
 FUSIONS = ("norm_quant", "gemv_quant_out", "early_window", "head_weight_round", "moe_combine")
 DEFAULT_FUSIONS = ("norm_quant", "head_weight_round")
+SMALL_STEP_FUSIONS: dict[str, int] = {}  # fusion -> on by default (V4SERVE_FUSIONS unset) up to this many tokens
 FUSIONS_ENV = "V4SERVE_FUSIONS"
 
 
-def fused(name: str) -> bool:
-    """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all"); unset, DEFAULT_FUSIONS."""
+def fused(name: str, tokens: int | None = None) -> bool:
+    """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all"); unset, DEFAULT_FUSIONS, and
+    the SMALL_STEP_FUSIONS for a call over at most their number of `tokens` (when the caller says how many)."""
+    if os.environ.get(FUSIONS_ENV) is None and tokens is not None and tokens <= SMALL_STEP_FUSIONS.get(name, 0):
+        return True
     return switched_on(name, FUSIONS_ENV, FUSIONS, "fusion", DEFAULT_FUSIONS)
 
 

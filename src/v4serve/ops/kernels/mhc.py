@@ -32,8 +32,7 @@ The n x n comb is handled as a [BLOCK_T, n, n] tile, so n must be a power of two
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -65,7 +64,6 @@ class PreConfig:
     bf16x3: bool | None = None  # the split-fn bf16 GEMM; None = for bf16 x on the GPU
     promote: bool = False  # bf16x3: each D chunk's dots summed apart, then added in float32 (`_dot`'s PROMOTE)
     fma: bool | None = None  # the mixes in fp32 FMAs, no dots (`_chunk_start`); None = for 1-2-token blocks on the GPU
-    sinkhorn_cells: bool = True  # n = 4: the Sinkhorn on 16 cell tensors (`_sinkhorn4`); False = the [T, n, n] tile
 
 
 @dataclass(frozen=True)
@@ -220,7 +218,7 @@ def _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d,
 @triton.jit
 def _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
                   neps_hi, neps_lo, heps_hi, heps_lo, N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr,
-                  BLOCK_T: tl.constexpr, ACC: tl.constexpr, CELLS: tl.constexpr = True):
+                  BLOCK_T: tl.constexpr, ACC: tl.constexpr):
     """Summed mixes of a token block -> pre, post, comb stored; returns pre [BT, PP] (its first n columns)."""
     NN: tl.constexpr = N * N
     offs_pp = tl.arange(0, PP)
@@ -248,91 +246,15 @@ def _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_pt
     # comb: row softmax (+eps), column normalisation, then ITERS-1 times rows then columns
     b_c = tl.load(base_ptr + 2 * N + offs_c).to(ACC)
     lg = tl.reshape((acc_c * rs[:, None]) * s2 + b_c[None, :], [BLOCK_T, N, N])
-    if N == 4 and CELLS:
-        c = _sinkhorn4(lg, heps, ITERS, ACC)
-    else:
-        e = tl.exp(lg - tl.max(lg, axis=2)[:, :, None])
-        c = _div(e, tl.sum(e, axis=2)[:, :, None], ACC) + heps
+    e = tl.exp(lg - tl.max(lg, axis=2)[:, :, None])
+    c = _div(e, tl.sum(e, axis=2)[:, :, None], ACC) + heps
+    c = _div(c, tl.sum(c, axis=1)[:, None, :] + heps, ACC)
+    for _ in range(ITERS - 1):
+        c = _div(c, tl.sum(c, axis=2)[:, :, None] + heps, ACC)
         c = _div(c, tl.sum(c, axis=1)[:, None, :] + heps, ACC)
-        for _ in range(ITERS - 1):
-            c = _div(c, tl.sum(c, axis=2)[:, :, None] + heps, ACC)
-            c = _div(c, tl.sum(c, axis=1)[:, None, :] + heps, ACC)
     tl.store(comb_ptr + offs_t[:, None] * NN + offs_c[None, :], tl.reshape(c, [BLOCK_T, NN]),
              mask=t_mask[:, None])
     return pre
-
-
-@triton.jit
-def _split4(x, BT: tl.constexpr, R: tl.constexpr):
-    """[BT, 4] (R = 0) or [BT, R, 4] -> its 4 slices along the last dim (register splits, no data movement)."""
-    if R == 0:
-        y = tl.reshape(x, [BT, 2, 2])
-    else:
-        y = tl.reshape(x, [BT, R, 2, 2])
-    ev, od = tl.split(y)  # last-dim indices (0, 2) and (1, 3)
-    c0, c2 = tl.split(ev)
-    c1, c3 = tl.split(od)
-    return c0, c1, c2, c3
-
-
-@triton.jit
-def _join4(c0, c1, c2, c3, BT: tl.constexpr, R: tl.constexpr):
-    """The inverse of _split4: 4 tensors [BT] (R = 0) or [BT, R] -> [BT, 4] or [BT, R, 4]."""
-    y = tl.join(tl.join(c0, c2), tl.join(c1, c3))
-    if R == 0:
-        return tl.reshape(y, [BT, 4])
-    else:
-        return tl.reshape(y, [BT, R, 4])
-
-
-@triton.jit
-def _norm4(a, b, c, d, eps, ACC: tl.constexpr):
-    """Four cells divided by their sum (+eps)."""
-    s = (a + b) + (c + d) + eps
-    return _div(a, s, ACC), _div(b, s, ACC), _div(c, s, ACC), _div(d, s, ACC)
-
-
-@triton.jit
-def _softmax4(a, b, c, d, eps, ACC: tl.constexpr):
-    """A row's softmax (+eps) over four cells."""
-    m = tl.maximum(tl.maximum(a, b), tl.maximum(c, d))
-    a, b, c, d = tl.exp(a - m), tl.exp(b - m), tl.exp(c - m), tl.exp(d - m)
-    s = (a + b) + (c + d)
-    return _div(a, s, ACC) + eps, _div(b, s, ACC) + eps, _div(c, s, ACC) + eps, _div(d, s, ACC) + eps
-
-
-@triton.jit
-def _sinkhorn4(lg, eps, ITERS: tl.constexpr, ACC: tl.constexpr):
-    """The 4 x 4 Sinkhorn of a token block's comb logits [BT, 4, 4], cell by cell: the 16 cells are split into
-    separate [BT] tensors, so every row and column sum is a few adds in each thread. The [BT, 4, 4] form's sums are
-    reductions across threads, each result re-broadcast to the tile's layout: the 20 iterations were ~2.5 us of a
-    T=1 hc_pre on the H200 (mhc-sweep-before-reorder.json), a serial chain at batch 1."""
-    BT: tl.constexpr = lg.shape[0]
-    r0, r1, r2, r3 = _split4(tl.permute(lg, (0, 2, 1)), BT, 4)  # row i of the tile: [BT, 4 (j)]
-    a00, a01, a02, a03 = _split4(r0, BT, 0)
-    a10, a11, a12, a13 = _split4(r1, BT, 0)
-    a20, a21, a22, a23 = _split4(r2, BT, 0)
-    a30, a31, a32, a33 = _split4(r3, BT, 0)
-    a00, a01, a02, a03 = _softmax4(a00, a01, a02, a03, eps, ACC)
-    a10, a11, a12, a13 = _softmax4(a10, a11, a12, a13, eps, ACC)
-    a20, a21, a22, a23 = _softmax4(a20, a21, a22, a23, eps, ACC)
-    a30, a31, a32, a33 = _softmax4(a30, a31, a32, a33, eps, ACC)
-    a00, a10, a20, a30 = _norm4(a00, a10, a20, a30, eps, ACC)
-    a01, a11, a21, a31 = _norm4(a01, a11, a21, a31, eps, ACC)
-    a02, a12, a22, a32 = _norm4(a02, a12, a22, a32, eps, ACC)
-    a03, a13, a23, a33 = _norm4(a03, a13, a23, a33, eps, ACC)
-    for _ in range(ITERS - 1):
-        a00, a01, a02, a03 = _norm4(a00, a01, a02, a03, eps, ACC)
-        a10, a11, a12, a13 = _norm4(a10, a11, a12, a13, eps, ACC)
-        a20, a21, a22, a23 = _norm4(a20, a21, a22, a23, eps, ACC)
-        a30, a31, a32, a33 = _norm4(a30, a31, a32, a33, eps, ACC)
-        a00, a10, a20, a30 = _norm4(a00, a10, a20, a30, eps, ACC)
-        a01, a11, a21, a31 = _norm4(a01, a11, a21, a31, eps, ACC)
-        a02, a12, a22, a32 = _norm4(a02, a12, a22, a32, eps, ACC)
-        a03, a13, a23, a33 = _norm4(a03, a13, a23, a33, eps, ACC)
-    rows = _join4(_join4(a00, a01, a02, a03, BT, 0), _join4(a10, a11, a12, a13, BT, 0),
-                  _join4(a20, a21, a22, a23, BT, 0), _join4(a30, a31, a32, a33, BT, 0), BT, 4)  # [BT, 4 (j), 4 (i)]
-    return tl.permute(rows, (0, 2, 1))
 
 
 @triton.jit
@@ -366,11 +288,11 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
             neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
             N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr,
             HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
-            ONE_CHUNK: tl.constexpr, CELLS: tl.constexpr = True):
+            ONE_CHUNK: tl.constexpr):
     """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored, by this one
     program over all of D (in one chunk of BLOCK_DC where ONE_CHUNK)."""
     pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
-                        neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC, CELLS)
+                        neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
     pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
     Y = y_ptr.dtype.element_ty
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
@@ -470,7 +392,7 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
                    HAS_CPRE: tl.constexpr,
                    HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, ONE_CHUNK: tl.constexpr,
                    MIX: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr = False, CELLS: tl.constexpr = True):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
@@ -482,12 +404,12 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
                     heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL,
-                    ONE_CHUNK, CELLS)
+                    ONE_CHUNK)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
                 post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
-                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK, CELLS)
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -569,7 +491,7 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
                         BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
                         HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
                         ONE_CHUNK: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr,
-                        PDL: tl.constexpr = False, CELLS: tl.constexpr = True):
+                        PDL: tl.constexpr = False):
     """x = hc_post(f, xo, po, co) stored, then hc_pre of x for the next sub-layer (as `_hc_pre_kernel`, whose finishing
     program reads the new streams back: its own (after a barrier) or, on the split grid, every program's (after the
     acq_rel arrival))."""
@@ -585,13 +507,13 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
                     heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL,
-                    ONE_CHUNK, CELLS)
+                    ONE_CHUNK)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         tl.debug_barrier()  # every thread's stores of the new streams precede the collapse's loads
         _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
                 post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
-                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK, CELLS)
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -625,16 +547,6 @@ def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
     if not on_gpu:
         return PreConfig(block_t=min(64, triton.next_power_of_2(t)), block_d=min(128, _pow2_at_least_16(d)),
                          split_d=1)
-    cfg = _gpu_pre_config(t, d)
-    # V4SERVE_MHC_SINKHORN=tile: the [T, n, n] tile's Sinkhorn (A/B in the step, read at each call: profile_step.py's
-    # --env-variant recaptures the graph under it)
-    return replace(cfg, sinkhorn_cells=False) if os.environ.get(SINKHORN_ENV) == "tile" else cfg
-
-
-SINKHORN_ENV = "V4SERVE_MHC_SINKHORN"
-
-
-def _gpu_pre_config(t: int, d: int) -> PreConfig:
     if t > 1024:
         # fp32 FMA dots, not the bf16x3 tensor-core GEMM: chaining every D chunk through the MMA's accumulator put the
         # coefficients 3.7e-4 (relative) from the float32 reference at T=4096 on the H200, the FMA dots 3.5e-5
@@ -724,7 +636,7 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     const = {"N": n, "ITERS": int(iters), "PP": pp, "BLOCK_T": cfg.block_t, "BLOCK_D": cfg.block_d,
              "BLOCK_DC": block_dc, "SPLIT_D": split_d, "EVEN_D": d % cfg.block_d == 0, "HAS_CPRE": has_cpre,
              "HAS_NORM": has_norm, "ACC": _TL[acc], "COLL": _TL[coll], "MIX": mix, "INTERPRET": interpreting(),
-             "ONE_CHUNK": block_dc >= d, "CELLS": cfg.sinkhorn_cells,
+             "ONE_CHUNK": block_dc >= d,
              "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     return outs, _PreLaunch((n_tb, split_d), head, tail, const)
 

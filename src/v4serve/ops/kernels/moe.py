@@ -802,7 +802,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     add = shared if shared is not None else out
     if add.stride(-1) != 1:
         add = add.contiguous()
-    combine_in_down = cfg.body == "dot" and fused("moe_combine") and triton.cdiv(D, dn.block_n) <= N_COUNTERS
+    combine_in_down = cfg.body == "dot" and fused("moe_combine", T) and triton.cdiv(D, dn.block_n) <= N_COUNTERS
     combine = {}
     if combine_in_down:
         if join is not None:  # the last program of a tile reads the shared output
