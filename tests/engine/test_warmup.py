@@ -36,8 +36,11 @@ def test_warm_up_leaves_a_fresh_engine(preset: str) -> None:
     eng = _engine(preset)
     fresh = eng.stats()
     report = warm_up(eng, lengths=(1, 7, 40), decoders=3)
-    assert report.requests == 1 + 4 + 3 + 1  # the decoding row, 3 lengths and the chunk limit, 3 decoders, 1 prompt
-    assert report.steps > 10
+    # the decoding row, 3 lengths and the chunk limit (96), 3 decoders, 1 prompt (600 cut to 312); then a decoding
+    # row and the follow-ups that fit max_model_len 320 on an earlier prompt of two blocks or more: 5, 100 and 16 new
+    # tokens on the 96-token prompt (300 fits on none), each a prefix-cache hit
+    assert report.requests == 1 + 4 + 3 + 1 + 1 + 3
+    assert report.prefix_hits >= 3 and report.steps > 10
     assert not eng.has_unfinished() and not eng.requests and not eng.outputs
     stats = eng.stats()
     for key in ("blocks_used", "blocks_cached", "checkpoints", "prefix_hits", "prefix_misses", "prompt_tokens",

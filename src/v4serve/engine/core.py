@@ -24,6 +24,7 @@ import zmq.asyncio
 from . import protocol as P
 
 log = logging.getLogger("v4serve.core")
+SLOW_STEP_S = 1.0  # an engine step this long is logged: it stalls every running request (the usual cause is a compile)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -80,6 +81,10 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
                 t0 = time.perf_counter()
                 deltas = engine.step()
                 dt = time.perf_counter() - t0
+                if dt > SLOW_STEP_S:
+                    log.warning("slow step: %.2f s for %d rows, %d tokens (a kernel compiling for a new shape? "
+                                "--warmup compiles the common ones at start-up)", dt, engine.last_step_rows,
+                                engine.last_step_tokens)
                 if deltas:
                     items = [P.Delta(**{k: getattr(d, k) for k in P.Delta.__struct_fields__}) for d in deltas]
                     push.send(P.encode(P.Deltas(items, dt, engine.last_step_tokens)))

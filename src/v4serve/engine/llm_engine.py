@@ -186,6 +186,7 @@ class LLMEngine:
             graphs.capture()
         self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)
         self.last_step_tokens = 0  # tokens the last step computed (reported to the server's metrics)
+        self.last_step_rows = 0  # and its rows (the engine loop's slow-step warning)
         self.requests: dict[str, Request] = {}
         self.outputs: dict[str, OutputProcessor] = {}
         self._ended: list[Request] = []  # aborted outside a step: reported by the next step
@@ -321,6 +322,7 @@ class LLMEngine:
             s.advance(sched)
         now = time.monotonic()
         self.last_step_tokens = sum(sched.num_tokens for sched in scheds)
+        self.last_step_rows = sum(len(sched.rows) for sched in scheds)
         for s, sched in zip(self.schedulers, scheds):
             decodes = sum(1 for r in sched.rows if r.num_tokens == 1)
             s.prefill_budget.observe(decodes, sched.num_tokens - decodes, now - t_step)
@@ -379,6 +381,7 @@ class LLMEngine:
             async_steps.hold_places(launched.reqs)
             self._inflight = launched
             self.last_step_tokens = sched.num_tokens
+            self.last_step_rows = len(sched.rows)
         elif self.grammars.pending and not deltas:
             self.grammars.wait(0.01)
         return deltas

@@ -6,7 +6,9 @@ batch sizes. Without this, the first prefill chunks of each size, and the first 
 prefill chunk), stop the whole engine for seconds while they compile: in the fourteenth session's AgentX-style run
 (cold compile cache, 16 sessions) generation fell to 0.7 tok/s in some 10-second intervals and p90 inter-token latency
 to 48 ms. The workload: one request decoding throughout while prompts of assorted lengths (below and at the per-step
-chunk limit, divisible by 16 and not) arrive beside it; then many decoding rows with a prompt arriving among them.
+chunk limit, divisible by 16 and not) arrive beside it; then many decoding rows with a prompt arriving among them;
+then follow-up turns that extend the longer prompts (prefix-cache hits: chunks that start past a cached prefix, as an
+agent's next turn does) beside a decoding row.
 
 Afterwards nothing of it remains: its requests are released, the prefix caches and window checkpoints are emptied, the
 cache and preemption counters start from zero, and the prefill budgets (`--target-itl-ms`) forget the step times they
@@ -35,6 +37,7 @@ SALT = "v4serve-warmup"
 # prompt lengths beside a decoding request: short, mid, a block and a little past it, long; the chunk limit is added
 LENGTHS = (1, 7, 64, 100, 256, 300, 1000, 1024, 2065)
 DECODERS = 16  # rows decoding at once in the second phase
+FOLLOW_UPS = (5, 100, 300, 16)  # new tokens of the follow-up turns (on the prompts of at least two blocks)
 MAX_STEPS = 10_000  # a guard: the workload needs a few hundred steps
 
 
@@ -43,6 +46,7 @@ class WarmupReport:
     requests: int
     steps: int
     prompt_tokens: int
+    prefix_hits: int  # follow-up turns served partly from the prefix cache (before it was emptied)
     seconds: float
 
 
@@ -75,9 +79,12 @@ def warm_up(engine: LLMEngine, lengths: tuple[int, ...] = LENGTHS, decoders: int
         if until_idle and engine.has_unfinished():
             raise RuntimeError(f"warm-up did not finish in {MAX_STEPS} steps")
 
-    def add(n: int, max_tokens: int) -> None:
-        ids.extend(engine.add_request(prompt(n), params(max_tokens), request_id=f"warmup-{len(ids)}",
-                                      cache_salt=SALT))
+    prompts: list[list[int]] = []
+
+    def add(n: int, max_tokens: int, prefix: list[int] | None = None) -> None:
+        p = (prefix or []) + prompt(n)
+        prompts.append(p)
+        ids.extend(engine.add_request(p, params(max_tokens), request_id=f"warmup-{len(ids)}", cache_salt=SALT))
 
     # phase 1: one row decoding while the prompts arrive (mixed steps), long enough to outlast them
     add(33, max_tokens=min(64 + 4 * len(lens), limit - 33))
@@ -91,12 +98,26 @@ def warm_up(engine: LLMEngine, lengths: tuple[int, ...] = LENGTHS, decoders: int
     run(False, at_most=4)
     add(min(600, limit), max_tokens=2)
     run(True)
+    # phase 3: follow-up turns (the earlier prompts extended: prefix-cache hits, chunks starting past a cached prefix)
+    # beside a decoding row
+    bases = [p for p in prompts if 2 * cfg.block_size <= len(p)]
+    hits = 0
+    if bases:
+        add(33, max_tokens=min(16 + 4 * len(FOLLOW_UPS), limit - 33))
+        run(False, at_most=3)
+        for n in FOLLOW_UPS:  # on the longest earlier prompt that leaves room
+            base = max((p for p in bases if len(p) + n + 3 <= limit), key=len, default=None)
+            if base is not None:
+                add(n, max_tokens=3, prefix=base)
+        run(True)
+    hits = sum(s.kv.stats.hits for s in engine.schedulers)
     for rid in ids:
         engine.release(rid)
     _forget(engine)
-    report = WarmupReport(len(ids), steps, sum(lens) + 33 + 20 * decoders + min(600, limit), time.monotonic() - t0)
-    log.info("warm-up: %d requests, %d steps, %d prompt tokens in %.1f s (the step's kernels compiled before serving)",
-             report.requests, report.steps, report.prompt_tokens, report.seconds)
+    report = WarmupReport(len(ids), steps, sum(len(p) for p in prompts), hits, time.monotonic() - t0)
+    log.info("warm-up: %d requests (%d prefix hits), %d steps, %d prompt tokens in %.1f s (the step's kernels "
+             "compiled before serving)", report.requests, report.prefix_hits, report.steps, report.prompt_tokens,
+             report.seconds)
     return report
 
 
