@@ -39,6 +39,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "inter-token latency while new prompts arrive, at the cost of their time to first token")
     g.add_argument("--target-itl-ms", type=float, default=0.0,
                    help="derive that cap from an inter-token-latency target, from measured step times (0 = off)")
+    g.add_argument("--decode-steps-between-prefills", type=int, default=0, metavar="N",
+                   help="let prefill join decoding requests only every N+1 steps, so that prompts arriving close "
+                        "together share one step (fewer slow steps for running requests, a little more time to "
+                        "first token; 0 = off)")
+    g.add_argument("--max-prefill-delay-ms", type=float, default=200.0,
+                   help="with --decode-steps-between-prefills: a prompt waiting this long joins the next step "
+                        "(0 = no bound)")
     g.add_argument("--max-model-len", type=parse_tokens, default=None,
                    help="context length in tokens: 131072, 128k (128,000) or 128K (131,072)")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
@@ -70,7 +77,8 @@ ENGINE_ARGS = ("device", "dtype", "seed", "numerics", "block_size", "kv_cache_dt
                "long_prefill_token_threshold", "max_model_len", "enable_prefix_caching", "swa_bounded_replay",
                "num_window_checkpoints", "enforce_eager", "warmup", "async_scheduling", "kernels", "max_queue_len",
                "tensor_parallel_size",
-               "prefill_budget_with_decodes", "target_itl_ms", "nnodes", "master_addr", "master_port",
+               "prefill_budget_with_decodes", "target_itl_ms", "decode_steps_between_prefills",
+               "max_prefill_delay_ms", "nnodes", "master_addr", "master_port",
                "enable_expert_parallel", "data_parallel_size")
 
 

@@ -22,7 +22,7 @@ from ..tokenizer import Tokenizer
 from . import async_steps
 from .config import EngineConfig, EngineConfigError
 from .guided_admission import GrammarAdmission
-from .itl_budget import PrefillBudget
+from .itl_budget import PrefillBudget, PrefillGate
 from .memory import activation_reserve
 from .output import OutputProcessor
 from .request import FinishReason, Request, StepDelta
@@ -160,7 +160,9 @@ class LLMEngine:
                                      align_chunks=self.capacity.num_checkpoints > 0,
                                      decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay),
                                      prefill_budget=PrefillBudget(cfg.prefill_budget_with_decodes, cfg.target_itl_ms,
-                                                                  minimum=cfg.block_size))
+                                                                  minimum=cfg.block_size),
+                                     prefill_gate=PrefillGate(cfg.decode_steps_between_prefills,
+                                                              cfg.max_prefill_delay_ms))
                            for kv in self.kvs]
         self.kv, self.scheduler = self.kvs[0], self.schedulers[0]
         self.router = None

@@ -6,7 +6,9 @@ Policy:
   100K-token prompt cannot stall warm short turns; with window checkpoints, chunk ends land on block boundaries
   (checkpoints and prefix hits live there);
 * in a step with decode rows, prefill tokens are capped by `PrefillBudget` (engine/itl_budget.py: a fixed cap or one
-  derived from an inter-token-latency target), so running requests keep their pace while new prompts arrive;
+  derived from an inter-token-latency target), so running requests keep their pace while new prompts arrive, and
+  `PrefillGate` may hold them back for a few decode-only steps so that turns arriving close together share one
+  prefill step (bounded by a maximum delay);
 * admission stops at `max_num_seqs` running requests or when blocks run short;
 * when a running request needs a block and none is free, the most recently admitted other request is preempted
   (its blocks and slot are freed; its full blocks stay in the prefix cache, so its recompute is usually a hit).
@@ -19,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..cache.manager import KVCacheManager, SlotOp
-from .itl_budget import PrefillBudget
+from .itl_budget import PrefillBudget, PrefillGate
 from .request import FinishReason, Request, RequestStatus
 
 
@@ -47,9 +49,10 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, prefill_chunk: int,
                  block_size: int, window: int, align_chunks: bool, decoder_trim: bool,
-                 prefill_budget: PrefillBudget | None = None):
+                 prefill_budget: PrefillBudget | None = None, prefill_gate: PrefillGate | None = None):
         self.kv = kv
         self.prefill_budget = prefill_budget or PrefillBudget()
+        self.prefill_gate = prefill_gate or PrefillGate()
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.prefill_chunk = prefill_chunk
@@ -108,9 +111,14 @@ class Scheduler:
         scheduled: set[str] = set()
         cap = self.prefill_budget.tokens()
         decodes = prefill_used = 0
+        hold = self.prefill_gate.active and not self.prefill_gate.open(time.monotonic(), self._pending_since())
 
         def room() -> int:  # tokens the next prefill may take: the budget, capped in a step with decode rows
-            return budget if cap is None or not decodes else min(budget, cap - prefill_used)
+            if not decodes:
+                return budget
+            if hold:
+                return 0
+            return budget if cap is None else min(budget, cap - prefill_used)
 
         for req in order:
             if budget <= 0:
@@ -172,7 +180,14 @@ class Scheduler:
             rows.append(self._row(req, n))
             budget -= n
             prefill_used += n
+        self.prefill_gate.note(decodes, prefill_used)
         return SchedulerOutput(rows, self.kv.take_ops(), self.budget - budget, preempted, failed)
+
+    def _pending_since(self) -> float | None:
+        """When the oldest prefill work still to do arrived (running prompts and ready waiting requests)."""
+        times = [r.arrival_time for r in self.running if r.in_prefill]
+        times += [r.arrival_time for r in self.waiting if r.ready]
+        return min(times) if times else None
 
     def _take(self, req: Request) -> None:
         if self.waiting[0] is req:

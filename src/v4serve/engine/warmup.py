@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..cache.manager import CacheStats
-from .itl_budget import PrefillBudget
+from .itl_budget import PrefillBudget, PrefillGate
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -128,6 +128,7 @@ def _forget(engine: LLMEngine) -> None:
         s.kv.stats = CacheStats()
         s.kv.pool.evictions = 0
         s.num_preemptions = 0
-        b = s.prefill_budget
+        b, g = s.prefill_budget, s.prefill_gate
         s.prefill_budget = PrefillBudget(b.fixed, b.target * 1e3, b.minimum)
+        s.prefill_gate = PrefillGate(g.every, g.max_delay * 1e3)
     engine.last_step_tokens = 0
