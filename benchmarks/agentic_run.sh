@@ -16,7 +16,7 @@ port=8123
 run() {  # label, extra server flags, extra bench flags
   $PY -m v4serve.cli serve "$model" --port $port $sflags $2 > "$OUT/server-$1.log" 2>&1 &
   pid=$!
-  for i in $(seq 1 300); do curl -sf http://127.0.0.1:$port/health >/dev/null && break; sleep 1; done
+  for i in $(seq 1 ${HEALTH_WAIT:-600}); do curl -sf http://127.0.0.1:$port/health >/dev/null && break; sleep 1; done
   grep -m1 "KV cache" "$OUT/server-$1.log"
   $PY -m v4serve.cli bench agentic --base-url http://127.0.0.1:$port --out "$OUT/$1" --label "$1" --no-progress \
       $bflags ${3:-} 2>&1 | tail -25
