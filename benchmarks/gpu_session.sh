@@ -838,7 +838,7 @@ if [[ $what == agentx14b ]]; then  # prepared in the fourteenth session: agentx1
     "--concurrency ${AGX_CONC:-4,16} --duration 30 --scale 0.03 --output-scale 0.1 --warmup-requests 1 \
     --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 --drain-timeout 15" 2>&1 | grep -v Warning \
     | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
-  grep -h "slow step\|warm-up" $W/server-*.log | head -20
+  grep -h "slow step\|warm-up\|compiled" $W/server-*.log | head -20
   tar -czf "$OUT/agentx.tgz" -C $W .
 fi
 if [[ $what == fifteenthA ]]; then  # prepared in the fourteenth session: the GPU check that moe_combine needs before it

@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from . import compile_watch
 from . import protocol as P
 
 log = logging.getLogger("v4serve.core")
@@ -48,10 +49,13 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
         if cfg.device in ("cpu",) or (cfg.device == "auto" and not torch.cuda.is_available()):
             torch.set_num_threads(int(os.environ.get("V4SERVE_CPU_THREADS", "1")))
         engine = LLMEngine(model, cfg)
+        watching = engine.device.type == "cuda" and compile_watch.install()
         if cfg.warmup or (cfg.warmup is None and engine.device.type == "cuda"):
             from .warmup import warm_up
 
             warm_up(engine)
+            if watching:
+                log.info("warm-up compiled %d kernel specialisations", len(compile_watch.take()))
     except Exception as e:  # a model that cannot load ends the server with the reason
         push.send(P.encode(P.Fatal(f"engine failed to start: {e}")))
         log.error("engine failed to start:\n%s", traceback.format_exc())
@@ -81,9 +85,13 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
                 t0 = time.perf_counter()
                 deltas = engine.step()
                 dt = time.perf_counter() - t0
-                if dt > SLOW_STEP_S:
-                    log.warning("slow step: %.2f s for %d rows, %d tokens (a kernel compiling for a new shape? "
-                                "--warmup compiles the common ones at start-up)", dt, engine.last_step_rows,
+                compiled = compile_watch.take() if watching else []
+                if compiled:
+                    log.warning("compiled while serving (a shape the warm-up missed): %s; the step took %.2f s for "
+                                "%d rows, %d tokens", ", ".join(sorted(set(compiled))), dt, engine.last_step_rows,
+                                engine.last_step_tokens)
+                elif dt > SLOW_STEP_S:
+                    log.warning("slow step: %.2f s for %d rows, %d tokens", dt, engine.last_step_rows,
                                 engine.last_step_tokens)
                 if deltas:
                     items = [P.Delta(**{k: getattr(d, k) for k in P.Delta.__struct_fields__}) for d in deltas]
