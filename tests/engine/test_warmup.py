@@ -48,5 +48,6 @@ def test_warm_up_leaves_a_fresh_engine(preset: str) -> None:
         assert stats[key] == fresh[key] == 0, key
     budget = eng.scheduler.prefill_budget
     assert budget.target == 0.05 and budget.decode_s is None and budget.per_token_s is None
+    assert eng.scheduler.prefill_gate.decode_only_steps == 0 and eng.last_step_tokens == eng.last_step_rows == 0
     # what a request gets afterwards does not depend on the warm-up
     assert _greedy(eng, prompt, 6) == want

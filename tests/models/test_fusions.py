@@ -21,7 +21,7 @@ def test_fusion_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not backend.fused("moe_combine", 1)
     monkeypatch.setattr(backend, "SMALL_STEP_FUSIONS", {"moe_combine": 1})
     assert backend.fused("moe_combine", 1) and not backend.fused("moe_combine", 2) and not backend.fused("moe_combine")
-    assert not backend.fused("early_window", 1)
+    assert not backend.fused("early_window", 1) and not backend.fused("early_window", 0)  # no limit: never by size
     monkeypatch.setenv(backend.FUSIONS_ENV, "none")
     assert not any(backend.fused(n) for n in backend.FUSIONS)
     assert not backend.fused("moe_combine", 1)  # a set switch list decides alone

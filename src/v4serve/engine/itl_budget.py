@@ -37,6 +37,10 @@ class PrefillBudget:
     def active(self) -> bool:
         return self.fixed > 0 or self.target > 0
 
+    def reset(self) -> None:
+        """Forget the step times seen so far (the warm-up's were inflated by compiles)."""
+        self.decode_s = self.per_token_s = None
+
     def observe(self, decode_rows: int, prefill_tokens: int, seconds: float) -> None:
         if not self.target or decode_rows == 0:
             return
@@ -75,6 +79,9 @@ class PrefillGate:
         if not self.active or pending_since is None or self.decode_only_steps >= self.every:
             return True
         return self.max_delay > 0 and now - pending_since >= self.max_delay
+
+    def reset(self) -> None:
+        self.decode_only_steps = 0
 
     def note(self, decode_rows: int, prefill_tokens: int) -> None:
         """A scheduled step's shape."""

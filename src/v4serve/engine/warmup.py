@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..cache.manager import CacheStats
-from .itl_budget import PrefillBudget, PrefillGate
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -101,7 +100,6 @@ def warm_up(engine: LLMEngine, lengths: tuple[int, ...] = LENGTHS, decoders: int
     # phase 3: follow-up turns (the earlier prompts extended: prefix-cache hits, chunks starting past a cached prefix)
     # beside a decoding row
     bases = [p for p in prompts if 2 * cfg.block_size <= len(p)]
-    hits = 0
     if bases:
         add(33, max_tokens=min(16 + 4 * len(FOLLOW_UPS), limit - 33))
         run(False, at_most=3)
@@ -128,7 +126,6 @@ def _forget(engine: LLMEngine) -> None:
         s.kv.stats = CacheStats()
         s.kv.pool.evictions = 0
         s.num_preemptions = 0
-        b, g = s.prefill_budget, s.prefill_gate
-        s.prefill_budget = PrefillBudget(b.fixed, b.target * 1e3, b.minimum)
-        s.prefill_gate = PrefillGate(g.every, g.max_delay * 1e3)
-    engine.last_step_tokens = 0
+        s.prefill_budget.reset()
+        s.prefill_gate.reset()
+    engine.last_step_tokens = engine.last_step_rows = 0

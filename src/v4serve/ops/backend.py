@@ -76,7 +76,8 @@ FUSIONS_ENV = "V4SERVE_FUSIONS"
 def fused(name: str, tokens: int | None = None) -> bool:
     """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all"); unset, DEFAULT_FUSIONS, and
     the SMALL_STEP_FUSIONS for a call over at most their number of `tokens` (when the caller says how many)."""
-    if os.environ.get(FUSIONS_ENV) is None and tokens is not None and tokens <= SMALL_STEP_FUSIONS.get(name, 0):
+    limit = SMALL_STEP_FUSIONS.get(name)
+    if limit is not None and tokens is not None and tokens <= limit and os.environ.get(FUSIONS_ENV) is None:
         return True
     return switched_on(name, FUSIONS_ENV, FUSIONS, "fusion", DEFAULT_FUSIONS)
 
