@@ -33,6 +33,7 @@ from ...dist import parallel
 from ...ops import backend as kernels
 from ...ops.linear import linear
 from ...ops.mhc import hc_collapse
+from ...ops.precision import wide
 from ..numerics import Numerics
 from ..step import StepInput
 from ..v4.context import StepContext
@@ -88,7 +89,7 @@ class V41Model(nn.Module):
 
     @property
     def logits_dtype(self) -> torch.dtype:
-        return torch.float32  # the head runs on float32 activations
+        return torch.float64 if self.compute_dtype == torch.float64 else torch.float32  # the head's accumulation
 
     # --- Engram -------------------------------------------------------------------------------------
     def bind_tokenizer(self, source) -> None:
@@ -167,7 +168,7 @@ class V41Model(nn.Module):
         if pending is not None:
             x = self.layers[-1].expand(x, pending)
         li = ctx.step.logits_index
-        logits = gather_logits(linear(self.norm(hc_collapse(x[li], pre[li])).float(), self.head.weight, None, 0, 0,
+        logits = gather_logits(linear(wide(self.norm(hc_collapse(x[li], pre[li]))), self.head.weight, None, 0, 0,
                                       self.backend), self.tp)
         hidden = x
         if kept is not None:
