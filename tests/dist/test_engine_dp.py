@@ -30,8 +30,11 @@ def _opts(model: str) -> dict:
                 kv_cache_memory=slots * spec.slot_bytes() + (BLOCKS + 1) * spec.block_bytes())
 
 
-def _generate(model: str, dp: int) -> tuple[list[list[int]], list, dict]:
-    llm = LLM(model, data_parallel_size=dp, enable_expert_parallel=dp > 1, **_opts(model))
+def _generate(model: str, dp: int, graphs: bool = False) -> tuple[list[list[int]], list, dict]:
+    """graphs: uniform decode steps through every rank's decode graphs (eager stand-ins on the CPU: the same static
+    buffers, bucket padding and broadcast inputs, the MoE exchanges padded to the bucket)."""
+    extra = dict(graph_stand_ins=True, cuda_graph_sizes=(1, 2, 4)) if graphs else {}
+    llm = LLM(model, data_parallel_size=dp, enable_expert_parallel=dp > 1, **_opts(model), **extra)
     assert llm.engine.capacity.num_blocks == BLOCKS
     try:
         g = torch.Generator().manual_seed(2)
@@ -48,6 +51,7 @@ def _generate(model: str, dp: int) -> tuple[list[list[int]], list, dict]:
         turn = llm.generate([base[:140] + [7, 8, 9]], sp)  # the session's next turn: a prefix hit on 128 tokens
         assert turn[0].num_cached_tokens == 128
         outs = [o.outputs[0] for o in mixed + first + turn]
+        assert (llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0) == graphs
         return [o.token_ids for o in outs], outs[1].logprobs + mixed[3].prompt_logprobs, llm.engine.stats()
     finally:
         llm.close()
@@ -59,13 +63,21 @@ def test_dep_engine_generates_what_one_process_does(model: str) -> None:
     two, two_lp, stats = _generate(model, 2)
     assert two == one
     assert len(one_lp) == len(two_lp) == 6 + 180
-    for a, b in zip(one_lp, two_lp):  # the same tokens scored, to rounding (V4.1's head computes in float32)
+    for a, b in zip(one_lp, two_lp):  # the same tokens scored, to rounding
         assert (a is None) == (b is None)
         if a is not None:
             assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-6 * max(1.0, abs(a[k])) for k in a)
     assert stats["preemptions"] > 0  # a rank ran out of its six blocks and recomputed
     assert all(r["running"] == 0 for r in stats["dp_ranks"])
     assert sum(r["prefix_hits"] for r in stats["dp_ranks"]) >= 1
+
+
+@pytest.mark.parametrize("model", ["tiny-v4-flash", "tiny-v41-flash"])
+def test_dep_decode_graphs_replay_on_every_rank(model: str) -> None:
+    """DEP's graphed decode: rank 0 prepares every rank's inputs for one bucket (an idle rank's are padding only),
+    each rank replays its own graph, whose MoE exchanges are padded to the bucket; the tokens stay world size 1's
+    (V4.1: the Engram history travels with the inputs)."""
+    assert _generate(model, 2, graphs=True)[0] == _generate(model, 1)[0]
 
 
 def test_bad_dep_layouts_are_refused(capsys: pytest.CaptureFixture) -> None:
@@ -114,17 +126,21 @@ ON_GPUS = os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda") and torch
 
 
 @pytest.mark.skipif(not ON_GPUS, reason="needs V4SERVE_TEST_DEVICE=cuda and two GPUs (NCCL)")
-def test_dep_engine_on_two_gpus() -> None:
-    """The same over NCCL on cuda:0 and cuda:1 (float64 reference bodies: exact comparison)."""
+def test_dep_engine_on_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same over NCCL on cuda:0 and cuda:1 (float64 reference bodies: exact comparison), eager and with each
+    rank's decode CUDA graphs (the MoE exchanges captured inside)."""
+    monkeypatch.setenv("V4SERVE_MULTI_RANK_GRAPHS", "1")  # (opt-in until this test has passed; workers inherit it)
     runs = []
-    for dp in (1, 2):
+    for dp, eager in ((1, True), (2, True), (2, False)):
         llm = LLM("tiny-v4-flash", data_parallel_size=dp, enable_expert_parallel=dp > 1,
-                  **{**_opts("tiny-v4-flash"), "device": "cuda", "kv_cache_memory": 64 << 20})
+                  **{**_opts("tiny-v4-flash"), "device": "cuda", "kv_cache_memory": 64 << 20,
+                     "enforce_eager": eager, "cuda_graph_sizes": (1, 2, 4)})
         try:
             sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
             g = torch.Generator().manual_seed(4)
             runs.append([o.outputs[0].token_ids for o in llm.generate(
                 [torch.randint(0, 129280, (n,), generator=g).tolist() for n in (150, 40, 97)], sp)])
+            assert (llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0) == (not eager)
         finally:
             llm.close()
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import allreduce
+
 
 @dataclass(frozen=True)
 class TensorParallel:
@@ -79,9 +81,10 @@ class TensorParallel:
         return int(t.item())
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of every rank's x (in place), e.g. the partial outputs of a row-parallel projection."""
+        """Sum of every rank's x, e.g. the partial outputs of a row-parallel projection (in place, or a new tensor
+        on the one-shot path: dist/allreduce.py; use the result)."""
         if self.size > 1:
-            dist.all_reduce(x, group=self.group)
+            return allreduce.all_reduce(x, self.group)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:

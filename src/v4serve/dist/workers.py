@@ -54,6 +54,12 @@ def _to(step: Any, device: torch.device) -> Any:
     return type(step)(**moved)
 
 
+def _on_cpu(inp: Any) -> Any:
+    """A GraphInput (engine/graphs.py) to send: its Engram history (computed on rank 0's device) in host memory."""
+    eng = inp.engram_prev_ids
+    return dataclasses.replace(inp, engram_prev_ids=None if eng is None else eng.cpu())
+
+
 def _send(msg: Any) -> Any:
     box = [msg]
     dist.broadcast_object_list(box, src=0)
@@ -132,6 +138,21 @@ class TensorParallelPeers:
         """Before rank 0's own forward: the workers start the same one (they block in its first collective)."""
         _send(("step", slot_ops, _to(step, torch.device("cpu"))))
 
+    def capture_graphs(self, graph_args: dict) -> None:
+        """Before rank 0 captures its decode graphs: the workers capture theirs, bucket for bucket (the warm-up forwards
+        and the captures contain the collectives, so every rank runs the same sequence)."""
+        self._post(("graphs", graph_args))
+
+    def replay(self, slot_ops: list, inp: Any) -> None:
+        """Before rank 0's replay of a decode graph: the workers load the same inputs (engine/graphs.GraphInput) into
+        their own graph's buffers and replay it."""
+        _send(("replay", slot_ops, _on_cpu(inp)))
+
+    def replay_dp(self, work: list[tuple[list, Any]], logit_rows: int, logits_dtype: torch.dtype) -> None:
+        """DEP, before rank 0's replay: worker r gets work[r - 1] = (its slot ops, its GraphInput of the step's
+        bucket), replays its graph and sends its logits rows (padded to `logit_rows`) to rank 0."""
+        _scatter([None] + [("dreplay", ops, _on_cpu(inp), logit_rows, logits_dtype) for ops, inp in work])
+
     def step_dp(self, work: list[tuple[list, Any]], tokens: int, logit_rows: int, logits_dtype: torch.dtype) -> None:
         """DEP, before rank 0's own forward: worker r gets work[r - 1] = (its slot ops, its StepInput or None), the
         step's largest per-rank token count and logits row count (every rank pads to them)."""
@@ -199,7 +220,7 @@ def run_rank(rank: int, size: int, addr: str, port: str, model: str, build_kwarg
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=size)
     try:
         lm = build_model(model, device=dev, tp=_layout(rank, size, expert_parallel, data_parallel), **build_kwargs)
-        pools = None
+        pools = graphs = None
         with torch.inference_mode():
             while True:
                 msg = _scatter(None) if data_parallel else _send(None)
@@ -212,6 +233,20 @@ def run_rank(rank: int, size: int, addr: str, port: str, model: str, build_kwarg
                     _, ops, step = msg
                     apply_slot_ops(pools, ops, dev)
                     lm.model(_to(step, dev), pools)
+                elif msg[0] == "graphs":
+                    from ..engine.graphs import DecodeGraphs
+
+                    graphs = DecodeGraphs(lm.model, pools, device=dev, **msg[1])
+                    graphs.capture()
+                elif msg[0] == "replay":
+                    _, ops, inp = msg
+                    apply_slot_ops(pools, ops, dev)
+                    graphs.replay(inp)
+                elif msg[0] == "dreplay":
+                    _, ops, inp, rows, dtype = msg
+                    apply_slot_ops(pools, ops, dev)
+                    logits = graphs.replay(inp)
+                    gather_logits(logits, rows, lm.config.vocab_size, dtype, dev, size)
                 elif msg[0] == "dstep":
                     _, ops, step, tokens, rows, dtype = msg
                     apply_slot_ops(pools, ops, dev)

@@ -37,6 +37,9 @@ class EngineConfig:
     swa_bounded_replay: bool | None = None  # None = on for V4.1, off (exact) for V4
     num_window_checkpoints: int | None = None  # window snapshots kept for exact prefix hits (None = max_num_seqs)
     enforce_eager: bool = False
+    # tests: on the CPU, uniform decode steps go through the decode graphs' static buffers and bucket padding, with an
+    # eager forward standing in for each CUDA graph (engine/graphs.py; there are no graphs on the CPU)
+    graph_stand_ins: bool = False
     # compile the step's kernels at start-up with a short scripted workload (engine/warmup.py); None = when the server
     # starts the engine on a GPU (the offline LLM and the benchmarks run their own warm-up steps)
     warmup: bool | None = None

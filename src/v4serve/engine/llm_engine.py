@@ -170,13 +170,19 @@ class LLMEngine:
             from .dp_router import DataParallelRouter
 
             self.router = DataParallelRouter(self.dp, cfg.block_size)
-        graphs = None
-        if self.device.type == "cuda" and not cfg.enforce_eager and self.peers is None:  # (TP: eager for now)
-            from .graphs import DecodeGraphs
+        graphs = graph_args = None
+        # decode graphs on a GPU (under TP and DEP too, where turned on: every rank captures its own, collectives
+        # inside), or their eager stand-ins where asked (tests of the graphed path on the CPU)
+        from .graphs import DecodeGraphs, multi_rank_graphs
 
+        if self.device.type == "cuda" and not cfg.enforce_eager and (self.peers is None or multi_rank_graphs()) \
+                or cfg.graph_stand_ins:
             engram = mc.engram_max_ngram - 1 if mc.is_v41 and mc.engram_layers else 0
-            graphs = DecodeGraphs(self.loaded.model, self.pools, cfg.cuda_graph_sizes, self.max_model_len,
-                                  self.capacity.num_blocks, cfg.block_size, self.device, engram)
+            graph_args = dict(sizes=cfg.cuda_graph_sizes, max_model_len=self.max_model_len,
+                              num_blocks=self.capacity.num_blocks, block_size=cfg.block_size, engram_lookback=engram,
+                              stand_ins=self.device.type != "cuda", thread_local=self.peers is not None,
+                              data_parallel=self.dp > 1)
+            graphs = DecodeGraphs(self.loaded.model, self.pools, device=self.device, **graph_args)
         self.runner = ModelRunner(self.loaded.model, self.pools, mc.vocab_size, mc.eos_token_id, self.device,
                                   self.max_model_len, graphs)
         self.runner.peers = self.peers
@@ -185,6 +191,8 @@ class LLMEngine:
 
             self.runner.step_hook = make_step_hook(self.loaded.model, mc, self.tokenizer)
         if graphs is not None:
+            if self.peers is not None:
+                self.peers.capture_graphs(graph_args)
             graphs.capture()
         self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)
         self.last_step_tokens = 0  # tokens the last step computed (reported to the server's metrics)

@@ -58,6 +58,7 @@ class ModelRunner:
         self.device = device
         self.max_model_len = max_model_len
         self.graphs = graphs
+        self._dp_widths: list[dict[int, int]] | None = None  # DEP graphs (_graphed_dp)
         self.step_hook = None  # sets the model-specific inputs of each step (V4.1: the Engram n-gram history)
         self.logits_tap = None  # observer of each step's logits (the fidelity evaluation reads full distributions)
         self.peers = None  # dist.workers.TensorParallelPeers: the other tensor-parallel ranks replay each step
@@ -99,7 +100,11 @@ class ModelRunner:
         masks = self._submit_masks(sched)  # before the model step, which the fill then overlaps
         logits = None
         if self.graphs is not None:
-            logits = self.graphs.run(sched, specs, self.step_hook)
+            inp = self.graphs.prepare(sched, specs, self.step_hook)
+            if inp is not None:
+                if self.peers is not None:  # tensor parallel: the workers replay their own graph of this bucket
+                    self.peers.replay(sched.slot_ops, inp)
+                logits = self.graphs.replay(inp)
         if logits is None:
             step = self.build(sched, decoder_floor, specs)
             if self.peers is not None:
@@ -140,6 +145,10 @@ class ModelRunner:
         from ..dist.parallel import dep_step
         from ..models.v4.moe import dep_idle
 
+        if self.graphs is not None:
+            out = self._graphed_dp(scheds, decoder_floors)
+            if out is not None:
+                return out
         steps: list[StepInput | None] = []
         logits_from: list[int] = []
         for sched, floor in zip(scheds, decoder_floors):
@@ -169,6 +178,43 @@ class ModelRunner:
             logits = torch.cat([part[:n] for part, n in zip(parts, rows)])
         else:
             logits = torch.empty(0, self.vocab_size, dtype=dtype, device=self.device)
+        if self.logits_tap is not None:
+            self.logits_tap(merged, logits, self._logits_from)
+        return self._sample(merged, logits, masks)
+
+    def _graphed_dp(self, scheds: list[SchedulerOutput], decoder_floors: list) -> RunnerOutput | None:
+        """DEP, a uniform decode step on every rank that has rows: every rank replays its graph of one bucket (the
+        largest rank's rows; an idle rank's inputs are padding only), whose captured MoE exchanges meet. None when
+        some rank's step does not qualify (the step then runs eagerly)."""
+        specs, logits_from = [], []
+        for sched, floor in zip(scheds, decoder_floors):
+            specs.append([] if sched.empty else self.specs(sched, floor))
+            logits_from += [] if sched.empty else self._logits_from
+        b = self.graphs.bucket(max(len(s) for s in specs))
+        if b is None:
+            return None
+        if self._dp_widths is None:  # rank 0's copy of each worker's block-table width per bucket
+            self._dp_widths = [dict.fromkeys(self.graphs.sizes, 0) for _ in scheds]
+        inputs = []
+        for r, (sched, rows) in enumerate(zip(scheds, specs)):
+            inp = self.graphs.prepare(sched, rows, self.step_hook, bucket=b,
+                                      width=None if r == 0 else self._dp_widths[r])
+            if inp is None:
+                return None
+            inputs.append(inp)
+        for r, inp in enumerate(inputs[1:], 1):
+            self._dp_widths[r][b] = inp.widest
+        merged = SchedulerOutput([row for sched in scheds for row in sched.rows], [],
+                                 sum(sched.num_tokens for sched in scheds))
+        self._logits_from = logits_from
+        masks = self._submit_masks(merged)
+        rows = [inp.rows for inp in inputs]
+        dtype = self.model.logits_dtype
+        self.apply_ops(scheds[0].slot_ops)
+        self.peers.replay_dp([(sched.slot_ops, inp) for sched, inp in zip(scheds[1:], inputs[1:])], max(rows), dtype)
+        own = self.graphs.replay(inputs[0])
+        parts = self.peers.gather_logits(own, max(rows), self.vocab_size, dtype)
+        logits = torch.cat([part[:n] for part, n in zip(parts, rows)])
         if self.logits_tap is not None:
             self.logits_tap(merged, logits, self._logits_from)
         return self._sample(merged, logits, masks)
