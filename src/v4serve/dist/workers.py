@@ -110,18 +110,19 @@ class TensorParallelPeers:
 
     @staticmethod
     def serve_node(node_rank: int, nnodes: int, size: int, model: str, build_kwargs: dict, device: torch.device,
-                   master_addr: str, master_port: int, expert_parallel: bool = False) -> int:
-        """A node other than the first (`serve --node-rank k`): run its ranks until rank 0 stops them."""
+                   master_addr: str, master_port: int, expert_parallel: bool = False,
+                   data_parallel: bool = False) -> int:
+        """A node other than the first (`serve --node-rank k`): run its ranks until rank 0 stops them. `size`: the
+        world size (TP ranks, or DEP's data-parallel ranks)."""
         if size % nnodes or not 0 < node_rank < nnodes:
-            raise ValueError(f"--node-rank {node_rank} of --nnodes {nnodes} with --tensor-parallel-size {size}: the "
-                             "ranks must split evenly over the nodes and node ranks run 1 .. nnodes-1 here (node 0 "
-                             "serves)")
+            raise ValueError(f"--node-rank {node_rank} of --nnodes {nnodes} with a world of {size} ranks: the ranks "
+                             "must split evenly over the nodes and node ranks run 1 .. nnodes-1 here (node 0 serves)")
         per_node = size // nnodes
         procs = spawn_ranks(range(node_rank * per_node, (node_rank + 1) * per_node), size, master_addr,
-                            str(master_port), model, build_kwargs, device, per_node, expert_parallel)
-        log.info("node %d of %d: tensor-parallel ranks %d..%d (processes %s), waiting for rank 0 at %s:%d", node_rank,
-                 nnodes, node_rank * per_node, (node_rank + 1) * per_node - 1, ", ".join(str(p.pid) for p in procs),
-                 master_addr, master_port)
+                            str(master_port), model, build_kwargs, device, per_node, expert_parallel, data_parallel)
+        log.info("node %d of %d: %s ranks %d..%d (processes %s), waiting for rank 0 at %s:%d", node_rank, nnodes,
+                 "data-parallel (DEP)" if data_parallel else "tensor-parallel", node_rank * per_node,
+                 (node_rank + 1) * per_node - 1, ", ".join(str(p.pid) for p in procs), master_addr, master_port)
         codes = [p.wait() for p in procs]
         return max(codes, default=0)
 

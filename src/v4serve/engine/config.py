@@ -109,12 +109,12 @@ class EngineConfig:
                 bad("data_parallel_size", f"{dp} with --tensor-parallel-size {self.tensor_parallel_size}: DEP runs "
                     "one rank per data-parallel group for now (--tensor-parallel-size 1, world size = "
                     "--data-parallel-size); use -dp N --enable-expert-parallel, or -tp N alone")
-            if self.nnodes > 1:
-                bad("data_parallel_size", "DEP runs on one machine for now (--nnodes 1)")
             if self.with_mtp:
                 bad("data_parallel_size", "DEP does not load the MTP / DSpark draft blocks yet (with_mtp=False)")
-        if self.nnodes < 1 or self.tensor_parallel_size % self.nnodes:
-            bad("nnodes", f"must divide --tensor-parallel-size ({self.tensor_parallel_size}), got {self.nnodes}")
+        world = self.tensor_parallel_size * self.data_parallel_size
+        if self.nnodes < 1 or world % self.nnodes:
+            bad("nnodes", f"must divide the world size (--tensor-parallel-size x --data-parallel-size = {world}), got "
+                f"{self.nnodes}")
         if self.nnodes > 1 and (self.master_addr is None or self.master_port is None):
             bad("master_addr", "several nodes need --master-addr and --master-port (rank 0's, reachable from all)")
         if self.max_queue_len < 1:

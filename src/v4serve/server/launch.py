@@ -142,8 +142,9 @@ def _serve_node(model: str, args: Namespace, cfg) -> int:
     from ..dist.workers import TensorParallelPeers
 
     device, build_kwargs = _build_kwargs(cfg)
-    return TensorParallelPeers.serve_node(args.node_rank, cfg.nnodes, cfg.tensor_parallel_size, model, build_kwargs,
-                                          device, cfg.master_addr, cfg.master_port, cfg.enable_expert_parallel)
+    return TensorParallelPeers.serve_node(args.node_rank, cfg.nnodes, cfg.tensor_parallel_size * cfg.data_parallel_size,
+                                          model, build_kwargs, device, cfg.master_addr, cfg.master_port,
+                                          cfg.enable_expert_parallel, cfg.data_parallel_size > 1)
 
 
 async def _start_engine(client: AsyncEngineClient, timeout: float) -> bool:

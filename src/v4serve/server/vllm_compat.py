@@ -46,7 +46,7 @@ def add_vllm_args(p: argparse.ArgumentParser) -> None:
                    help="the model (as vLLM's --model); same as the positional MODEL")
     g.add_argument("-tp", "--tensor-parallel-size", type=int, default=1)
     g.add_argument("-dp", "--data-parallel-size", type=int, default=1)
-    g.add_argument("--nnodes", type=int, default=1, help="machines the tensor-parallel ranks span (docs/parallel.md)")
+    g.add_argument("--nnodes", type=int, default=1, help="machines the ranks (TP or DEP) span (docs/parallel.md)")
     g.add_argument("--node-rank", type=int, default=0,
                    help="this machine's index: 0 serves HTTP and runs the engine, the others run their ranks only")
     g.add_argument("--master-addr", default=None, help="rank 0's address, reachable from every node")
