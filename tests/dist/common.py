@@ -1,5 +1,5 @@
-"""Helpers shared by the torch.distributed tests: a free loopback port, the relative error of two tensors, and the
-set-up of one gloo rank in a spawned process."""
+"""Helpers shared by the torch.distributed tests: a free loopback port, a server's health, the relative error of two
+tensors, and the set-up of one gloo rank in a spawned process."""
 
 from __future__ import annotations
 
@@ -16,6 +16,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def healthy(url: str) -> bool:
+    """A server's /health answers 200 (False for 503, or no answer: a server that stopped)."""
+    import httpx
+
+    try:
+        return httpx.get(url + "/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

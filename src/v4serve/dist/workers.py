@@ -24,6 +24,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,6 +34,58 @@ import torch.distributed as dist
 from .parallel import TensorParallel
 
 log = logging.getLogger("v4serve.dist")
+
+
+_on_rank_death: Callable[[str], None] | None = None
+
+
+def on_rank_death(callback: Callable[[str], None] | None) -> None:
+    """What rank 0's process does when a worker rank it spawned exits unexpectedly (the engine server's process: report
+    it and exit, so that /health fails at once instead of the next collective failing, or under NCCL hanging until its
+    timeout). Unset: the death is logged and the other workers are stopped."""
+    global _on_rank_death
+    _on_rank_death = callback
+
+
+class RankWatch(threading.Thread):
+    """Polls the worker processes rank 0 spawned (twice a second) until stopped; the first that exits unexpectedly is
+    reported (logged, the other workers killed, the `on_rank_death` callback called with the reason)."""
+
+    def __init__(self, procs: list[subprocess.Popen], first_rank: int) -> None:
+        super().__init__(name="v4serve-rank-watch", daemon=True)
+        self.procs, self.first_rank = procs, first_rank
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.5):
+            for i, p in enumerate(self.procs):
+                code = p.poll()
+                if code is None or self.stopped.is_set():
+                    continue
+                reason = f"rank {self.first_rank + i} (process {p.pid}) exited with code {code}"
+                log.error("%s: stopping the other ranks", reason)
+                for q in self.procs:
+                    if q.poll() is None:
+                        q.kill()
+                if _on_rank_death is not None:
+                    _on_rank_death(reason)
+                return
+
+
+def check_devices(device: torch.device, ranks_here: int, available: int | None = None) -> None:
+    """Ranks of one machine run on cuda:0 .. cuda:(ranks_here - 1): there must be that many GPUs, and rank 0 (the
+    engine's --device) must be cuda:0. Raises ValueError saying what to change."""
+    if device.type != "cuda":
+        return
+    n = torch.cuda.device_count() if available is None else available
+    if ranks_here > n:
+        raise ValueError(f"{ranks_here} ranks on this machine need {ranks_here} GPUs (one each, cuda:0 .. "
+                         f"cuda:{ranks_here - 1}); it has {n}: lower --tensor-parallel-size / --data-parallel-size, or "
+                         "spread the ranks over more machines (--nnodes)")
+    if device.index not in (None, 0):
+        raise ValueError(f"under --tensor-parallel-size / --data-parallel-size rank r runs on cuda:r, rank 0 on cuda:0; "
+                         f"--device {device} would share a GPU with another rank: use --device cuda (or "
+                         "CUDA_VISIBLE_DEVICES to choose the GPUs)")
 
 
 def _free_port() -> int:
@@ -99,8 +153,12 @@ class TensorParallelPeers:
         port = str(master_port or os.environ.get("MASTER_PORT") or _free_port())
         # this node's other ranks (1 .. size/nnodes - 1); the other nodes start theirs (`serve --node-rank k`)
         per_node = size // nnodes
+        if spawn:
+            check_devices(device, per_node)
         self.procs = spawn_ranks(range(1, per_node), size, addr, port, model, build_kwargs, device, per_node,
                                  expert_parallel, data_parallel) if spawn else []
+        self.watch = RankWatch(self.procs, 1)  # a worker that dies is noticed at once, not at the next collective
+        self.watch.start()
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
         self.tp = _layout(0, size, expert_parallel, data_parallel)
@@ -118,6 +176,7 @@ class TensorParallelPeers:
             raise ValueError(f"--node-rank {node_rank} of --nnodes {nnodes} with a world of {size} ranks: the ranks "
                              "must split evenly over the nodes and node ranks run 1 .. nnodes-1 here (node 0 serves)")
         per_node = size // nnodes
+        check_devices(device, per_node)
         procs = spawn_ranks(range(node_rank * per_node, (node_rank + 1) * per_node), size, master_addr,
                             str(master_port), model, build_kwargs, device, per_node, expert_parallel, data_parallel)
         log.info("node %d of %d: %s ranks %d..%d (processes %s), waiting for rank 0 at %s:%d", node_rank, nnodes,
@@ -167,6 +226,7 @@ class TensorParallelPeers:
         return gather_logits(logits, rows, vocab, dtype, self.device, self.size)
 
     def close(self) -> None:
+        self.watch.stopped.set()  # the workers exit now: not a death
         if not dist.is_initialized():
             return
         try:

@@ -46,6 +46,17 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
         from .llm_engine import LLMEngine
 
         cfg = EngineConfig.from_kwargs(**engine_kwargs)
+        if cfg.tensor_parallel_size * cfg.data_parallel_size > 1:
+            from ..dist import workers
+
+            def rank_died(reason: str) -> None:  # (the rank watch's thread: a socket of its own)
+                sock = ctx.socket(zmq.PUSH)
+                sock.connect(out_addr)
+                sock.send(P.encode(P.Fatal(f"engine stopped: {reason}")))
+                sock.close(linger=2000)
+                os._exit(1)
+
+            workers.on_rank_death(rank_died)
         if cfg.device in ("cpu",) or (cfg.device == "auto" and not torch.cuda.is_available()):
             torch.set_num_threads(int(os.environ.get("V4SERVE_CPU_THREADS", "1")))
         engine = LLMEngine(model, cfg)

@@ -104,17 +104,33 @@ def serve(args: Namespace) -> int:
     kwargs = engine_kwargs(args)
     cfg = EngineConfig.from_kwargs(**kwargs)  # bad engine flags too
     launcher = from_environment()
+    world = cfg.tensor_parallel_size * cfg.data_parallel_size
+    if launcher is not None and (launcher.world_size != world or cfg.nnodes > 1):
+        raise EngineConfigError(f"torchrun started {launcher.world_size} processes, but --tensor-parallel-size x "
+                                f"--data-parallel-size is {world}: make them equal (and leave --nnodes to torchrun)")
+    _check_gpus(cfg, launcher)
     if launcher is not None:  # started by torchrun: this process is one rank
-        world = cfg.tensor_parallel_size * cfg.data_parallel_size
-        if launcher.world_size != world or cfg.nnodes > 1:
-            raise EngineConfigError(f"torchrun started {launcher.world_size} processes, but --tensor-parallel-size x "
-                                    f"--data-parallel-size is {world}: make them equal (and leave --nnodes to torchrun)")
         if launcher.rank > 0:
             return _serve_rank(model, cfg, launcher)
         kwargs.update(external_launcher=True, master_addr=launcher.master_addr, master_port=launcher.master_port)
     if getattr(args, "node_rank", 0):  # another machine of a multi-node layout: its ranks only, no HTTP server
         return _serve_node(model, args, cfg)
     return asyncio.run(_serve(model, args, kwargs))
+
+
+def _check_gpus(cfg, launcher: LauncherEnv | None) -> None:
+    """More ranks on this machine than it has GPUs (or rank 0 not on cuda:0) fails here, before any process starts."""
+    world = cfg.tensor_parallel_size * cfg.data_parallel_size
+    if world == 1:
+        return
+    from ..dist.workers import check_devices
+    from ..engine.llm_engine import resolve_device
+
+    here = launcher.local_world_size if launcher is not None else world // cfg.nnodes
+    try:
+        check_devices(resolve_device(cfg.device), here)
+    except ValueError as e:
+        raise EngineConfigError(str(e)) from None
 
 
 def _build_kwargs(cfg) -> tuple:
