@@ -184,6 +184,11 @@ if [[ $what == tp ]]; then  # TP, TP + EP and DP + EP engines over NCCL, eager a
   # NCCL against the one-shot all-reduce over symmetric memory at decode sizes (eager and in a CUDA graph)
   timeout 200 python3 benchmarks/allreduce.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/allreduce.log" | tail -8
 fi
+if [[ $what == tpserve ]]; then  # issue 12's serving comparison (nvidia-h200-x2 or larger): full-size V4-Flash with the
+  # layout in LAYOUT (default -tp 2), bench serve 8K in / 1K out at CONC (benchmarks/tp_serve.sh); multi-rank graphs on
+  V4SERVE_MULTI_RANK_GRAPHS=${V4SERVE_MULTI_RANK_GRAPHS:-1} timeout ${TPS_TIMEOUT:-580} bash benchmarks/tp_serve.sh \
+    "${1:-v4-flash}" 2>&1 | grep -v Warning | tee "$OUT/tp_serve.log" | tail -40
+fi
 if [[ $what == ab ]]; then  # the 43-layer step profile (costliest kernels listed) of the tree in BEFORE (a snapshot of
   # the last commit, when given), then of this one: a change's before and after in one call
   for tree in ${BEFORE:-} .; do

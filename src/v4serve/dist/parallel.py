@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..ops.peer_sum import PartialSum
 from . import allreduce
 
 
@@ -80,12 +81,14 @@ class TensorParallel:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return int(t.item())
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum of every rank's x, e.g. the partial outputs of a row-parallel projection (in place, or a new tensor
-        on the one-shot path: dist/allreduce.py; use the result)."""
+    def all_reduce(self, x: torch.Tensor, defer: bool = False,
+                   out_dtype: torch.dtype | None = None) -> torch.Tensor | PartialSum:
+        """Sum of every rank's x, e.g. the partial outputs of a row-parallel projection, cast to `out_dtype` when
+        given (in place, or a new tensor: use the result). `defer`: the consumer is an mHC expansion, which may
+        finish the sum itself (a PartialSum under V4SERVE_ALLREDUCE=fused; dist/allreduce.py)."""
         if self.size > 1:
-            return allreduce.all_reduce(x, self.group)
-        return x
+            return allreduce.all_reduce(x, self.group, defer, out_dtype)
+        return x if out_dtype is None else x.to(out_dtype)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """Every rank's x concatenated along the last dim, in rank order (the vocab-parallel head's logits)."""

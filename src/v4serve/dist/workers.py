@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import allreduce
 from .parallel import TensorParallel
 
 log = logging.getLogger("v4serve.dist")
@@ -83,8 +84,8 @@ def check_devices(device: torch.device, ranks_here: int, available: int | None =
                          f"cuda:{ranks_here - 1}); it has {n}: lower --tensor-parallel-size / --data-parallel-size, or "
                          "spread the ranks over more machines (--nnodes)")
     if device.index not in (None, 0):
-        raise ValueError(f"under --tensor-parallel-size / --data-parallel-size rank r runs on cuda:r, rank 0 on cuda:0; "
-                         f"--device {device} would share a GPU with another rank: use --device cuda (or "
+        raise ValueError(f"under --tensor-parallel-size / --data-parallel-size rank r runs on cuda:r, rank 0 on "
+                         f"cuda:0; --device {device} would share a GPU with another rank: use --device cuda (or "
                          "CUDA_VISIBLE_DEVICES to choose the GPUs)")
 
 
@@ -232,6 +233,7 @@ class TensorParallelPeers:
         try:
             self._post(("stop",))
         finally:
+            allreduce.forget()
             dist.destroy_process_group()
             for p in self.procs:
                 try:
@@ -320,6 +322,7 @@ def run_rank(rank: int, size: int, addr: str, port: str, model: str, build_kwarg
                     if rows:
                         gather_logits(logits, rows, lm.config.vocab_size, dtype, dev, size)
     finally:
+        allreduce.forget()
         dist.destroy_process_group()
 
 

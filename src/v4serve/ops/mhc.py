@@ -17,6 +17,7 @@ import torch
 
 from . import backend as kernels
 from .norm import rms_norm
+from .peer_sum import PartialSum, resolve
 from .precision import acc_dtype
 from .profiling import family, profiled
 
@@ -161,16 +162,22 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
                                 norm_eps2)
 
 
-def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+def _for_kernel(f: torch.Tensor | PartialSum) -> torch.Tensor | PartialSum:
+    """f as the kernels take it: a PartialSum they can sum as they load it stays one, any other is summed first."""
+    return f if not isinstance(f, PartialSum) or f.fusable() else f.total()
+
+
+def hc_post(f: torch.Tensor | PartialSum, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
             backend: str = kernels.REFERENCE) -> torch.Tensor:
-    """The post side of a sub-layer: hc_expand of its output f [T, D] into the streams x [T, n, D]."""
+    """The post side of a sub-layer: hc_expand of its output f [T, D] into the streams x [T, n, D]. f may be a
+    tensor-parallel sum left to this op (ops/peer_sum.py): the kernel sums the ranks' partials as it loads them."""
     with family("mhc"):
         if backend == kernels.TRITON:
             from .kernels import mhc as mk
 
             if mk.supports(x):
-                return mk.hc_post(f, x, post, comb)
-        return hc_expand(f, x, post, comb)
+                return mk.hc_post(_for_kernel(f), x, post, comb)
+        return hc_expand(resolve(f), x, post, comb)
 
 
 def hc_post_pre_reference(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
@@ -183,20 +190,21 @@ def hc_post_pre_reference(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, 
                                  norm_eps2))
 
 
-def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
-                base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, norm_eps: float, hc_eps: float,
+def hc_post_pre(f: torch.Tensor | PartialSum, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, norm_eps: float,
+                hc_eps: float,
                 collapse_pre: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                 norm_eps2: float | None = None, backend: str = kernels.REFERENCE
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`hc_post(f, x, post, comb)` and then `hc_pre` of the new streams for the next sub-layer (its fn / base / scale,
     collapse_pre, norm) -> (the new streams [T, n, D], y, pre, post, comb): one launch on the fast path (the
-    expansion's output feeds the next mixes from registers)."""
+    expansion's output feeds the next mixes from registers; a PartialSum f summed as it is loaded, as in hc_post)."""
     with family("mhc"):
         if backend == kernels.TRITON:
             from .kernels import mhc as mk
 
             if mk.supports(x, collapse_pre):
-                return mk.hc_post_pre(f, x, post, comb, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre,
+                return mk.hc_post_pre(_for_kernel(f), x, post, comb, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre,
                                       norm_weight, norm_eps2)
-        return hc_post_pre_reference(f, x, post, comb, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre,
-                                     norm_weight, norm_eps2)
+        return hc_post_pre_reference(resolve(f), x, post, comb, fn, base, scale, n, iters, norm_eps, hc_eps,
+                                     collapse_pre, norm_weight, norm_eps2)

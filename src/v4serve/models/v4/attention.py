@@ -17,6 +17,7 @@ from ...ops.attention import attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear, RowStack
+from ...ops.peer_sum import PartialSum
 from ...ops.precision import acc_dtype
 from ...ops.profiling import family
 from ..numerics import Numerics
@@ -85,7 +86,7 @@ class V4Attention(nn.Module):
     def _index_fmt(self) -> str | None:
         return "mxfp4" if self.numerics.index_fp4 else None
 
-    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor | PartialSum:
         c, step, pools = self.config, ctx.step, ctx.pools
         T, H, hd = step.num_tokens, c.n_heads, c.head_dim
         cos, sin = ctx.rope(self.ratio > 0)
@@ -125,7 +126,7 @@ class V4Attention(nn.Module):
                 ctx.write_window(self.layer, kv, self.backend)
         # [T, g, o_lora_rank] (quantized for wo_b by wo_a's launch with gemv_quant_out)
         o = self.wo_a.grouped(o.reshape(T, c.o_groups, -1), quant_out=self.wo_b.act_group)
-        return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
+        return self.tp.all_reduce(self.wo_b(o.flatten(1)), defer=True)  # row-parallel under TP: the ranks' heads
 
     def _index_query(self, qr: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         """The indexer's queries [T, index heads, index head dim] from the q latent: projected, rotated and stored in

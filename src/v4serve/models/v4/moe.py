@@ -13,6 +13,7 @@ from ...ops import backend as kernels
 from ...ops import moe as moe_ops
 from ...ops import streams
 from ...ops.linear import Linear, logical_shape, scale_bytes, stored_format
+from ...ops.peer_sum import PartialSum
 from ...ops.precision import acc_dtype
 from ...ops.router import route
 from ..numerics import Numerics
@@ -99,13 +100,13 @@ class MoE(nn.Module):
         self.shared_clamp = numerics.shared_clamp if shared_clamp is None else shared_clamp
         self.backend = kernels.current()
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor | PartialSum:
         c, nm = self.config, self.numerics
         weights, ids = route(x, self.gate.weight, self.gate.bias, self.gate.tid2eid, token_ids, self.topk,
                              c.score_func, c.route_scale, nm.gate_eps, c.norm_topk_prob, self.backend)
         return self.combine(x, weights, ids)
 
-    def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | PartialSum:
         """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert."""
         if self.tp.data_parallel:
             return self._combine_dep(x, weights, ids)
@@ -120,7 +121,8 @@ class MoE(nn.Module):
         y = self._routed(x, weights, ids)
         if self.config.n_shared_experts:
             y = y + self._shared(x)
-        return self.tp.all_reduce(y).to(x.dtype)  # under TP each rank holds a slice of every expert's width
+        # under TP each rank holds a slice of every expert's width (the sum may be left to the mHC expansion)
+        return self.tp.all_reduce(y, defer=True, out_dtype=x.dtype)
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: torch.Tensor | None = None,
                 out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None) -> torch.Tensor:

@@ -28,6 +28,7 @@ from ...ops.attention import EntryRefs, attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear, RowStack
+from ...ops.peer_sum import PartialSum
 from ...ops.precision import acc_dtype
 from ...ops.profiling import family
 from ...ops.rope import apply_rope
@@ -92,18 +93,18 @@ class V41Attention(nn.Module):
         return finish_rows(kva, self.kv_norm.weight, c.norm_eps, cos, sin, False, self.numerics.window_kv,
                            c.rope_dim, pool, rows, backend=self.backend)
 
-    def project_output(self, o: torch.Tensor) -> torch.Tensor:
+    def project_output(self, o: torch.Tensor) -> torch.Tensor | PartialSum:
         """The grouped output projection of attention outputs already rotated back."""
         c = self.config
         # [T, g, o_lora_rank] (quantized for wo_b by wo_a's launch with gemv_quant_out)
         o = self.wo_a.grouped(o.reshape(o.shape[0], c.o_groups, -1), quant_out=self.wo_b.act_group)
-        return self.tp.all_reduce(self.wo_b(o.flatten(1)))  # row-parallel under TP: sum the ranks' heads
+        return self.tp.all_reduce(self.wo_b(o.flatten(1)), defer=True)  # row-parallel under TP: the ranks' heads
 
-    def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def output(self, o: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | PartialSum:
         return self.project_output(apply_rope(o, cos.unsqueeze(1), sin.unsqueeze(1), inverse=True))
 
     # --- forward ---------------------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: StepContext, sel: Selection) -> torch.Tensor | PartialSum:
         cos, sin = ctx.rope(self.ratio > 0)
         qa, kva = self.qkv_a(x)  # wq_a and wkv
         # side-stream overlaps (ops/streams.py), in the order the main stream needs their results: the index queries

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..peer_sum import PartialSum
 from ..precision import hi_lo
 from . import interpreting
 from .pdl import enter as pdl_enter
@@ -417,9 +418,24 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
 # ------------------------------------------------------------------------------------------------
 
 @triton.jit
+def _load_f(f_ptr, peers_ptr, offs, mask, PEERS: tl.constexpr, FDT: tl.constexpr, ACC: tl.constexpr):
+    """The sub-layer output f at element offsets `offs`, in ACC. PEERS > 0: f is a tensor-parallel sum left to this
+    load (ops/peer_sum.py): the PEERS ranks' partials, read where they lie through the address table peers_ptr and
+    summed in rank order in ACC, rounded to FDT as the all-reduce would give it."""
+    if PEERS == 0:
+        return tl.load(f_ptr + offs, mask=mask, other=0.0).to(ACC)
+    P = f_ptr.dtype.element_ty
+    s = tl.load(tl.load(peers_ptr).to(tl.pointer_type(P)) + offs, mask=mask, other=0.0).to(ACC)
+    for r in tl.static_range(1, PEERS):
+        s += tl.load(tl.load(peers_ptr + r).to(tl.pointer_type(P)) + offs, mask=mask, other=0.0).to(ACC)
+    return s.to(FDT).to(ACC)
+
+
+@triton.jit
 def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d, sx_t, sx_n, sx_d, sp_t, sp_n,
                     sc_t, sc_j, sc_k, N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                    ACC: tl.constexpr, PDL: tl.constexpr = False):
+                    ACC: tl.constexpr, peers_ptr=None, PEERS: tl.constexpr = 0, FDT: tl.constexpr = None,
+                    PDL: tl.constexpr = False):
     """out[t, k, d] = post[t, k] f[t, d] + sum_j comb[t, j, k] x[t, j, d] (out contiguous [T, N, D])."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -435,7 +451,7 @@ def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d,
                       mask=t_mask[:, None], other=0.0).to(ACC)
         x_j = tl.load(x_rows + j * sx_n, mask=m, other=0.0).to(ACC)
         mixed = tl.fma(c_j[:, :, None], x_j[:, None, :], mixed)
-    f = tl.load(f_ptr + t64[:, None] * sf_t + offs_d[None, :] * sf_d, mask=m, other=0.0).to(ACC)
+    f = _load_f(f_ptr, peers_ptr, t64[:, None] * sf_t + offs_d[None, :] * sf_d, m, PEERS, FDT, ACC)
     p = tl.load(post_ptr + offs_t[:, None] * sp_t + offs_k[None, :] * sp_n, mask=t_mask[:, None], other=0.0)
     out = tl.fma(p.to(ACC)[:, :, None], f[:, None, :], mixed)
     o = out_ptr + t64[:, None, None] * (N * D) + offs_k[None, :, None] * D + offs_d[None, None, :]
@@ -450,7 +466,8 @@ def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d,
 def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D,
                         sf_t, sxo_t, sxo_n, sf_r, sf_k,
                         N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-                        EVEN_D: tl.constexpr, ACC: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr):
+                        EVEN_D: tl.constexpr, ACC: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr,
+                        peers_ptr, PEERS: tl.constexpr, FDT: tl.constexpr):
     """Over d in [d_lo, d_hi): the expansion out_k = post_k f + sum_j comb[j, k] x_j (as `_hc_post_kernel`, stored in
     x's dtype into out [T, N, D]) and, from the stored values, the next sub-layer's mixes out @ fn^T split as the
     pre/post columns [BT, PP] and the comb columns [BT, N*N], and sum(out^2) [BT] (as `_mix_partial`)."""
@@ -464,7 +481,7 @@ def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs
             m = t_mask[:, None]
         else:
             m = t_mask[:, None] & (offs_d < d_hi)[None, :]
-        fv = tl.load(f_ptr + t64[:, None] * sf_t + offs_d[None, :], mask=m, other=0.0).to(ACC)
+        fv = _load_f(f_ptr, peers_ptr, t64[:, None] * sf_t + offs_d[None, :], m, PEERS, FDT, ACC)
         c_pp, c_c, c_ss = _chunk_start(acc_pp, acc_c, ss, BLOCK_T, PP, NN, BLOCK_D, ACC, MIX)
         for k in tl.static_range(N):
             mixed = tl.zeros([BLOCK_T, BLOCK_D], ACC)
@@ -491,6 +508,7 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
                         BLOCK_D: tl.constexpr, BLOCK_DC: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_D: tl.constexpr,
                         HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
                         ONE_CHUNK: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr,
+                        peers_ptr=None, PEERS: tl.constexpr = 0, FDT: tl.constexpr = None,
                         PDL: tl.constexpr = False):
     """x = hc_post(f, xo, po, co) stored, then hc_pre of x for the next sub-layer (as `_hc_pre_kernel`, whose finishing
     program reads the new streams back: its own (after a barrier) or, on the split grid, every program's (after the
@@ -499,7 +517,7 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
     pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _expand_mix_partial(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi,
                                             D, sf_t, sxo_t, sxo_n, sf_r, sf_k, N, PP, BLOCK_T, BLOCK_D, EVEN_D, ACC,
-                                            MIX, INTERPRET)
+                                            MIX, INTERPRET, peers_ptr, PEERS, FDT)
     if SPLIT_D > 1:
         last, acc_pp, acc_c, ss = _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, N, PP,
                                                   BLOCK_T, SPLIT_D, ACC)
@@ -654,13 +672,22 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     return outs
 
 
-def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor, fn: torch.Tensor,
-                base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, norm_eps: float, hc_eps: float,
-                collapse_pre: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+def _peers(f: torch.Tensor | PartialSum) -> tuple[torch.Tensor, dict]:
+    """(the tensor the kernel reads f's dtype and strides from, the launch arguments of a PartialSum's fused load)."""
+    if not isinstance(f, PartialSum):
+        return f, {}
+    return f.parts[0], {"peers_ptr": f.pointers(), "PEERS": len(f.parts), "FDT": _TL[f.out_dtype]}
+
+
+def hc_post_pre(f: torch.Tensor | PartialSum, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+                fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int, norm_eps: float,
+                hc_eps: float, collapse_pre: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                 norm_eps2: float | None = None, config: PreConfig | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """hc_post(f, x, post, comb) and hc_pre of its result in one launch -> (the new streams [T, n, D] in x's dtype,
-    y, pre, post, comb of the next sub-layer), as ops.mhc.hc_post_pre_reference. The hc_pre config's grid."""
+    y, pre, post, comb of the next sub-layer), as ops.mhc.hc_post_pre_reference. The hc_pre config's grid. f may be
+    a PartialSum (ops/peer_sum.py): the ranks' partials are summed as the expansion loads them."""
+    f, fused = _peers(f)
     t, _, d = x.shape
     if tuple(f.shape) != (t, d) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
         raise ValueError(f"mHC expand shapes do not fit: f {list(f.shape)}, x {list(x.shape)}, "
@@ -673,14 +700,16 @@ def hc_post_pre(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torc
         x = x if x.stride(-1) == 1 else x.contiguous()
         post, comb = post.contiguous(), comb.contiguous()
         _hc_post_pre_kernel[launch.grid](f, x, post, comb, new, *launch.head, f.stride(0), x.stride(0), x.stride(1),
-                                         fn.stride(0), fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x),
-                                         **_EXACT)
+                                         fn.stride(0), fn.stride(1), *launch.tail, **launch.const, **fused,
+                                         **pdl_launch(x), **_EXACT)
     return (new, *outs)
 
 
-def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
+def hc_post(f: torch.Tensor | PartialSum, x: torch.Tensor, post: torch.Tensor, comb: torch.Tensor,
             config: PostConfig | None = None) -> torch.Tensor:
-    """X'_k = post_k f + sum_j comb[j, k] X_j in x's dtype, as ops.mhc.hc_expand."""
+    """X'_k = post_k f + sum_j comb[j, k] X_j in x's dtype, as ops.mhc.hc_expand (f may be a PartialSum, as in
+    `hc_post_pre`)."""
+    f, fused = _peers(f)
     t, n, d = x.shape
     if tuple(f.shape) != (t, d) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
         raise ValueError(f"mHC expand shapes do not fit: f {list(f.shape)}, x {list(x.shape)}, "
@@ -694,5 +723,5 @@ def hc_post(f: torch.Tensor, x: torch.Tensor, post: torch.Tensor, comb: torch.Te
     _hc_post_kernel[grid](f, x, post, comb, out, t, d, f.stride(0), f.stride(1), x.stride(0), x.stride(1),
                           x.stride(2), post.stride(0), post.stride(1), comb.stride(0), comb.stride(1),
                           comb.stride(2), N=n, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, ACC=_TL[acc],
-                          num_warps=cfg.num_warps, **pdl_launch(x), **_EXACT)
+                          num_warps=cfg.num_warps, **fused, **pdl_launch(x), **_EXACT)
     return out
