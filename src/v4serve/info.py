@@ -9,7 +9,7 @@ from .cache.spec import make_cache_spec
 from .config import ModelConfig
 from .models.footprint import checkpoint_bytes, engine_bytes, stored_bytes
 from .models.layout import TensorSpec, tensor_specs
-from .models.sharding import Layout, check_layout, rank_fraction
+from .models.sharding import Layout, check_layout, model_rules, rank_fraction
 
 
 def layer_kinds(c: ModelConfig) -> list[str]:
@@ -117,13 +117,14 @@ def parallel_info(c: ModelConfig, layout: Layout, gpu_memory: int = H200_BYTES, 
     from .engine.memory import activation_reserve
 
     check_layout(c, layout)
+    rules = model_rules(c)  # the splits the model's layers declare (a skeleton on the meta device)
     per_gpu = host = 0.0
     for spec in tensor_specs(c, include_mtp=True):
         b = sum(stored_bytes(spec, c).values())
         if engram_on_host and spec.kind == "engram":
             host += b  # each host holds the whole tables (their rows travel per step, not the tables)
         else:
-            per_gpu += b * rank_fraction(spec, c, layout)
+            per_gpu += b * rank_fraction(spec, c, layout, rules)
     reserve = activation_reserve(c, step_tokens)
     kv = int(utilization * gpu_memory - per_gpu - reserve)
     out: dict[str, Any] = {"layout": layout.describe(), "gpus": layout.gpus, "gpu_memory_bytes": gpu_memory,

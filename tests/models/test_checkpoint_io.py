@@ -28,6 +28,7 @@ from v4serve.config import load_config
 from v4serve.models.checkpoint import write_checkpoint
 from v4serve.models.factory import build_model
 from v4serve.models.layout import tensor_specs
+from v4serve.models.sharding import model_rules
 from v4serve.models.step import RowSpec, build_step
 from v4serve.models.weights import (
     CheckpointError,
@@ -251,6 +252,7 @@ def _kind(name: str) -> str:
 
 def test_shard_for_rank_tensor_parallel_halves_concatenate_back():
     c = get_preset("tiny-v4-flash")
+    rules = model_rules(c)  # what the model's layers declare
     g = torch.Generator().manual_seed(0)
     seen = set()
     for spec in tensor_specs(c):
@@ -258,7 +260,8 @@ def test_shard_for_rank_tensor_parallel_halves_concatenate_back():
         t = torch.randn(*shape, generator=g) if spec.kind != "index" else torch.randint(0, 8, shape)
         kind = _kind(spec.name)
         seen.add(kind)
-        parts = [shard_for_rank(spec.name, t, ParallelRank(tp_rank=r, tp_size=2), c.n_routed_experts) for r in (0, 1)]
+        parts = [shard_for_rank(spec.name, t, ParallelRank(tp_rank=r, tp_size=2), c.n_routed_experts,
+                                rules.kind(spec.name)) for r in (0, 1)]
         if kind in ("column", "vocab"):
             assert parts[0].shape[0] == t.shape[0] // 2, spec.name
             assert torch.equal(torch.cat(parts, 0), t), spec.name
@@ -272,17 +275,20 @@ def test_shard_for_rank_tensor_parallel_halves_concatenate_back():
     assert seen == {"vocab", "column", "row", "replicated", "sink"}
     # column-parallel by heads: rank 0 holds the first half of the heads of wq_b
     wq_b = torch.randn(c.n_heads * c.head_dim, c.q_lora_rank, generator=g)
-    r0 = shard_for_rank("layers.2.attn.wq_b.weight", wq_b, ParallelRank(0, 2), c.n_routed_experts)
+    r0 = shard_for_rank("layers.2.attn.wq_b.weight", wq_b, ParallelRank(0, 2), c.n_routed_experts,
+                        rules.kind("layers.2.attn.wq_b.weight"))
     assert torch.equal(r0.view(c.n_heads // 2, c.head_dim, -1), wq_b.view(c.n_heads, c.head_dim, -1)[: c.n_heads // 2])
 
 
 def test_shard_for_rank_expert_parallel_assigns_each_expert_to_one_rank():
     c = get_preset("tiny-v4-flash")
+    rules = model_rules(c)
     E = c.n_routed_experts
     owners: dict[int, list[int]] = {}
     for spec in tensor_specs(c):
         t = torch.ones(2, 2)
-        got = [shard_for_rank(spec.name, t, ParallelRank(ep_rank=r, ep_size=2), E) for r in (0, 1)]
+        got = [shard_for_rank(spec.name, t, ParallelRank(ep_rank=r, ep_size=2), E, rules.kind(spec.name))
+               for r in (0, 1)]
         if ".ffn.experts." in spec.name:
             holders = [r for r, g in enumerate(got) if g is not None]
             assert len(holders) == 1, spec.name
@@ -302,9 +308,11 @@ def test_parallel_rank_and_split_errors():
     with pytest.raises(ValueError):
         ParallelRank(tp_rank=2, tp_size=2)
     with pytest.raises(CheckpointError, match="experts"):
-        shard_for_rank("layers.2.ffn.experts.1.w1.weight", torch.ones(2, 2), ParallelRank(ep_rank=0, ep_size=3), 8)
+        shard_for_rank("layers.2.ffn.experts.1.w1.weight", torch.ones(2, 2), ParallelRank(ep_rank=0, ep_size=3), 8,
+                       "expert")
     with pytest.raises(CheckpointError, match="layers.2.attn.wq_b.weight"):
-        shard_for_rank("layers.2.attn.wq_b.weight", torch.ones(5, 2), ParallelRank(tp_rank=0, tp_size=2), 8)
+        shard_for_rank("layers.2.attn.wq_b.weight", torch.ones(5, 2), ParallelRank(tp_rank=0, tp_size=2), 8,
+                       "column")
 
 
 def test_loading_shows_a_progress_bar_in_bytes(fp8_folder, monkeypatch, capsys):

@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from v4serve.models.sharding import row_share, split_kind
+from v4serve.models.sharding import model_rules, row_share
 from v4serve.models.v41.layout import v41_tensor_specs
 from v4serve.models.weights import ParallelRank, shard_for_rank, shard_stored
 from v4serve.presets import get_preset
@@ -28,13 +28,15 @@ def test_every_v41_tensor_has_its_split_and_halves_concatenate_back() -> None:
     c = get_preset("tiny-v41-flash")
     g = torch.Generator().manual_seed(0)
     seen = set()
+    rules = model_rules(c)  # what the model's layers declare
     for spec in v41_tensor_specs(c, include_mtp=False):
-        kind = split_kind(spec.name)
+        kind = rules.kind(spec.name)
         assert kind == _want(spec.name), spec.name
         seen.add(kind)
         shape = (1000, spec.shape[1]) if spec.name in ("embed.weight", "head.weight") else spec.shape
         t = torch.randn(*shape, generator=g)
-        parts = [shard_for_rank(spec.name, t, ParallelRank(tp_rank=r, tp_size=2), c.n_routed_experts) for r in (0, 1)]
+        parts = [shard_for_rank(spec.name, t, ParallelRank(tp_rank=r, tp_size=2), c.n_routed_experts, kind)
+                 for r in (0, 1)]
         if kind in ("column", "vocab", "expert-in") or (kind == "expert" and ".w2." not in spec.name):
             assert torch.equal(torch.cat(parts, 0), t), spec.name
             assert parts[0].shape[0] == -(-t.shape[0] // 2), spec.name
@@ -50,7 +52,7 @@ def test_fp8_engram_rows_split_unevenly_with_their_scales() -> None:
     rows, hd = 6091, 64
     t = torch.randn(rows, hd).to(torch.float8_e4m3fn)
     scale = torch.randint(100, 140, (rows, hd // 32), dtype=torch.uint8)
-    got = [shard_stored("layers.1.engram.embed.weight", t, scale, ParallelRank(tp_rank=r, tp_size=3), 8)
+    got = [shard_stored("layers.1.engram.embed.weight", t, scale, ParallelRank(tp_rank=r, tp_size=3), 8, "vocab")
            for r in range(3)]
     assert [p[0].shape[0] for p in got] == [2031, 2031, 2029] == [hi - lo for lo, hi in (row_share(rows, 3, r)
                                                                                           for r in range(3))]

@@ -14,6 +14,7 @@ from .layout import TensorSpec, tensor_specs
 from .footprint import checkpoint_bytes
 from .numerics import Numerics
 from .progress import load_bar, tensor_bytes
+from .sharding import Rules, rules_of
 from .weights import CheckpointError, CheckpointReader, ParallelRank, check_and_iter, shard_stored
 
 
@@ -81,9 +82,10 @@ CPU_GENERATION_LIMIT = 2_000_000_000  # parameters
 
 
 def _assign_shard(model: nn.Module, spec: TensorSpec, t: torch.Tensor, scale: torch.Tensor | None,
-                  config: ModelConfig, dtype: torch.dtype, device: torch.device, rank: ParallelRank) -> None:
+                  config: ModelConfig, dtype: torch.dtype, device: torch.device, rank: ParallelRank,
+                  rules: Rules) -> None:
     """This rank's part of one tensor (weights.shard_stored), placed in the model."""
-    part = shard_stored(spec.name, t, scale, rank, config.n_routed_experts)
+    part = shard_stored(spec.name, t, scale, rank, config.n_routed_experts, rules.kind(spec.name))
     if part is None:  # another expert-parallel rank's expert
         return
     t, scale = part
@@ -99,11 +101,12 @@ def load_random(model: nn.Module, config: ModelConfig, seed: int, storage: str, 
     n_params = sum(s.numel for s in tensor_specs(config, include_mtp))
     gen_device = device if device.type == "cuda" and n_params > CPU_GENERATION_LIMIT else torch.device("cpu")
     total = sum(checkpoint_bytes(config, include_mtp, storage).values())
+    rules = rules_of(model)
     with load_bar(total, "Random weights") as bar:
         for spec, tensors in iter_random_checkpoint(config, seed, storage, gen_device, include_mtp):
             t = tensors[spec.name]
             scale = next((v for k, v in tensors.items() if k != spec.name), None)
-            _assign_shard(model, spec, t, scale, config, dtype, device, rank or ParallelRank())
+            _assign_shard(model, spec, t, scale, config, dtype, device, rank or ParallelRank(), rules)
             bar.update(tensor_bytes(t, scale))
 
 
@@ -117,7 +120,8 @@ def load_checkpoint(model: nn.Module, folder: str | Path, config: ModelConfig, d
     rank = rank or ParallelRank()
     reader = CheckpointReader(folder)
     total = sum(checkpoint_bytes(config, include_mtp).values())
+    rules = rules_of(model)
     with load_bar(total, "Loading safetensors checkpoint") as bar:
         for spec, t, scale in check_and_iter(reader, config, include_mtp):
-            _assign_shard(model, spec, t, scale, config, dtype, device, rank)
+            _assign_shard(model, spec, t, scale, config, dtype, device, rank, rules)
             bar.update(tensor_bytes(t, scale))

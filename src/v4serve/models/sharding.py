@@ -1,4 +1,5 @@
-"""How the parallel layouts split each checkpoint tensor: one rule set for sharded loading and for deployment sizing.
+"""How the parallel layouts split each checkpoint tensor: the rules the model's layers declare (ops/shard.py), read
+from the model for sharded loading and from a skeleton of it (no weights) for deployment sizing.
 
 Layouts use vLLM's names: tensor parallel (TP) splits attention heads and the vocabulary; `--enable-expert-parallel`
 spreads the routed experts whole over all TP x DP ranks (EP); data parallel (DP) replicates the attention per rank, each
@@ -25,21 +26,18 @@ Splits by tensor:
 
 from __future__ import annotations
 
-import re
+import functools
 from dataclasses import dataclass
 
+import torch
+from torch import nn
+
 from ..config import ModelConfig
+from ..ops.shard import COLUMN, EXPERT, REPLICATED, ROW, SHARED_IN, SHARED_OUT, VOCAB, declared
 from .layout import TensorSpec
 
-COLUMN, ROW, VOCAB, EXPERT, SHARED_IN, SHARED_OUT, REPLICATED = (
-    "column", "row", "vocab", "expert", "expert-in", "expert-out", "replicated")
-
-_COLUMN = re.compile(r"(attn\.wq_b\.weight|attn\.wo_a\.weight|attn\.attn_sink)$")
-_ROW = re.compile(r"attn\.wo_b\.weight$")
-_VOCAB = re.compile(r"^(embed|head)\.weight$|\.engram\.embed\.weight$")
-_ROUTED = re.compile(r"ffn\.experts\.(\d+)\.")
-_SHARED_IN = re.compile(r"ffn\.shared_experts\.w[13]\.")
-_SHARED_OUT = re.compile(r"ffn\.shared_experts\.w2\.")
+__all__ = ["COLUMN", "EXPERT", "REPLICATED", "ROW", "SHARED_IN", "SHARED_OUT", "VOCAB", "Layout", "Rules",
+           "check_layout", "model_rules", "rank_config", "rank_fraction", "row_share", "rules_of"]
 
 
 @dataclass(frozen=True)
@@ -66,21 +64,38 @@ class Layout:
         return " ".join(parts + ([f"EP={self.expert_ranks}"] if self.expert_parallel else []))
 
 
-def split_kind(name: str) -> str:
-    """The split of the tensor `name` (internal names; scales follow their weight)."""
-    if _ROUTED.search(name):
-        return EXPERT
-    if _SHARED_IN.search(name):
-        return SHARED_IN
-    if _SHARED_OUT.search(name):
-        return SHARED_OUT
-    if _COLUMN.search(name):
-        return COLUMN
-    if _VOCAB.search(name):
-        return VOCAB
-    if _ROW.search(name):
-        return ROW
-    return REPLICATED
+class Rules:
+    """Every split a model's layers declare, by internal tensor name (scales follow their weight)."""
+
+    def __init__(self, exact: dict[str, str], prefixes: dict[str, str]) -> None:
+        self.exact, self.prefixes = exact, prefixes
+
+    def kind(self, name: str) -> str:
+        if name in self.exact:
+            return self.exact[name]
+        return next((k for p, k in self.prefixes.items() if name.startswith(p)), REPLICATED)
+
+
+def rules_of(model: nn.Module) -> Rules:
+    """The rules of every layer of `model` (each module's `shard_rules`, ops/shard.py), under its own name."""
+    exact, prefixes = {}, {}
+    for path, m in model.named_modules():
+        for rel, kind in declared(m).items():
+            full = f"{path}.{rel}" if path else rel
+            (prefixes if rel.endswith(".") else exact)[full] = kind
+    return Rules(exact, prefixes)
+
+
+@functools.lru_cache(maxsize=16)
+def model_rules(c: ModelConfig, with_mtp: bool = True) -> Rules:
+    """The rules of a model of config `c`, read off a skeleton built on the meta device (no memory, no weights):
+    deployment sizing before owning the GPUs (info.py)."""
+    from .factory import model_class
+    from .numerics import numerics_for
+
+    with torch.device("meta"):
+        net = model_class(c)(c, numerics_for(c, "deepseek"), with_mtp=with_mtp, dtype=torch.bfloat16)
+    return rules_of(net)
 
 
 def row_share(n: int, tp: int, rank: int) -> tuple[int, int]:
@@ -91,9 +106,9 @@ def row_share(n: int, tp: int, rank: int) -> tuple[int, int]:
     return lo, min(n, lo + per)
 
 
-def rank_fraction(spec: TensorSpec, c: ModelConfig, layout: Layout) -> float:
+def rank_fraction(spec: TensorSpec, c: ModelConfig, layout: Layout, rules: Rules) -> float:
     """The share of `spec`'s bytes one GPU holds (the largest share where a split is uneven)."""
-    kind = split_kind(spec.name)
+    kind = rules.kind(spec.name)
     tp = layout.tensor_parallel
     if kind == EXPERT:
         if layout.expert_parallel:

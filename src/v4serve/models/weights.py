@@ -61,7 +61,7 @@ class ParallelRank:
                 raise ValueError(f"{what}-parallel rank {r} is outside world size {s}")
 
 
-# --- splitting a tensor for one rank (the rules: models/sharding.py) -------------------------------------------
+# --- splitting a tensor for one rank (the rules: each layer's, models/sharding.py `rules_of`) ---------------------
 _EXPERT_ID = re.compile(r"ffn\.experts\.(\d+)\.")
 
 
@@ -72,10 +72,11 @@ def expert_owner(expert: int, n_experts: int, ep: ParallelRank) -> bool:
     return ep.ep_rank * per <= expert < (ep.ep_rank + 1) * per
 
 
-def shard_for_rank(name: str, t: torch.Tensor, rank: ParallelRank, n_experts: int) -> torch.Tensor | None:
-    """This rank's part of a plain (dequantized) tensor; None when another expert-parallel rank owns it (the rules and
-    why: models/sharding.py)."""
-    part = shard_stored(name, t, None, rank, n_experts)
+def shard_for_rank(name: str, t: torch.Tensor, rank: ParallelRank, n_experts: int, kind: str
+                   ) -> torch.Tensor | None:
+    """This rank's part of a plain (dequantized) tensor whose split is `kind` (the rule its layer declares:
+    models/sharding.py `rules_of`); None when another expert-parallel rank owns it."""
+    part = shard_stored(name, t, None, rank, n_experts, kind)
     return None if part is None else part[0]
 
 
@@ -103,10 +104,9 @@ def _slice_stored(name: str, t: torch.Tensor, scale: torch.Tensor | None, dim: i
     return part, scale[tuple(sidx)].contiguous()
 
 
-def shard_stored(name: str, t: torch.Tensor, scale: torch.Tensor | None, rank: ParallelRank, n_experts: int
-                 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+def shard_stored(name: str, t: torch.Tensor, scale: torch.Tensor | None, rank: ParallelRank, n_experts: int,
+                 kind: str) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """`shard_for_rank` for a tensor in its stored format with its scales; None when another EP rank owns it."""
-    kind = sharding.split_kind(name)
     if kind == sharding.EXPERT:
         if rank.ep_size > 1:
             m = _EXPERT_ID.search(name)

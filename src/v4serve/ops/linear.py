@@ -17,6 +17,7 @@ from torch import nn
 from . import backend as kernels
 from . import quant
 from .profiling import family
+from .shard import REPLICATED
 
 
 def stored_format(weight: torch.Tensor) -> str:
@@ -129,9 +130,11 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | 
 class Linear(nn.Module):
     """y = x W^T with W [out, in] held in its stored format; `act_group` > 0 quantizes activations to FP8."""
 
-    def __init__(self, in_features: int, out_features: int):
+    def __init__(self, in_features: int, out_features: int, shard: str = REPLICATED):
+        """`shard`: how tensor parallelism splits this weight and its scales (ops/shard.py)."""
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.shard_rules = {} if shard == REPLICATED else {"weight": shard, "scale": shard}
         self.register_buffer("weight", None)
         self.register_buffer("scale", None)
         self.block = 0

@@ -17,6 +17,7 @@ from ...ops.attention import attend
 from ...ops.finish import finish_rows
 from ...ops.indexer import index_topk
 from ...ops.linear import Linear, RowStack
+from ...ops.shard import COLUMN, ROW
 from ...ops.peer_sum import PartialSum
 from ...ops.precision import acc_dtype
 from ...ops.profiling import family
@@ -45,12 +46,13 @@ def add_projections(m: nn.Module, c: ModelConfig) -> None:
     H, hd = c.n_heads, c.head_dim
     m.wq_a = Linear(c.dim, c.q_lora_rank)
     m.q_norm = Norm(c.q_lora_rank, c.norm_eps)
-    m.wq_b = Linear(c.q_lora_rank, H * hd)
+    m.wq_b = Linear(c.q_lora_rank, H * hd, shard=COLUMN)  # TP: by query head
     m.wkv = Linear(c.dim, hd)
     m.kv_norm = Norm(hd, c.norm_eps)
-    m.wo_a = Linear(H * hd // c.o_groups, c.o_groups * c.o_lora_rank)
-    m.wo_b = Linear(c.o_groups * c.o_lora_rank, c.dim)
+    m.wo_a = Linear(H * hd // c.o_groups, c.o_groups * c.o_lora_rank, shard=COLUMN)  # by output group
+    m.wo_b = Linear(c.o_groups * c.o_lora_rank, c.dim, shard=ROW)  # its output all-reduced
     m.attn_sink = param(H)
+    m.shard_rules = {"attn_sink": COLUMN}  # one logit per query head
 
 
 class V4Attention(nn.Module):

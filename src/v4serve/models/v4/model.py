@@ -18,6 +18,7 @@ from ...ops.linear import Linear, linear
 from ...dist import parallel
 from ...ops.mhc import hc_head
 from ...ops.precision import wide
+from ...ops.shard import VOCAB
 from ..numerics import Numerics
 from ..vocab import embed_lookup, gather_logits
 from ..step import StepInput
@@ -64,6 +65,7 @@ class V4Model(nn.Module):
         self.norm = Norm(c.dim, c.norm_eps)
         self.head = nn.Module()
         self.head.weight = param(vocab, c.dim)
+        self.shard_rules = {"embed.weight": VOCAB, "head.weight": VOCAB}  # this rank's rows of the vocabulary
         self.hc_head_fn, self.hc_head_base, self.hc_head_scale = param(c.hc_mult, c.hc_mult * c.dim), \
             param(c.hc_mult), param(1)
         n_mtp = c.n_mtp_layers if with_mtp else 0

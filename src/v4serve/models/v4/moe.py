@@ -14,6 +14,7 @@ from ...ops import moe as moe_ops
 from ...ops import streams
 from ...ops.linear import Linear, logical_shape, scale_bytes, stored_format
 from ...ops.peer_sum import PartialSum
+from ...ops.shard import EXPERT, SHARED_IN, SHARED_OUT
 from ...ops.precision import acc_dtype
 from ...ops.router import route
 from ..numerics import Numerics
@@ -96,7 +97,8 @@ class MoE(nn.Module):
         inter = c.moe_inter_dim // tp.size if ep else c.moe_inter_dim
         self.shared_experts = nn.Module()
         for w, (o, i) in {"w1": (inter, c.dim), "w2": (c.dim, inter), "w3": (inter, c.dim)}.items():
-            setattr(self.shared_experts, w, Linear(i, o))
+            setattr(self.shared_experts, w, Linear(i, o, shard=SHARED_OUT if w == "w2" else SHARED_IN))
+        self.shard_rules = {"experts.": EXPERT}  # whole to their EP owner, or sliced as the shared expert
         self.shared_clamp = numerics.shared_clamp if shared_clamp is None else shared_clamp
         self.backend = kernels.current()
 

@@ -26,6 +26,7 @@ from ...dist import parallel
 from ...ops import quant
 from ...ops.linear import Linear, scale_bytes
 from ...ops.precision import wide
+from ...ops.shard import VOCAB
 from ..sharding import row_share
 from ..v4.modules import param
 
@@ -111,6 +112,7 @@ class Engram(nn.Module):
         total = c.engram_num_embeddings[self.index]
         lo, hi = row_share(total, tp.size, tp.rank)
         self.embed = EngramTable(hi - lo, c.engram_head_dim, table_on_host, lo, total)
+        self.shard_rules = {"embed.weight": VOCAB}  # rows [lo, hi): a contiguous share, uneven (row_share)
         self.wkv = Linear(self.columns * c.engram_head_dim, (c.hc_mult + 1) * c.dim)
         self.q_weight = param(c.hc_mult, c.dim)
         self.k_weight = param(c.hc_mult, c.dim)

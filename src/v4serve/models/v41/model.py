@@ -34,6 +34,7 @@ from ...ops import backend as kernels
 from ...ops.linear import linear
 from ...ops.mhc import hc_collapse
 from ...ops.precision import wide
+from ...ops.shard import VOCAB
 from ..numerics import Numerics
 from ..step import StepInput
 from ..v4.context import StepContext
@@ -75,6 +76,7 @@ class V41Model(nn.Module):
         self.norm = Norm(c.dim, c.norm_eps)
         self.head = nn.Module()
         self.head.weight = param(vocab, c.dim)
+        self.shard_rules = {"embed.weight": VOCAB, "head.weight": VOCAB}  # this rank's rows of the vocabulary
         self.mtp = nn.ModuleList(DSparkBlock(c, j, numerics) for j in range(c.n_mtp_layers if with_mtp else 0))
         self.engram_on_host = os.environ.get(ENGRAM_HOST_ENV) == "1" if engram_on_host is None else engram_on_host
         for m in self.modules():  # the loader keeps these tables on the host (models/loading.py `_placement`)
