@@ -862,6 +862,9 @@ if [[ $what == fifteenthA ]]; then  # prepared in the fourteenth session: the GP
     -k "graph_decode_equals_eager" 2>&1 | tee "$OUT/combine_graph_tests.log" | grep -E "^E |passed|failed"
   V4SERVE_FUSIONS=all timeout 120 python3 -m pytest tests/models/test_fusions.py -q -p no:cacheprovider \
     -o addopts="" 2>&1 | tee "$OUT/fusion_tests.log" | grep -E "^E |passed|failed"
+  # (fifteenth session) the mHC expansion's fused load of a tensor-parallel sum (ops/peer_sum.py), first GPU run
+  timeout 90 python3 -m pytest tests/ops/test_peer_sum.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/peer_sum_tests.log" | grep -E "^E |passed|failed"
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

@@ -1,4 +1,5 @@
-"""The tensor-parallel split rules cover every tensor of a V4.1 trunk (models/sharding.py, models/weights.py): heads,
+"""The tensor-parallel split rules, as the layers declare them (ops/shard.py, models/sharding.py), cover every tensor of
+every family (checked against the rules written out here), and slice every tensor of a V4.1 trunk: heads,
 sinks and wo_a groups by rows, wo_b by columns, embedding / head / Engram tables by rows (the tables unevenly), the
 KV sources' compressors, index keys, indexer, router biases and Engram's projections replicated."""
 
@@ -6,9 +7,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 
 from v4serve.models.sharding import model_rules, row_share
+from v4serve.models.layout import tensor_specs
 from v4serve.models.v41.layout import v41_tensor_specs
 from v4serve.models.weights import ParallelRank, shard_for_rank, shard_stored
 from v4serve.presets import get_preset
@@ -67,3 +70,33 @@ def test_info_prints_v41_bytes_per_rank(capsys) -> None:
         assert main(["info", preset, "-tp", "2"]) == 0
         out = capsys.readouterr().out
         assert "TP=2 on 2 GPU(s)" in out and "GB per GPU" in out
+
+
+@pytest.mark.parametrize("preset", ["tiny-v4-flash", "tiny-v4-pro", "tiny-v41-flash", "v4-flash", "v41-flash"])
+def test_the_layers_declare_every_split(preset: str) -> None:
+    """What the layers declare (Linear(..., shard=), modules' shard_rules; read off a meta-device skeleton) gives
+    every checkpoint tensor, MTP / draft blocks included, the split written out independently above."""
+    c = get_preset(preset)
+    rules = model_rules(c)
+    wrong = [(s.name, rules.kind(s.name), _want(s.name)) for s in tensor_specs(c, include_mtp=True)
+             if rules.kind(s.name) != _want(s.name)]
+    assert not wrong, wrong[:5]
+
+
+def test_a_layer_declares_its_split() -> None:
+    from torch import nn
+
+    from v4serve.models.sharding import rules_of
+    from v4serve.ops.linear import Linear
+    from v4serve.ops.shard import COLUMN, EXPERT
+
+    m = nn.Module()
+    m.proj = Linear(4, 8, shard=COLUMN)
+    m.keep = Linear(4, 8)
+    m.shard_rules = {"experts.": EXPERT}
+    rules = rules_of(m)
+    assert rules.kind("proj.weight") == rules.kind("proj.scale") == COLUMN
+    assert rules.kind("keep.weight") == "replicated" and rules.kind("experts.3.w1.weight") == EXPERT
+    m.shard_rules = {"w": "diagonal"}
+    with pytest.raises(ValueError, match="unknown split"):
+        rules_of(m)

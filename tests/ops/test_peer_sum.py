@@ -1,7 +1,8 @@
 """A tensor-parallel sum left to the mHC expansion (ops/peer_sum.py): the kernels read the ranks' partials through
-their address table and sum them as they load f. On the CPU the "ranks' partials" are tensors of this process (the
-table holds their addresses, as on a GPU it holds the peers' mapped buffers); the result must be bit for bit the
-expansion of the summed tensor, in float32 and float64, for hc_post and the fused hc_post + hc_pre."""
+their address table and sum them as they load f. The "ranks' partials" are tensors of this process (the table holds
+their addresses, as on a GPU it holds the peers' mapped buffers); the result must be bit for bit the expansion of the
+summed tensor, in float32 and float64, for hc_post and the fused hc_post + hc_pre. Under the interpreter on the CPU;
+with V4SERVE_TEST_DEVICE=cuda the same cases on the GPU (tests/dist/test_allreduce.py: real peers on two GPUs)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 def _partial(f: torch.Tensor, ranks: int, out_dtype: torch.dtype | None = None, seed: int = 0) -> PartialSum:
     """f split into `ranks` random partials (each of f's dtype) whose sum is about f."""
     g = torch.Generator().manual_seed(seed)
-    noise = [torch.randn(f.shape, generator=g, dtype=torch.float64).to(f.dtype) for _ in range(ranks - 1)]
+    noise = [torch.randn(f.shape, generator=g, dtype=torch.float64).to(f.device, f.dtype) for _ in range(ranks - 1)]
     parts = [f - sum(n.to(torch.float64) for n in noise).to(f.dtype), *noise]
     return PartialSum(parts, out_dtype or f.dtype)
 
@@ -70,9 +71,9 @@ def test_a_narrower_sum_is_rounded_before_the_expansion() -> None:
 
 def test_unfusable_partials_are_summed_first() -> None:
     f, x, post, comb, *_ = _expansion(4, 64, torch.float32, seed=29)
-    wide = torch.zeros(4, 128)
+    wide = torch.zeros(4, 128, device=f.device)
     wide[:, ::2] = f
-    p = PartialSum([wide[:, ::2], torch.zeros(4, 64)], torch.float32)  # a strided part: no single row stride
+    p = PartialSum([wide[:, ::2], torch.zeros(4, 64, device=f.device)], torch.float32)  # strided: no one row stride
     assert not p.fusable()
     assert torch.equal(mhc.hc_post(p, x, post, comb, backend.TRITON), mk.hc_post(p.total(), x, post, comb))
 
