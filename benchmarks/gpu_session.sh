@@ -848,6 +848,32 @@ if [[ $what == agentx14b ]]; then  # prepared in the fourteenth session: agentx1
   grep -h "slow step\|warm-up\|compiled" $W/server-*.log | head -20
   tar -czf "$OUT/agentx.tgz" -C $W .
 fi
+if [[ $what == agentx15 ]]; then  # prepared in the fifteenth session: agentx14b with the step-dependent integers of every
+  # kernel compiled unspecialised (V4SERVE_STEP_SPECIALIZE=0, ops/kernels.step_jit: one variant per kernel config
+  # instead of one per class combination, so the warm-up covers what serving meets); its warm-up compile count and
+  # every "compiled while serving" line. SPEC=1 repeats it with Triton's specialisation (the default) for the A/B
+  W=/tmp/agentx; rm -rf $W; mkdir -p $W
+  RUNS=${RUNS:-"nospec|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150||V4SERVE_STEP_SPECIALIZE=${SPEC:-0}"} \
+    OUT=$W timeout ${AGX_TIMEOUT:-490} bash benchmarks/agentic_run.sh \
+    v4-flash-l8-e16 "--max-model-len 16384 --kv-cache-memory 40GiB --max-num-seqs 32 --cuda-graph-sizes 1 2 4 8 16 32" \
+    "--concurrency ${AGX_CONC:-4,16} --duration 30 --scale 0.03 --output-scale 0.1 --warmup-requests 1 \
+    --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 --drain-timeout 15" 2>&1 | grep -v Warning \
+    | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
+  grep -h "slow step\|warm-up\|compiled\|captured" $W/server-*.log | head -30
+  tar -czf "$OUT/agentx.tgz" -C $W .
+fi
+if [[ $what == spec_ab ]]; then  # prepared in the fifteenth session: does compiling the step integers unspecialised
+  # (V4SERVE_STEP_SPECIALIZE=0) slow the graphed decode step? v4-flash-e16 replay at batch 1 and 32, both settings
+  # (separate processes: the choice is made when the kernels are defined)
+  for b in 1 32; do
+    for sp in 1 0 1 0; do
+      echo "== b$b V4SERVE_STEP_SPECIALIZE=$sp"
+      V4SERVE_STEP_SPECIALIZE=$sp timeout ${AB_TIMEOUT:-70} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
+        --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
+        | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/spec_ab.log" | grep -E "graph|floor"
+    done
+  done
+fi
 if [[ $what == fifteenthA ]]; then  # prepared in the fourteenth session: the GPU check that moe_combine needs before it
   # becomes the default for one-token steps (ops/backend.SMALL_STEP_FUSIONS; timed in the fourteenth session: batch 1
   # replay -0.16 ms, slower at 4-32 rows): the kernel at real shapes against the reference with the fusion and

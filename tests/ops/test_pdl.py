@@ -24,10 +24,11 @@ MODULES = sorted(p for p in KERNELS.glob("*.py") if p.name not in ("__init__.py"
 
 
 def _jit_kernels(tree: ast.Module) -> list[ast.FunctionDef]:
-    """The @triton.jit functions that take a PDL parameter (the kernels; helpers take none)."""
+    """The @triton.jit / @step_jit functions that take a PDL parameter (the kernels; helpers take none)."""
     out = []
     for node in tree.body:
-        if (isinstance(node, ast.FunctionDef) and any(ast.unparse(d) == "triton.jit" for d in node.decorator_list)
+        if (isinstance(node, ast.FunctionDef)
+                and any(ast.unparse(d) in ("triton.jit", "step_jit") for d in node.decorator_list)
                 and any(a.arg == "PDL" for a in node.args.args)):
             out.append(node)
     return out
@@ -60,6 +61,7 @@ def test_every_kernel_waits_first_and_every_launch_asks_for_pdl(path: Path) -> N
     # moe_decode's kernels launch from moe.py; scaled_mm.py is a cuBLAS call (no Triton kernel: a launch after it
     # waits for it in full, as after any torch op)
     assert bool(launches) == (path.name not in ("moe_decode.py", "scaled_mm.py")), path.name
+    assert bool(kernels) == (path.name != "scaled_mm.py"), path.name  # every module of kernels has its kernels checked
 
 
 def test_launch_arguments_off_the_gpu() -> None:

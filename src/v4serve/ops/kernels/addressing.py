@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..addressing import Compression, WindowAddressing, WindowRows
 from ..compressor import Groups, StepRows
-from . import interpreting
+from . import interpreting, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
@@ -34,7 +34,7 @@ def supports(step: StepRows) -> bool:
         and step.num_tokens > 0
 
 
-@triton.jit
+@step_jit
 def _window_kernel(pos_ptr, row_ptr, start_ptr, len_ptr, offset_ptr, slot_ptr, floor_ptr, src_ptr, valid_ptr,
                    ring_ptr, write_ptr, f0_ptr, cos0_ptr, sin0_ptr, f1_ptr, cos1_ptr, sin1_ptr, T, R, trash_slot,
                    W: tl.constexpr, BW: tl.constexpr, NT, HALF: tl.constexpr, BH: tl.constexpr,
@@ -114,7 +114,7 @@ def window_addressing(step: WindowRows, window: int, trash_slot: int,
     return WindowAddressing(src, valid, ring, write, tables)
 
 
-@triton.jit
+@step_jit
 def _compression_kernel(pos_ptr, start_ptr, len_ptr, cached_ptr, bt_ptr, bt_stride, bt_cols, freq_ptr, grow_ptr,
                         entry_ptr, gvalid_ptr, rows_ptr, cos_ptr, sin_ptr, vis_ptr, T, R, G, num_blocks,
                         M: tl.constexpr, BLOCK_SIZE: tl.constexpr, BR: tl.constexpr, HALF: tl.constexpr,

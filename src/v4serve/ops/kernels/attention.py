@@ -50,7 +50,7 @@ import triton
 import triton.language as tl
 
 from ..precision import hi_lo
-from . import interpreting
+from . import interpreting, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, last_to_arrive
@@ -221,7 +221,7 @@ def _split_rows(vis_ptr, t, n_picks, pid_s, W: tl.constexpr, CMODE: tl.constexpr
     return lo, tl.minimum(lo + span, W + n_c)
 
 
-@triton.jit
+@step_jit
 def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr, part_ptr, cnt_ptr,
                    win_src_ptr, win_ok_ptr, ring_ptr, wu8_ptr, wh16_ptr, wval_ptr, w_stride,
                    cu8_ptr, ch16_ptr, cval_ptr, c_stride,
@@ -445,7 +445,7 @@ def _prefetch(base_ptr, rows, row_bytes, NL: tl.constexpr):
                               is_pure=False, pack=1)
 
 
-@triton.jit
+@step_jit
 def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr, part_ptr, cnt_ptr,
                   win_src_ptr, win_ok_ptr, ring_ptr, wu8_ptr, wh16_ptr, wval_ptr, w_stride,
                   cu8_ptr, ch16_ptr, cval_ptr, c_stride,

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import interpreting, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import TL_DTYPES
@@ -65,7 +65,7 @@ def _load_cols(t, st, pm, chan0, cols, kv_ptr, sc_ptr, stride_kv, stride_sc, ape
     return kv, sc
 
 
-@triton.jit
+@step_jit
 def _pool_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, off_ptr, slot_ptr,
                  grow_ptr, gentry_ptr, gvalid_ptr, out_ptr, stride_kv, stride_sc, pos_ptr, trow_ptr, n_groups,
                  trash_slot, M: tl.constexpr, OVERLAP: tl.constexpr, HD: tl.constexpr, W: tl.constexpr,
@@ -128,7 +128,7 @@ def _pool_group(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, start_ptr, len_ptr, o
         tl.store(out_ptr + pid * HD + cols, tl.zeros((BD,), OUT))
 
 
-@triton.jit
+@step_jit
 def _write_state_kernel(kv_ptr, sc_ptr, ape_ptr, skv_ptr, ssc_ptr, pos_ptr, trow_ptr, start_ptr, len_ptr, slot_ptr,
                         trash_slot, stride_kv, stride_sc, M: tl.constexpr, OVERLAP: tl.constexpr, W: tl.constexpr,
                         SL: tl.constexpr, BW: tl.constexpr, HAS_APE: tl.constexpr, PDL: tl.constexpr = False):

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..precision import hi_lo
-from . import interpreting
+from . import interpreting, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil
@@ -256,7 +256,7 @@ def _store_record(y, rec_ptr, base, ok, c, BM: tl.constexpr, D: tl.constexpr, KR
         tl.store(row + D + k, sb.to(tl.uint8), mask=m2)
 
 
-@triton.jit
+@step_jit
 def _finish_kernel(x_ptr, out_ptr, pre_ptr, w_ptr, cos_ptr, sin_ptr, rows_ptr, rec_ptr,
                    M, H, n_blocks, stride_xn, stride_xh, stride_c, stride_rec, eps_hi, eps_lo, hc_hi, hc_lo,
                    D: tl.constexpr, RD: tl.constexpr, SR: tl.constexpr, KR: tl.constexpr, BM: tl.constexpr,

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..quant import Quantized
-from . import fp8_gemv, interpreting, scaled_mm
+from . import fp8_gemv, interpreting, scaled_mm, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import act_quant, act_simulate
@@ -40,7 +40,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return x.dtype in (torch.bfloat16, torch.float16, torch.float32)
 
 
-@triton.jit
+@step_jit
 def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
                  M, N, K, k_per_split,
                  stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn,
@@ -131,7 +131,7 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
             tl.store(cnt_ptr + tile, 0)  # ready for the next launch / graph replay
 
 
-@triton.jit
+@step_jit
 def _sum_splits_kernel(p_ptr, y_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """y = sum over splits of the partials, in split order (deterministic)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)

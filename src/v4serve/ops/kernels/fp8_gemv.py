@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..backend import fused
 from ..quant import Quantized
-from . import interpreting
+from . import interpreting, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .pdl import prefetch as pdl_prefetch
@@ -171,7 +171,7 @@ def fma_acc(acc, m: tl.constexpr, w, w_scale, x, x_scale, SB: tl.constexpr):
     return tl.where(tl.arange(0, acc.shape[0])[:, None] == m, acc + row[None, :], acc)
 
 
-@triton.jit
+@step_jit
 def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, cnt_ptr,
                         M, N, K, k_per_split,
                         stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,

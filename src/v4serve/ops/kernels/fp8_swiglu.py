@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import interpreting, step_jit
 from .fp8_gemv import (FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x, quantize_rows,
                        scale_block, split_count)
 from .fp8_gemv import supports as gemv_supports
@@ -75,7 +75,7 @@ def swiglu_rounded(g, u, limit, out_ptr, CLAMP: tl.constexpr, HAND_RNE: tl.const
     return to_out(g / (1.0 + tl.exp(-g)) * u, out_ptr, HAND_RNE)
 
 
-@triton.jit
+@step_jit
 def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, cnt_ptr,
                         M, N, K, k_per_split, limit,
                         stride_xm, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,

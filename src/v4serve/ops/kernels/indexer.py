@@ -40,6 +40,7 @@ import triton.language as tl
 
 from ..indexer import Entries, KeyPool
 from ..precision import hi_lo
+from . import step_jit
 from .finish import cast_rounded
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -179,7 +180,7 @@ def _score_tile(data_ptr, bt_row, n_cols, trash, stride_btc, stride_row, ids, of
                  mask=seg[None, :] & (offs_b[:, None] * CB < vis[None, :]))
 
 
-@triton.jit
+@step_jit
 def _logits_kernel(q_ptr, qs_ptr, w_ptr, data_ptr, bt_ptr, row_ptr, vis_ptr, cand_ptr, out_ptr, blk_ptr, hist_ptr,
                    T, n_cols, trash, n_cand,
                    stride_qt, stride_qh, stride_qd, stride_qst, stride_qsh, stride_wt, stride_wh, stride_row,
@@ -285,7 +286,7 @@ def _score_bin(sc):
     return (_ordered(sc) >> 20) + 2048
 
 
-@triton.jit
+@step_jit
 def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, n_cand, stride_st, stride_ct, stride_ot,
                    K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
                    ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr = 8, SMALL: tl.constexpr = 0,

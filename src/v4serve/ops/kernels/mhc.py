@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ..peer_sum import PartialSum
 from ..precision import hi_lo
-from . import interpreting
+from . import interpreting, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
@@ -384,7 +384,7 @@ def _split_partials(acc_pp, acc_c, ss, part_ptr, cnt_ptr, pid_t, pid_d, offs_t, 
     return last, acc_pp, acc_c, ss
 
 
-@triton.jit
+@step_jit
 def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr, post_ptr, comb_ptr,
                    part_ptr, cnt_ptr, T, D, d_per_split, sx_t, sx_n, sx_d, sf_r, sf_k, scp_t, scp_n,
                    neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
@@ -431,7 +431,7 @@ def _load_f(f_ptr, peers_ptr, offs, mask, PEERS: tl.constexpr, FDT: tl.constexpr
     return s.to(FDT).to(ACC)
 
 
-@triton.jit
+@step_jit
 def _hc_post_kernel(f_ptr, x_ptr, post_ptr, comb_ptr, out_ptr, T, D, sf_t, sf_d, sx_t, sx_n, sx_d, sp_t, sp_n,
                     sc_t, sc_j, sc_k, N: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
                     ACC: tl.constexpr, peers_ptr=None, PEERS: tl.constexpr = 0, FDT: tl.constexpr = None,
@@ -500,7 +500,7 @@ def _expand_mix_partial(f_ptr, xo_ptr, post_ptr, comb_ptr, out_ptr, fn_ptr, offs
     return acc_pp, acc_c, ss
 
 
-@triton.jit
+@step_jit
 def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                         pre_ptr, post_ptr, comb_ptr, part_ptr, cnt_ptr, T, D, d_per_split, sf_t, sxo_t, sxo_n,
                         sf_r, sf_k, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,

@@ -33,6 +33,7 @@ import triton.language as tl
 
 from ..backend import fused
 from ..linear import scale_bytes, stored_format
+from . import step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil, quantize_rows
@@ -214,7 +215,7 @@ def _expert_block(block_expert_ptr, sorted_ptr, NB, n_cols, M, BM: tl.constexpr,
 # Kernels
 # ------------------------------------------------------------------------------------------------------------
 
-@triton.jit
+@step_jit
 def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x_ptr, xq_ptr, T, D, stride_x,
                      stride_xq,
                      BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
@@ -308,7 +309,7 @@ def _k_range(K, BK: tl.constexpr, SPLIT: tl.constexpr):
     return lo, tl.minimum(lo + per, K)
 
 
-@triton.jit
+@step_jit
 def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_ptr, rw_ptr, sorted_ptr,
                     block_expert_ptr, M, NB, D, I, TOPK, limit,
                     stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_h, stride_ps, stride_pg,
@@ -391,7 +392,7 @@ def _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a
                 tl.store(tile, 0)  # ready for the next launch / graph replay
 
 
-@triton.jit
+@step_jit
 def _swiglu_kernel(part_ptr, h_ptr, rw_ptr, sorted_ptr, block_expert_ptr, M, I, limit, stride_ps, stride_pg,
                    stride_h, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, G: tl.constexpr,
                    QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, ACC: tl.constexpr,
@@ -412,7 +413,7 @@ def _swiglu_kernel(part_ptr, h_ptr, rw_ptr, sorted_ptr, block_expert_ptr, M, I, 
                   BM, BN, G, QUANT_H, WEIGHT_H, CLAMP, ACC, h_ptr.dtype.element_ty)
 
 
-@triton.jit
+@step_jit
 def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  M, NB, D, I,
                  stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_ys,
@@ -496,7 +497,7 @@ def _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM: tl.
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=valid[:, None] & (offs_n < D)[None, :])
 
 
-@triton.jit
+@step_jit
 def _combine_kernel(y_ptr, rw_ptr, add_ptr, out_ptr, T, D, TOPK, stride_y, stride_ys, stride_add, stride_out,
                     BD: tl.constexpr, SPLIT: tl.constexpr, APPLY_W: tl.constexpr, DT: tl.constexpr,
                     ACC: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr = False):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import step_jit
 from .moe import _a_tile, _dot, _down_out, _expert_block, _fp4_groups, _fp4_scales, _gate_up_out, _k_range
 from .pdl import enter as pdl_enter
 
@@ -200,7 +201,7 @@ def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: t
         return cur, cur
 
 
-@triton.jit
+@step_jit
 def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_ptr, rw_ptr, sorted_ptr,
                    block_expert_ptr, M, NB, D, I, TOPK, limit,
                    stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_h, stride_ps, stride_pg,
@@ -267,7 +268,7 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
                  ASM and BODY != "fp8", ACC, DT, FINISH, hs_ptr, BODY == "fp8")
 
 
-@triton.jit
+@step_jit
 def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                 M, NB, D, I,
                 stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_y, stride_ys,

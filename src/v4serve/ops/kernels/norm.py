@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..precision import hi_lo
 from ..quant import Quantized
-from . import interpreting
+from . import interpreting, step_jit
 from .finish import cast_rounded, rms_inv, widen
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -21,7 +21,7 @@ from .quant import quantize_rows
 MAX_D = 16384
 
 
-@triton.jit
+@step_jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, q_ptr, s_ptr, stride_x, stride_o, stride_q, stride_s, eps_hi, eps_lo,
                      D: tl.constexpr, BD: tl.constexpr, HAS_W: tl.constexpr, F64: tl.constexpr, QG: tl.constexpr = 0,
                      PDL: tl.constexpr = False):

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting
+from . import interpreting, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
@@ -52,7 +52,7 @@ def quantize_rows(x):
     return xq, x_scale
 
 
-@triton.jit
+@step_jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_qm, stride_sm,
                       GROUP: tl.constexpr, PAIRS: tl.constexpr, SIMULATE: tl.constexpr, PDL: tl.constexpr = False):
     """One program quantizes PAIRS (row, group) pairs: a [PAIRS, GROUP] tile, amax per tile row."""

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ..precision import hi_lo
+from . import step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
@@ -139,7 +140,7 @@ def _epilogue(logits, offs_t, t_mask, E, bias_ptr, stride_bt, stride_be, tid_ptr
     tl.store(out_id_ptr + o, id_out.to(tl.int64), mask=m)
 
 
-@triton.jit
+@step_jit
 def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, out_w_ptr, out_id_ptr,
                    T, E, D, d_per_split,
                    stride_xt, stride_xd, stride_we, stride_wd, stride_bt, stride_be, stride_tv, stride_tk, stride_tok,
