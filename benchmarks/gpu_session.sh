@@ -29,6 +29,17 @@ save_cache() {
 trap save_cache EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 git rev-parse --short HEAD 2>/dev/null || true
+agentx_run() {  # the AgentX-style target (v4-flash-l8-e16, 4 and 16 sessions, graphs for 1-32 rows) with the server
+  # variants in RUNS (default: $1), then its slow-step, warm-up, compile and capture lines; files: one archive
+  local W=/tmp/agentx; rm -rf $W; mkdir -p $W
+  RUNS=${RUNS:-"$1"} OUT=$W timeout ${AGX_TIMEOUT:-490} bash benchmarks/agentic_run.sh \
+    v4-flash-l8-e16 "--max-model-len 16384 --kv-cache-memory 40GiB --max-num-seqs 32 --cuda-graph-sizes 1 2 4 8 16 32" \
+    "--concurrency ${AGX_CONC:-4,16} --duration 30 --scale 0.03 --output-scale 0.1 --warmup-requests 1 \
+    --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 --drain-timeout 15" 2>&1 | grep -v Warning \
+    | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
+  grep -h "slow step\|warm-up\|compiled\|captured" $W/server-*.log | head -30
+  tar -czf "$OUT/agentx.tgz" -C $W .
+}
 rc=0
 if [[ $what == tests || $what == all ]]; then
   timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
@@ -838,29 +849,13 @@ if [[ $what == agentx14b ]]; then  # prepared in the fourteenth session: agentx1
   # prompts arriving within 8 decode steps share one prefill step; the 6 ms ITL cap alone left p90 ITL at 42 ms);
   # RUNS="itl6|--target-itl-ms 6" repeats the measured one. A cold start takes ~3.5 min of graph capture plus the
   # warm-up: carry .tcache.tgz
-  W=/tmp/agentx; rm -rf $W; mkdir -p $W
-  RUNS=${RUNS:-"gate8|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150"} OUT=$W \
-    timeout ${AGX_TIMEOUT:-490} bash benchmarks/agentic_run.sh \
-    v4-flash-l8-e16 "--max-model-len 16384 --kv-cache-memory 40GiB --max-num-seqs 32 --cuda-graph-sizes 1 2 4 8 16 32" \
-    "--concurrency ${AGX_CONC:-4,16} --duration 30 --scale 0.03 --output-scale 0.1 --warmup-requests 1 \
-    --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 --drain-timeout 15" 2>&1 | grep -v Warning \
-    | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
-  grep -h "slow step\|warm-up\|compiled" $W/server-*.log | head -20
-  tar -czf "$OUT/agentx.tgz" -C $W .
+  agentx_run "gate8|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150"
 fi
 if [[ $what == agentx15 ]]; then  # prepared in the fifteenth session: agentx14b with the step-dependent integers of every
   # kernel compiled unspecialised (V4SERVE_STEP_SPECIALIZE=0, ops/kernels.step_jit: one variant per kernel config
   # instead of one per class combination, so the warm-up covers what serving meets); its warm-up compile count and
   # every "compiled while serving" line. SPEC=1 repeats it with Triton's specialisation (the default) for the A/B
-  W=/tmp/agentx; rm -rf $W; mkdir -p $W
-  RUNS=${RUNS:-"nospec|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150||V4SERVE_STEP_SPECIALIZE=${SPEC:-0}"} \
-    OUT=$W timeout ${AGX_TIMEOUT:-490} bash benchmarks/agentic_run.sh \
-    v4-flash-l8-e16 "--max-model-len 16384 --kv-cache-memory 40GiB --max-num-seqs 32 --cuda-graph-sizes 1 2 4 8 16 32" \
-    "--concurrency ${AGX_CONC:-4,16} --duration 30 --scale 0.03 --output-scale 0.1 --warmup-requests 1 \
-    --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 --drain-timeout 15" 2>&1 | grep -v Warning \
-    | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
-  grep -h "slow step\|warm-up\|compiled\|captured" $W/server-*.log | head -30
-  tar -czf "$OUT/agentx.tgz" -C $W .
+  agentx_run "nospec|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150||V4SERVE_STEP_SPECIALIZE=${SPEC:-0}"
 fi
 if [[ $what == spec_ab ]]; then  # prepared in the fifteenth session: does compiling the step integers unspecialised
   # (V4SERVE_STEP_SPECIALIZE=0) slow the graphed decode step? v4-flash-e16 replay at batch 1 and 32, both settings
