@@ -2,10 +2,12 @@
 
     python benchmarks/allreduce.py [--ranks 2] [--dim 4096] [--rows 1 8 32 128] [--out DIR]
 
-Per rank a [rows, dim] bf16 partial (a row-parallel projection's output). Each variant is timed two ways: eager calls
-(host launch included) and 20 calls captured in one CUDA graph (per call: the GPU-side latency a graphed decode step
-pays). The ceiling printed beside them is NCCL's bus bandwidth on a 256 MB all-reduce in the same run (the link's
-rate: busbw = bytes * 2 (N - 1) / N / time). Needs two or more GPUs.
+Per rank a [rows, dim] bf16 partial (a row-parallel projection's output). The sum alone (NCCL, one-shot), and the sum
+with the mHC expansion that consumes it (`hc_post`; in the fused mode the expansion does the sum). Each variant is
+timed two ways: eager calls (host launch included) and 20 calls captured in one CUDA graph (per call: the GPU-side
+latency a graphed decode step pays), with the bus bandwidth that graphed time achieves beside the ceiling measured in
+the same run: NCCL's bus bandwidth on a 256 MB all-reduce (busbw = bytes * 2 (N - 1) / N / time). Needs two or more
+GPUs.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def _run(rank: int, world: int, port: int, dim: int, rows: list[int], out: str |
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
     from v4serve.dist import allreduce
+    from v4serve.ops.kernels import mhc as mk
 
     big = torch.randn(128 << 20, device="cuda", dtype=torch.bfloat16)  # 256 MB
     t = _time(lambda: dist.all_reduce(big), reps=10)
@@ -62,23 +65,31 @@ def _run(rank: int, world: int, port: int, dim: int, rows: list[int], out: str |
         print(f"ceiling: NCCL all-reduce of 256 MB, bus bandwidth {busbw:.0f} GB/s ({world} ranks)", flush=True)
     for R in rows:
         x = torch.randn(R, dim, device="cuda", dtype=torch.bfloat16)
+        streams = torch.randn(R, 4, dim, device="cuda", dtype=torch.bfloat16)
+        post, comb = torch.rand(R, 4, device="cuda"), torch.rand(R, 4, 4, device="cuda")
+        nbytes = R * dim * 2 * 2 * (world - 1) / world  # the all-reduce's bus bytes, as NCCL counts them
         variants = {}
-        for name in (allreduce.NCCL, allreduce.SYMM):
+        # the sum alone (nccl, symm), and the sum with the mHC expansion that consumes it (every mode: fused has no
+        # sum apart from it)
+        for name, seam in ((allreduce.NCCL, False), (allreduce.SYMM, False), (allreduce.NCCL, True),
+                           (allreduce.SYMM, True), (allreduce.FUSED, True)):
             os.environ["V4SERVE_ALLREDUCE"] = name
 
             def call() -> torch.Tensor:
-                return allreduce.all_reduce(x.clone() if name == allreduce.NCCL else x)
+                y = allreduce.all_reduce(x.clone() if name == allreduce.NCCL else x, defer=seam)
+                return mk.hc_post(y, streams, post, comb) if seam else y
 
             eager = _time(call)
             g = _graphed(call)
             graphed = _time(g.replay, reps=20) / CALLS
-            variants[name] = {"eager_us": eager * 1e6, "graph_us": graphed * 1e6}
+            variants[name + ("+hc_post" if seam else "")] = {
+                "eager_us": eager * 1e6, "graph_us": graphed * 1e6, "graph_busbw_GBps": nbytes / graphed / 1e9}
         report["rows"][R] = variants
         if rank == 0:
-            mb = R * dim * 2 / 1e6
-            print(f"rows={R:4d} ({mb:.3f} MB)  " + "  ".join(
-                f"{n}: eager {v['eager_us']:.1f} us, in a graph {v['graph_us']:.1f} us" for n, v in variants.items()),
-                flush=True)
+            print(f"rows={R:4d} ({R * dim * 2 / 1e6:.3f} MB)", flush=True)
+            for n, v in variants.items():
+                print(f"  {n:14s} eager {v['eager_us']:7.1f} us, in a graph {v['graph_us']:7.1f} us "
+                      f"({v['graph_busbw_GBps']:6.1f} GB/s of {busbw:.0f})", flush=True)
     if rank == 0 and out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / "allreduce.json").write_text(json.dumps(report, indent=1))

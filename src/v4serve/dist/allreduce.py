@@ -47,74 +47,48 @@ def mode() -> str:
     return m
 
 
-class OneShot:
-    """The symmetric buffers of one process group (one per dtype, MAX_ONE_SHOT_BYTES each) and the one-shot call."""
-
-    def __init__(self, group: Any) -> None:
-        self.group = group or dist.group.WORLD
-        self.name = self.group.group_name
-        self.buffers: dict[torch.dtype, torch.Tensor] = {}
-
-    def _buffer(self, x: torch.Tensor) -> torch.Tensor:
-        buf = self.buffers.get(x.dtype)
-        if buf is None:
-            from torch.distributed import _symmetric_memory as symm_mem
-
-            buf = symm_mem.empty(MAX_ONE_SHOT_BYTES // x.element_size(), dtype=x.dtype, device=x.device)
-            symm_mem.rendezvous(buf, self.name)  # collective: every rank of the group allocates here
-            self.buffers[x.dtype] = buf
-        return buf
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x summed over the ranks, as a new tensor (x's values are copied into the symmetric buffer first)."""
-        buf = self._buffer(x)[:x.numel()].view(x.shape)
-        return torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf, x, "sum", self.name, torch.empty_like(x))
+# symmetric buffers, MAX_ONE_SHOT_BYTES each, by (group name, dtype, use): the one-shot's, and the two the fused
+# sums take in turn; each with its rendezvous handle and the device table of the ranks' addresses (made once: a step
+# never copies it from the host)
+_buffers: dict[tuple[str, torch.dtype, str], tuple[torch.Tensor, Any, torch.Tensor]] = {}
+_turns: dict[tuple[str, torch.dtype], int] = {}  # fused: the buffer (0 / 1) the next sum of that dtype takes
 
 
-class PeerBuffers:
-    """The `fused` mode's two symmetric buffers per dtype (MAX_ONE_SHOT_BYTES each) of one process group, used in
-    turn, with each one's table of the ranks' addresses on the device (made once: never copied during a step)."""
+def _symmetric(group: str, x: torch.Tensor, use: str) -> tuple[torch.Tensor, Any, torch.Tensor]:
+    key = (group, x.dtype, use)
+    if key not in _buffers:
+        from torch.distributed import _symmetric_memory as symm_mem
 
-    def __init__(self, group: Any) -> None:
-        self.group = group
-        self.name = group.group_name
-        self.buffers: dict[torch.dtype, list[tuple[torch.Tensor, Any, torch.Tensor]]] = {}
-        self.turn: dict[torch.dtype, int] = {}
-
-    def _pair(self, x: torch.Tensor) -> list[tuple[torch.Tensor, Any, torch.Tensor]]:
-        pair = self.buffers.get(x.dtype)
-        if pair is None:
-            from torch.distributed import _symmetric_memory as symm_mem
-
-            pair = []
-            for _ in range(2):
-                buf = symm_mem.empty(MAX_ONE_SHOT_BYTES // x.element_size(), dtype=x.dtype, device=x.device)
-                handle = symm_mem.rendezvous(buf, self.name)  # collective: every rank allocates here
-                table = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=x.device)
-                pair.append((buf, handle, table))
-            self.buffers[x.dtype] = pair
-            self.turn[x.dtype] = 0
-        return pair
-
-    def stage(self, x: torch.Tensor, out_dtype: torch.dtype) -> PartialSum:
-        """x's values into this turn's buffer, the ranks' barrier, and the sum left to its consumer."""
-        k = self.turn.get(x.dtype, 0)
-        buf, handle, table = self._pair(x)[k]
-        self.turn[x.dtype] = 1 - k
-        buf[:x.numel()].view(x.shape).copy_(x)
-        handle.barrier(channel=k)
-        parts = [handle.get_buffer(r, tuple(x.shape), x.dtype, 0) for r in range(handle.world_size)]
-        return PartialSum(parts, out_dtype, table)
+        buf = symm_mem.empty(MAX_ONE_SHOT_BYTES // x.element_size(), dtype=x.dtype, device=x.device)
+        handle = symm_mem.rendezvous(buf, group)  # collective: every rank of the group allocates here
+        table = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=x.device)
+        _buffers[key] = (buf, handle, table)
+        log.info("all-reduce: a symmetric buffer of %d bytes for %s sums (%s, group %s)", MAX_ONE_SHOT_BYTES, use,
+                 x.dtype, group)
+    return _buffers[key]
 
 
-_one_shots: dict[str, OneShot] = {}
-_peer_buffers: dict[str, PeerBuffers] = {}
+def _one_shot(x: torch.Tensor, group: str) -> torch.Tensor:
+    """x summed over the ranks, as a new tensor (x's values are copied into the symmetric buffer first)."""
+    buf = _symmetric(group, x, "one-shot")[0][:x.numel()].view(x.shape)
+    return torch.ops.symm_mem.one_shot_all_reduce_copy_out(buf, x, "sum", group, torch.empty_like(x))
+
+
+def _stage(x: torch.Tensor, group: str, out_dtype: torch.dtype) -> PartialSum:
+    """Fused: x's values into this turn's buffer, the ranks' barrier, and the sum left to its consumer."""
+    k = _turns.get((group, x.dtype), 0)
+    _turns[(group, x.dtype)] = 1 - k
+    buf, handle, table = _symmetric(group, x, f"fused-{k}")
+    buf[:x.numel()].view(x.shape).copy_(x)
+    handle.barrier(channel=k)
+    parts = [handle.get_buffer(r, tuple(x.shape), x.dtype, 0) for r in range(handle.world_size)]
+    return PartialSum(parts, out_dtype, table)
 
 
 def forget() -> None:
     """Drop the symmetric buffers (the process group is being destroyed; a later group may reuse its name)."""
-    _one_shots.clear()
-    _peer_buffers.clear()
+    _buffers.clear()
+    _turns.clear()
 
 
 def all_reduce(x: torch.Tensor, group: Any = None, defer: bool = False,
@@ -123,23 +97,12 @@ def all_reduce(x: torch.Tensor, group: Any = None, defer: bool = False,
     consumes) under `fused`: a PartialSum for that consumer to finish. Otherwise one-shot over symmetric memory where
     chosen and x fits (a new tensor), else torch.distributed's all-reduce (NCCL / gloo) in place. Use the result."""
     m = mode()
-    fits = x.is_cuda and x.is_contiguous() and x.numel() * x.element_size() <= MAX_ONE_SHOT_BYTES \
-        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
-    if m != NCCL and fits:
-        g = group or dist.group.WORLD
+    if m != NCCL and x.is_cuda and x.is_contiguous() and x.numel() * x.element_size() <= MAX_ONE_SHOT_BYTES \
+            and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        name = (group or dist.group.WORLD).group_name
         if m == FUSED and defer and x.dim() == 2:
-            peers = _peer_buffers.get(g.group_name)
-            if peers is None:
-                peers = _peer_buffers[g.group_name] = PeerBuffers(g)
-                log.info("all-reduce: the mHC expansion sums the ranks' partials (symmetric memory, group %s)",
-                         g.group_name)
-            return peers.stage(x, out_dtype or x.dtype)
-        one = _one_shots.get(g.group_name)
-        if one is None:
-            one = _one_shots[g.group_name] = OneShot(g)
-            log.info("all-reduce: one-shot over symmetric memory up to %d bytes (group %s)", MAX_ONE_SHOT_BYTES,
-                     g.group_name)
-        y = one(x)
+            return _stage(x, name, out_dtype or x.dtype)
+        y = _one_shot(x, name)
     else:
         dist.all_reduce(x, group=group)
         y = x

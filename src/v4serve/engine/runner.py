@@ -6,6 +6,7 @@ through captured CUDA graphs when available (engine/graphs.py); everything else 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -157,22 +158,33 @@ class ModelRunner:
                 continue
             steps.append(self.build(sched, floor))
             logits_from += self._logits_from
+        tokens = max(st.num_tokens for st in steps if st is not None)
+
+        def run(dtype: torch.dtype, logit_rows: int) -> torch.Tensor | None:
+            self.peers.step_dp([(sched.slot_ops, st) for sched, st in zip(scheds[1:], steps[1:])], tokens,
+                               logit_rows, dtype)
+            with dep_step(tokens):
+                if steps[0] is None:
+                    dep_idle(self.model, tokens)
+                    return None
+                return self.model(steps[0], self.pools).logits
+
+        return self._dp_step(scheds, logits_from, [0 if st is None else int(st.logits_index.numel()) for st in steps],
+                             run)
+
+    def _dp_step(self, scheds: list[SchedulerOutput], logits_from: list[int], rows: list[int],
+                 run: Callable[[torch.dtype, int], torch.Tensor | None]) -> RunnerOutput:
+        """What a DEP step does around its forwards, eager or graphed: the rows merged in rank order with their
+        logits origins and masks, rank 0's slot operations, `run(dtype, logit_rows)` (the workers sent their step,
+        rank 0's forward: its logits, or None), every rank's logits rows gathered (`rows[r]` of rank r's, padded to
+        the largest), sampled as one batch."""
         merged = SchedulerOutput([row for sched in scheds for row in sched.rows], [],
                                  sum(sched.num_tokens for sched in scheds))
         self._logits_from = logits_from
         masks = self._submit_masks(merged)
-        tokens = max(st.num_tokens for st in steps if st is not None)
-        rows = [0 if st is None else int(st.logits_index.numel()) for st in steps]
         dtype = self.model.logits_dtype
         self.apply_ops(scheds[0].slot_ops)
-        self.peers.step_dp([(sched.slot_ops, st) for sched, st in zip(scheds[1:], steps[1:])], tokens, max(rows),
-                           dtype)
-        own = None
-        with dep_step(tokens):
-            if steps[0] is None:
-                dep_idle(self.model, tokens)
-            else:
-                own = self.model(steps[0], self.pools).logits
+        own = run(dtype, max(rows))
         if max(rows):
             parts = self.peers.gather_logits(own, max(rows), self.vocab_size, dtype)
             logits = torch.cat([part[:n] for part, n in zip(parts, rows)])
@@ -204,20 +216,13 @@ class ModelRunner:
             inputs.append(inp)
         for r, inp in enumerate(inputs[1:], 1):
             self._dp_widths[r][b] = inp.widest
-        merged = SchedulerOutput([row for sched in scheds for row in sched.rows], [],
-                                 sum(sched.num_tokens for sched in scheds))
-        self._logits_from = logits_from
-        masks = self._submit_masks(merged)
-        rows = [inp.rows for inp in inputs]
-        dtype = self.model.logits_dtype
-        self.apply_ops(scheds[0].slot_ops)
-        self.peers.replay_dp([(sched.slot_ops, inp) for sched, inp in zip(scheds[1:], inputs[1:])], max(rows), dtype)
-        own = self.graphs.replay(inputs[0])
-        parts = self.peers.gather_logits(own, max(rows), self.vocab_size, dtype)
-        logits = torch.cat([part[:n] for part, n in zip(parts, rows)])
-        if self.logits_tap is not None:
-            self.logits_tap(merged, logits, self._logits_from)
-        return self._sample(merged, logits, masks)
+
+        def run(dtype: torch.dtype, logit_rows: int) -> torch.Tensor:
+            self.peers.replay_dp([(sched.slot_ops, inp) for sched, inp in zip(scheds[1:], inputs[1:])], logit_rows,
+                                 dtype)
+            return self.graphs.replay(inputs[0])
+
+        return self._dp_step(scheds, logits_from, [inp.rows for inp in inputs], run)
 
     def _submit_masks(self, sched: SchedulerOutput) -> Future[tuple[torch.Tensor, list[int]]] | None:
         """Start filling the token masks of this step's constrained rows (rows of the sampling batch)."""
