@@ -887,6 +887,25 @@ if [[ $what == fifteenthA ]]; then  # prepared in the fourteenth session: the GP
   timeout 90 python3 -m pytest tests/ops/test_peer_sum.py -q -p no:cacheprovider -o addopts="" 2>&1 \
     | tee "$OUT/peer_sum_tests.log" | grep -E "^E |passed|failed"
 fi
+if [[ $what == sixteenthA ]]; then  # prepared in the sixteenth session, one call: spec_ab (each setting once per
+  # batch, cold compile cache) and fifteenthA's checks (moe_combine's kernel and graph = eager with it, the fused
+  # all-reduce load's test)
+  for b in 1 32; do
+    for sp in 1 0; do
+      echo "== b$b V4SERVE_STEP_SPECIALIZE=$sp"
+      V4SERVE_STEP_SPECIALIZE=$sp timeout ${AB_TIMEOUT:-120} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
+        --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 --rounds 2 2>&1 \
+        | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/spec_ab.log" | grep -E "graph|floor|round"
+    done
+  done
+  F=norm_quant,head_weight_round,moe_combine
+  V4SERVE_FUSIONS=$F timeout 100 python3 benchmarks/kernels/moe.py --quick --no-prefill 2>&1 | grep -v Warning \
+    | tee -a "$OUT/moe_combine_check.log" | grep -E "T= *(1|2|32) |err"
+  V4SERVE_FUSIONS=$F timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
+    -k "graph_decode_equals_eager" 2>&1 | tee "$OUT/combine_graph_tests.log" | grep -E "^E |passed|failed"
+  timeout 90 python3 -m pytest tests/ops/test_peer_sum.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/peer_sum_tests.log" | grep -E "^E |passed|failed"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -99,3 +99,36 @@ def test_the_fused_load_compiles_for_sm90() -> None:
 
     rounds, table_loads = run_compile(SM90_PEERS).split()[-2:]
     assert rounds == "True" and int(table_loads) >= 1
+
+
+SM90_PLAIN = """
+import dataclasses, torch
+from v4serve.ops.kernels import mhc as mk
+n, d = 4, 4096
+
+
+def launch(t, fma):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(t, n, d, generator=g).to(torch.bfloat16)
+    f = torch.randn(t, d, generator=g).to(torch.bfloat16)
+    post, comb = torch.rand(t, n, generator=g), torch.rand(t, n, n, generator=g)
+    fn, base, scale = torch.randn((2 + n) * n, n * d, generator=g), torch.randn((2 + n) * n), torch.ones(3)
+    pre = dataclasses.replace(mk.default_pre_config(t, d, True), fma=fma)
+    mk.hc_post(f, x, post, comb, mk.default_post_config(t, d, True))
+    mk.hc_post_pre(f, x, post, comb, fn, base, scale, n, 20, 1e-6, 1e-6, norm_weight=torch.ones(d), config=pre)
+
+
+done = compile_launches(lambda: (launch(1, True), launch(8192, False)))
+print(sorted({name for name, _ in done}), len(done))
+"""
+
+
+def test_the_plain_expansion_compiles_for_sm90() -> None:
+    """The expansions as one GPU launches them (f a tensor: no partials, peers_ptr left out), at a decode and a prefill
+    config, compiled for sm_90 with the arguments their launchers pass. The fused load once typed the partials' code
+    after the plain load's early return as well, and every mHC expansion then failed to compile on the GPU while the
+    interpreter ran it."""
+    from sm90_compile import RECORD_AND_COMPILE, run_compile
+
+    out = run_compile(RECORD_AND_COMPILE + SM90_PLAIN).strip().splitlines()[-1]
+    assert out == "['_hc_post_kernel', '_hc_post_pre_kernel'] 4"

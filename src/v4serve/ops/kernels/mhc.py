@@ -422,13 +422,16 @@ def _load_f(f_ptr, peers_ptr, offs, mask, PEERS: tl.constexpr, FDT: tl.constexpr
     """The sub-layer output f at element offsets `offs`, in ACC. PEERS > 0: f is a tensor-parallel sum left to this
     load (ops/peer_sum.py): the PEERS ranks' partials, read where they lie through the address table peers_ptr and
     summed in rank order in ACC, rounded to FDT as the all-reduce would give it."""
+    # (an else, not an early return: the GPU compiler types the code after a constexpr-if's return as well)
     if PEERS == 0:
-        return tl.load(f_ptr + offs, mask=mask, other=0.0).to(ACC)
-    P = f_ptr.dtype.element_ty
-    s = tl.load(tl.load(peers_ptr).to(tl.pointer_type(P)) + offs, mask=mask, other=0.0).to(ACC)
-    for r in tl.static_range(1, PEERS):
-        s += tl.load(tl.load(peers_ptr + r).to(tl.pointer_type(P)) + offs, mask=mask, other=0.0).to(ACC)
-    return s.to(FDT).to(ACC)
+        f = tl.load(f_ptr + offs, mask=mask, other=0.0).to(ACC)
+    else:
+        P = f_ptr.dtype.element_ty
+        s = tl.load(tl.load(peers_ptr).to(tl.pointer_type(P)) + offs, mask=mask, other=0.0).to(ACC)
+        for r in tl.static_range(1, PEERS):
+            s += tl.load(tl.load(peers_ptr + r).to(tl.pointer_type(P)) + offs, mask=mask, other=0.0).to(ACC)
+        f = s.to(FDT).to(ACC)
+    return f
 
 
 @step_jit
