@@ -906,6 +906,23 @@ if [[ $what == sixteenthA ]]; then  # prepared in the sixteenth session, one cal
   timeout 90 python3 -m pytest tests/ops/test_peer_sum.py -q -p no:cacheprovider -o addopts="" 2>&1 \
     | tee "$OUT/peer_sum_tests.log" | grep -E "^E |passed|failed"
 fi
+if [[ $what == seventeenthA ]]; then  # prepared in the seventeenth session, one call: why the graphed step fails at its
+  # warm-up with V4SERVE_STEP_SPECIALIZE=0 (sixteenthA, b1 and b32; its log was lost): the whole traceback, then the
+  # tiny models' graph = eager under it; moe_combine's graph = eager; the fused all-reduce load's test (its float64
+  # comparison fixed)
+  V4SERVE_STEP_SPECIALIZE=0 timeout ${AB_TIMEOUT:-150} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
+    --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT \
+    -e "Random weights" > "$OUT/spec0_b1.log"
+  grep -E "graph|floor" "$OUT/spec0_b1.log"; grep -B2 -A2 -E "Error|error:" "$OUT/spec0_b1.log" | tail -40
+  V4SERVE_STEP_SPECIALIZE=0 timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -x -p no:cacheprovider \
+    -o addopts="" -k "graph_decode_equals_eager" 2>&1 | tee "$OUT/spec0_graph_tests.log" | grep -E "^E |passed|failed" \
+    | tail -25
+  F=norm_quant,head_weight_round,moe_combine
+  V4SERVE_FUSIONS=$F timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
+    -k "graph_decode_equals_eager" 2>&1 | tee "$OUT/combine_graph_tests.log" | grep -E "^E |passed|failed"
+  timeout 90 python3 -m pytest tests/ops/test_peer_sum.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/peer_sum_tests.log" | grep -E "^E |passed|failed"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
