@@ -860,12 +860,13 @@ fi
 if [[ $what == spec_ab ]]; then  # prepared in the fifteenth session: does compiling the step integers unspecialised
   # (V4SERVE_STEP_SPECIALIZE=0) slow the graphed decode step? v4-flash-e16 replay at batch 1 and 32, both settings
   # (separate processes: the choice is made when the kernels are defined)
+  # (SPECS: the settings in order; a cold compile cache needs AB_TIMEOUT=130)
   for b in 1 32; do
-    for sp in 1 0 1 0; do
+    for sp in ${SPECS:-1 0 1 0}; do
       echo "== b$b V4SERVE_STEP_SPECIALIZE=$sp"
       V4SERVE_STEP_SPECIALIZE=$sp timeout ${AB_TIMEOUT:-70} python3 benchmarks/profile_step.py v4-flash-e16 --batch $b \
-        --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 2>&1 \
-        | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/spec_ab.log" | grep -E "graph|floor"
+        --context 2048 --steps 10 --graph-only --kv-cache-memory 8589934592 --rounds 2 2>&1 \
+        | grep -v -e Warning -e USDT -e "Random weights" | tee -a "$OUT/spec_ab.log" | grep -E "graph|floor|round|Error"
     done
   done
 fi

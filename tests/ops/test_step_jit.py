@@ -23,7 +23,9 @@ for m in pkgutil.iter_modules(K.__path__):
         if isinstance(obj, JITFunction) and name.endswith("kernel") and obj.__module__ == mod.__name__:
             out[f"{m.name}.{name}"] = {"params": [p.name for p in obj.params if not p.is_constexpr],
                                        "unspecialised": [p.name for p in obj.params
-                                                         if p.do_not_specialize and not p.is_constexpr]}
+                                                         if p.do_not_specialize and not p.is_constexpr],
+                                       "constexpr_unspecialised": [p.name for p in obj.params
+                                                                   if p.do_not_specialize and p.is_constexpr]}
 print(json.dumps({"kernels": out, "step_args": list(K.STEP_ARGS)}))
 """
 
@@ -46,6 +48,9 @@ def test_step_arguments_are_plain_integers_when_asked() -> None:
     for name, k in kernels.items():
         want = [p for p in k["params"] if p in step]
         assert k["unspecialised"] == want, name  # step_jit, not a plain triton.jit
+        # the GPU compiler rejects a constexpr listed in do_not_specialize (the compressor's M, the prologue's G:
+        # sixteenth session); the interpreter never checks
+        assert k["constexpr_unspecialised"] == [], name
         with_step_args += bool(want)
     assert with_step_args >= 18  # those that saw several classes of these in a mixed CPU workload, and more
     assert kernels["mhc._hc_pre_kernel"]["unspecialised"] == ["T"]

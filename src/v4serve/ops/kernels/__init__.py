@@ -25,8 +25,23 @@ def specialize_step_args() -> bool:
     return os.environ.get("V4SERVE_STEP_SPECIALIZE", "1") not in ("0", "")
 
 
+def _runtime_step_args(fn) -> tuple[str, ...]:
+    """The STEP_ARGS that `fn` takes as runtime integers. A kernel may take one of these names as a constexpr (the
+    compressor's ratio M, the prologue's group G): those are compile-time by design, and Triton's GPU compiler rejects
+    a constexpr listed in do_not_specialize (its interpreter never looks)."""
+    import inspect
+
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        ann = p.annotation
+        constexpr = "constexpr" in ann if isinstance(ann, str) else "constexpr" in getattr(ann, "__name__", "")
+        if p.name in STEP_ARGS and not constexpr:
+            out.append(p.name)
+    return tuple(out)
+
+
 def step_jit(fn):
-    """`triton.jit` for a launched kernel: its STEP_ARGS (those it has) unspecialised unless specialize_step_args()."""
+    """`triton.jit` for a launched kernel: its runtime STEP_ARGS unspecialised unless specialize_step_args()."""
     import triton
 
-    return triton.jit(fn, do_not_specialize=() if specialize_step_args() else STEP_ARGS)
+    return triton.jit(fn, do_not_specialize=() if specialize_step_args() else _runtime_step_args(fn))
