@@ -37,7 +37,10 @@ agentx_run() {  # the AgentX-style target (v4-flash-l8-e16, 4 and 16 sessions, g
     "--concurrency ${AGX_CONC:-4,16} --duration 30 --scale 0.03 --output-scale 0.1 --warmup-requests 1 \
     --think-time-scale 0.05 --num-gpus 1 --request-timeout 120 --drain-timeout 15" 2>&1 | grep -v Warning \
     | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
-  grep -h "slow step\|warm-up\|compiled\|captured" $W/server-*.log | head -30
+  for f in $W/server-*.log; do  # per server variant: its warm-up, then what it compiled while serving
+    echo "== $(basename $f): $(grep -c "compiled while serving" $f) steps compiled while serving"
+    grep -h "slow step\|warm-up\|compiled\|captured" $f | head -${AGX_LINES:-12}
+  done
   tar -czf "$OUT/agentx.tgz" -C $W .
 }
 rc=0

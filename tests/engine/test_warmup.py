@@ -35,11 +35,22 @@ def test_warm_up_leaves_a_fresh_engine(preset: str) -> None:
     want = _greedy(_engine(preset), prompt, 6)
     eng = _engine(preset)
     fresh = eng.stats()
-    report = warm_up(eng, lengths=(1, 7, 40), decoders=3)
-    # the decoding row, 3 lengths and the chunk limit (96), 3 decoders, 1 prompt (600 cut to 312); then a decoding
-    # row and the follow-ups that fit max_model_len 320 on an earlier prompt of two blocks or more: 5, 100 and 16 new
-    # tokens on the 96-token prompt (300 fits on none), each a prefix-cache hit
-    assert report.requests == 1 + 4 + 3 + 1 + 1 + 3
+    step, tokens = eng.step, []
+
+    def counted_step():  # the token count of every step the warm-up runs
+        out = step()
+        tokens.append(eng.last_step_tokens)
+        return out
+
+    eng.step = counted_step
+    report = warm_up(eng, lengths=(1, 7, 40), decoders=3, singles=(2, 7, 12))
+    del eng.step
+    # the decoding row, 3 prompts one at a time, 3 lengths and the chunk limit (96), 3 decoders, 1 prompt (600 cut to
+    # 312); then a decoding row and the follow-ups that fit max_model_len 320 on an earlier prompt of two blocks or
+    # more: 5, 100 and 16 new tokens on the 96-token prompt (300 fits on none), each a prefix-cache hit
+    assert report.requests == 1 + 3 + 4 + 3 + 1 + 1 + 3
+    # each single prompt has a step of its own beside the decoding row
+    assert {3, 8, 13} <= set(tokens), tokens
     assert report.prefix_hits >= 3 and report.steps > 10
     assert not eng.has_unfinished() and not eng.requests and not eng.outputs
     stats = eng.stats()

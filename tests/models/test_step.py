@@ -34,7 +34,8 @@ def test_every_field_as_the_rows_say() -> None:
 
 def test_one_buffer_views_and_a_wider_table() -> None:
     packed, layout = pack_step(_rows(), width=5)
-    assert layout == StepLayout(6, 3, 3, 5) and packed.numel() == layout.size == 3 * 6 + 7 * 3 + 3 + 15
+    # each field padded to 2 elements: 3 rows and 3 logits indices take 4 each
+    assert layout == StepLayout(6, 3, 3, 5) and packed.numel() == layout.size == 3 * 6 + 7 * 4 + 4 + 15
     step = layout.unpack(packed, max_context=64)
     base = packed.untyped_storage().data_ptr()
     assert all(t.untyped_storage().data_ptr() == base for t in (step.token_ids, step.row_slot, step.block_table,
@@ -42,3 +43,17 @@ def test_one_buffer_views_and_a_wider_table() -> None:
     assert step.block_table.tolist() == [[4, 9, -1, -1, -1], [1, 2, 3, -1, -1], [-1] * 5]
     with pytest.raises(ValueError, match="more than the table's 2 columns"):
         pack_step(_rows(), width=2)
+
+
+@pytest.mark.parametrize("tokens,rows", [(1, 1), (5, 3), (6, 1), (7, 2)])
+def test_every_field_starts_on_16_bytes(tokens: int, rows: int) -> None:
+    # Triton compiles a variant per pointer alignment: a field's start must not depend on the step's T and R
+    rows_ = [RowSpec(slot=r, start=0, token_ids=[1] * (tokens - rows + 1 if r == 0 else 1), blocks=[r], logits="last")
+             for r in range(rows)]
+    packed, layout = pack_step(rows_)
+    step = layout.unpack(packed, max_context=64)
+    fields = [step.token_ids, step.positions, step.token_row, step.logits_index, step.block_table,
+              *(getattr(step, f) for f in StepLayout.ROW_FIELDS)]
+    assert all(f.data_ptr() % 16 == 0 and f.is_contiguous() for f in fields)
+    assert step.token_ids.numel() == tokens and step.row_len.tolist() == [tokens - rows + 1] + [1] * (rows - 1)
+    assert step.token_row.tolist() == [0] * (tokens - rows + 1) + list(range(1, rows))

@@ -223,3 +223,14 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(129, *refs("plain", picks=False)) is flash
     assert kernel.gpu_config(4096, *refs("v4_fp8")) is heads  # prefill over V4's records: not timed
     assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers
+
+
+def test_computed_split_counts_are_powers_of_two() -> None:
+    # NSPLIT is a constexpr: a count per token count was a kernel variant per step size, compiled while serving
+    counts = {kernel._kv_splits(kernel.GPU_CONFIG, programs, rows) for programs in range(1, 300)
+              for rows in (64, 640, 4096)}
+    counts |= {kernel._flash_splits(kernel.FLASH_DECODE_CONFIG, tokens, 1, rows) for tokens in range(1, 200)
+               for rows in (64, 640, 4096)}
+    assert counts <= {1, 2, 4, 8, 16} and len(counts) >= 4, counts
+    explicit = dataclasses.replace(kernel.GPU_CONFIG, kv_splits=3)
+    assert kernel._kv_splits(explicit, 8, 4096) == 3  # an explicit count is taken as given

@@ -35,6 +35,9 @@ log = logging.getLogger("v4serve.warmup")
 SALT = "v4serve-warmup"
 # prompt lengths beside a decoding request: short, mid, a block and a little past it, long; the chunk limit is added
 LENGTHS = (1, 7, 64, 100, 256, 300, 1000, 1024, 2065)
+# prompts that arrive one at a time beside the decoding request first: steps of 2, 3, 8, 13, 25 and 51 tokens, each
+# power-of-two class of a small step (the GEMV's row tile, the attention's split count: constexprs) at least once
+SINGLES = (1, 2, 7, 12, 24, 50)
 DECODERS = 16  # rows decoding at once in the second phase
 FOLLOW_UPS = (5, 100, 300, 16)  # new tokens of the follow-up turns (on the prompts of at least two blocks)
 MAX_STEPS = 10_000  # a guard: the workload needs a few hundred steps
@@ -49,7 +52,8 @@ class WarmupReport:
     seconds: float
 
 
-def warm_up(engine: LLMEngine, lengths: tuple[int, ...] = LENGTHS, decoders: int = DECODERS) -> WarmupReport:
+def warm_up(engine: LLMEngine, lengths: tuple[int, ...] = LENGTHS, decoders: int = DECODERS,
+            singles: tuple[int, ...] = SINGLES) -> WarmupReport:
     """Run the scripted workload through `engine` and leave it as it was (see the module docstring)."""
     t0 = time.monotonic()
     cfg = engine.cfg
@@ -85,9 +89,14 @@ def warm_up(engine: LLMEngine, lengths: tuple[int, ...] = LENGTHS, decoders: int
         prompts.append(p)
         ids.extend(engine.add_request(p, params(max_tokens), request_id=f"warmup-{len(ids)}", cache_salt=SALT))
 
-    # phase 1: one row decoding while the prompts arrive (mixed steps), long enough to outlast them
-    add(33, max_tokens=min(64 + 4 * len(lens), limit - 33))
+    # phase 1: one row decoding while the prompts arrive (mixed steps), long enough to outlast them: first one at a
+    # time (a step of the decoding row and that prompt), then all together
+    singles = [n for n in singles if n <= limit - 40]
+    add(33, max_tokens=min(64 + 4 * len(lens) + 2 * len(singles), limit - 33))
     run(False, at_most=3)
+    for n in singles:
+        add(n, max_tokens=1)
+        run(False, at_most=2)
     for n in lens:
         add(n, max_tokens=3)
     run(True)

@@ -95,10 +95,22 @@ class RowSpec:
     logits_from: int = 0
 
 
+ALIGN = 2  # int64 elements: every field of a packed step starts on 16 bytes
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 @dataclass(frozen=True)
 class StepLayout:
     """Where each field of a step sits in one packed int64 tensor: token fields [T] x 3, row fields [R] x 7, the
-    logits indices [L], then the block table [R, width] row-major. One host tensor, one copy to the device."""
+    logits indices [L], then the block table [R, width] row-major. One host tensor, one copy to the device.
+
+    Each field starts on 16 bytes (its length padded to ALIGN elements): Triton compiles a kernel variant for each
+    pointer's 16-byte alignment, so fields packed back to back (the positions at 8T bytes, a row field at 24T + 8iR)
+    made the parities of T and R a compile key of every kernel taking them — new variants, compiled while serving,
+    long after the warm-up (seventeenth session's AgentX run)."""
 
     tokens: int
     rows: int
@@ -111,7 +123,7 @@ class StepLayout:
     @property
     def flat(self) -> int:
         """Length of the part before the block table."""
-        return 3 * self.tokens + len(self.ROW_FIELDS) * self.rows + self.logits
+        return 3 * _aligned(self.tokens) + len(self.ROW_FIELDS) * _aligned(self.rows) + _aligned(self.logits)
 
     @property
     def size(self) -> int:
@@ -119,14 +131,19 @@ class StepLayout:
 
     def unpack(self, packed: torch.Tensor, max_context: int) -> StepInput:
         """A StepInput whose tensors are views of `packed` (laid out as this layout says)."""
-        T, R = self.tokens, self.rows
-        tok = packed[:3 * T].view(3, T)
-        rows = packed[3 * T:3 * T + len(self.ROW_FIELDS) * R].view(len(self.ROW_FIELDS), R)
+        T, R, Tp, Rp = self.tokens, self.rows, _aligned(self.tokens), _aligned(self.rows)
+        tok = packed[:3 * Tp].view(3, Tp)[:, :T]
+        rows = packed[3 * Tp:3 * Tp + len(self.ROW_FIELDS) * Rp].view(len(self.ROW_FIELDS), Rp)[:, :R]
         fields = dict(zip(self.ROW_FIELDS, rows))
+        lo = 3 * Tp + len(self.ROW_FIELDS) * Rp
         return StepInput(token_ids=tok[0], positions=tok[1], token_row=tok[2], **fields,
-                         logits_index=packed[self.flat - self.logits:self.flat],
+                         logits_index=packed[lo:lo + self.logits],
                          block_table=packed[self.flat:self.size].view(R, self.width), max_context=int(max_context),
                          one_token_rows=self.one_token_rows)
+
+
+def _padded(values: list[int]) -> list[int]:
+    return values + [0] * (_aligned(len(values)) - len(values))
 
 
 def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tensor, StepLayout]:
@@ -157,11 +174,10 @@ def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tens
         table += row.blocks
         table += [-1] * (nb - len(row.blocks))
     layout = StepLayout(len(toks), len(rows), len(lidx), nb, bool(rows) and all(n == 1 for n in lens))
+    fields = (toks, pos, trow, [r.slot for r in rows], [r.start for r in rows], lens, offs,
+              [r.window_floor for r in rows], [r.cached_len for r in rows], [r.decoder_floor for r in rows], lidx)
     # one conversion of one list (per-row tensor writes cost more than the whole list at decode sizes)
-    packed = torch.tensor(
-        toks + pos + trow + [r.slot for r in rows] + [r.start for r in rows] + lens + offs
-        + [r.window_floor for r in rows] + [r.cached_len for r in rows] + [r.decoder_floor for r in rows] + lidx
-        + table, dtype=torch.int64)
+    packed = torch.tensor([v for f in fields for v in _padded(f)] + table, dtype=torch.int64)
     return packed, layout
 
 

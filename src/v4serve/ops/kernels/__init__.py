@@ -9,8 +9,8 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# Integer arguments whose values change with a step's composition: token, row, group, pick and column counts, and the
-# block table's width. Triton compiles a variant of a kernel for each class (== 1, divisible by 16, neither) of each
+# Integer arguments whose values change with a step's composition: token, row, group, pick, column and block counts,
+# and the block table's width. Triton compiles a variant of a kernel for each class (== 1, divisible by 16, neither) of each
 # integer argument, so a server meets new combinations of these (and compiles, stalling every running request for
 # seconds) long after its warm-up: 18 launched kernels saw 2-3 classes of up to 5 such arguments each in a short mixed
 # workload on the CPU (fifteenth session). None of them addresses vectorised memory (they bound masks and loops, or
@@ -18,7 +18,7 @@ def interpreting() -> bool:
 # made a mask constant. V4SERVE_STEP_SPECIALIZE=0 compiles them so (one variant for every step); the default keeps
 # Triton's specialisation until the GPU A/B (gpu_session.sh agentx15) has timed both.
 STEP_ARGS = ("T", "M", "R", "L", "NT", "n_picks", "n_cols", "n_groups", "n_pairs", "G", "bt_cols", "bt_stride",
-             "stride_btr")
+             "stride_btr", "NB", "n_blocks")
 
 
 def specialize_step_args() -> bool:

@@ -166,6 +166,12 @@ def _compression_kernel(pos_ptr, start_ptr, len_ptr, cached_ptr, bt_ptr, bt_stri
     tl.store(sin_ptr + o, tl.sin(ang), mask=m2)
 
 
+def _rows_tile(rows: int) -> int:
+    """The compression kernel's row tile: at least 64 (a constexpr; a power of two of the step's row count made each
+    new count class a kernel variant compiled while serving)."""
+    return max(64, triton.next_power_of_2(rows))
+
+
 def compression_addressing(step: StepRows, ratio: int, block_size: int, num_blocks: int,
                            freqs: torch.Tensor) -> Compression:
     """The Triton body of ops.addressing.compression_addressing (arguments and result as there)."""
@@ -182,6 +188,6 @@ def compression_addressing(step: StepRows, ratio: int, block_size: int, num_bloc
     _compression_kernel[(triton.cdiv(max(G, T), BG),)](
         pos, step.row_start, step.row_len, step.cached_len, bt, bt.stride(0), bt.shape[1],
         freqs.to(torch.float32).contiguous(), grow, entry, gvalid.view(torch.int8), rows, cos, sin, visible, T, R, G,
-        num_blocks, M=ratio, BLOCK_SIZE=block_size, BR=triton.next_power_of_2(R), HALF=half,
+        num_blocks, M=ratio, BLOCK_SIZE=block_size, BR=_rows_tile(R), HALF=half,
         BH=triton.next_power_of_2(half), BG=BG, num_warps=4, **pdl_launch(pos))
     return Compression(Groups(grow, entry, gvalid), rows, cos, sin, visible)

@@ -33,7 +33,8 @@ decides):
     rows or block table of tile i+2 load while tile i computes, and with Config.prefetch the records of tile i+1 are
     L2-prefetched (prefetch.global.L2 per 128-B line; GPU only). Each dependent load's result is first used one tile
     after it was issued.
-  - Splits. kv_splits = 0 gives about one wave over the GPU (132 // programs) at decode, 1 for big batches. The
+  - Splits. kv_splits = 0 gives up to about one wave over the GPU (132 // programs, rounded down to a power of two:
+    a constexpr, one variant per class) at decode, 1 for big batches. The
     partials (BH x (D + 2) fp32 = 128 KB per split per token, mostly L2) cost about as much as a token's 374 KB of
     records at 3 splits, so big batches want few splits.
   - Smem (Triton's operand staging): query chunk [BH, dchunk] + trans(K) chunk + K chunk per dot, about 80-130 KB at
@@ -599,14 +600,20 @@ def _views(data: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, t
     return data, h16, data
 
 
+def _pow2_floor(n: int) -> int:
+    """A computed split count as a power of two (>= 1): NSPLIT is a constexpr, and every token count of a step gave
+    its own count, a kernel variant compiled while serving (seventeenth session's AgentX run: 2.5-8.5 s steps)."""
+    return 1 << (max(1, n).bit_length() - 1)
+
+
 def _kv_splits(cfg: Config, programs: int, rows_hint: int) -> int:
-    """Programs per token's rows: enough for about two waves over the GPU at decode (each keeping >= 2 row tiles),
-    one for prefills (plenty of tokens) or when the combine's arrival counters would not suffice."""
+    """Programs per token's rows: up to about two waves over the GPU at decode (each keeping >= 2 row tiles; a power
+    of two), one for prefills (plenty of tokens) or when the combine's arrival counters would not suffice."""
     if cfg.kv_splits:
         return cfg.kv_splits
     if programs > N_COUNTERS:
         return 1
-    return max(1, min(triton.cdiv(2 * _SMS, programs), rows_hint // (2 * cfg.rows), 16))
+    return _pow2_floor(min(triton.cdiv(2 * _SMS, programs), rows_hint // (2 * cfg.rows), 16))
 
 
 PART_BUDGET = 1 << 26  # flash mode: partial-accumulator elements per launch (long prefills with explicit kv_splits)
@@ -618,13 +625,13 @@ def _lines(row_bytes: int) -> int:
 
 
 def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) -> int:
-    """Flash mode's programs per token's rows: explicit, or about one wave over the GPU (a program of all 64 heads
-    holds most of an SM's registers), each split keeping >= 2 row tiles, at most 16; one when the combine's arrival
-    counters would not suffice for one launch."""
+    """Flash mode's programs per token's rows: explicit, or up to about one wave over the GPU (a program of all 64
+    heads holds most of an SM's registers) as a power of two, each split keeping >= 2 row tiles, at most 16; one when
+    the combine's arrival counters would not suffice for one launch."""
     if cfg.kv_splits:
         n = cfg.kv_splits
     else:
-        n = max(1, min(_SMS // (tokens * head_blocks), rows_hint // (2 * cfg.rows), 16))
+        n = _pow2_floor(min(_SMS // (tokens * head_blocks), rows_hint // (2 * cfg.rows), 16))
     return n if head_blocks <= N_COUNTERS else 1
 
 

@@ -477,8 +477,14 @@ def _alignment(stride_bytes: int) -> int:
     return min(16, stride_bytes & -stride_bytes) if stride_bytes else 16
 
 
+def _pad16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
 def _id_bits(n: int) -> int:
-    return max(1, (n - 1).bit_length())
+    """Key bits for entry ids < n, rounded up to whole 8-bit digits (a constexpr: the exact count made each doubling
+    of a context a new kernel variant, compiled while serving; the radix passes are per 8-bit digit anyway)."""
+    return min(MAX_ID_BITS, -(-max(1, (n - 1).bit_length()) // 8) * 8)
 
 
 def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
@@ -632,8 +638,11 @@ def index_topk(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries
     NB = -(-E // block)
     row_bytes = 4 * (W + (NB if publish else 0))
     chunk = T if scores_out is not None else max(1, min(T, SCORE_BUDGET // max(row_bytes, 1)))
-    scores = scores_out if scores_out is not None else torch.empty(chunk, max(W, 1), dtype=torch.float32, device=dev)
-    bscores = torch.empty(chunk, NB, dtype=torch.float32, device=dev) if publish else None
+    # row strides padded to 16 elements: Triton specialises an integer argument on its divisibility by 16 (a compile
+    # key that the step's context length would otherwise change)
+    scores = scores_out if scores_out is not None else torch.empty(chunk, _pad16(max(W, 1)), dtype=torch.float32,
+                                                                   device=dev)
+    bscores = torch.empty(chunk, _pad16(NB), dtype=torch.float32, device=dev) if publish else None
     cfg = config or default_config(T, candidates is not None, q.is_cuda)
     hist = _HIST.get(dev) if cfg.select_hist and chunk <= HIST_ROWS else None
     for lo in range(0, T, chunk):
