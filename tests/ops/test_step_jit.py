@@ -1,6 +1,6 @@
-"""ops/kernels.step_jit: every launched kernel compiles its step-dependent integers (token, row, group, pick and
-column counts, the block table's width: STEP_ARGS) as plain integers under V4SERVE_STEP_SPECIALIZE=0, and as Triton
-specialises them otherwise. Checked outside the interpreter (a fresh process: the compiled JITFunctions' parameters)."""
+"""ops/kernels.step_jit: every launched kernel compiles its step-dependent integers (token, row, group, pick, column
+and block counts, the block table's width: STEP_ARGS) as plain integers by default (V4SERVE_STEP_SPECIALIZE=0), and as
+Triton specialises them under V4SERVE_STEP_SPECIALIZE=1. Checked outside the interpreter (a fresh process: the compiled JITFunctions' parameters)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,10 @@ print(json.dumps({"kernels": out, "step_args": list(K.STEP_ARGS)}))
 """
 
 
-def _probe(specialize: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["V4SERVE_STEP_SPECIALIZE"] = specialize
+def _probe(specialize: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "V4SERVE_STEP_SPECIALIZE")}
+    if specialize is not None:
+        env["V4SERVE_STEP_SPECIALIZE"] = specialize
     run = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300,
                          check=False)
     if run.returncode != 0:
@@ -56,5 +57,9 @@ def test_step_arguments_are_plain_integers_when_asked() -> None:
     assert kernels["mhc._hc_pre_kernel"]["unspecialised"] == ["T"]
 
 
-def test_triton_specialises_them_by_default() -> None:
+def test_triton_specialises_them_when_asked() -> None:
     assert all(not k["unspecialised"] for k in _probe("1")["kernels"].values())
+
+
+def test_unspecialised_by_default() -> None:
+    assert _probe(None) == _probe("0")

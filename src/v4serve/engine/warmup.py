@@ -5,8 +5,9 @@ count, integer arguments equal to 1 or divisible by 16), and the decode graphs c
 batch sizes. Without this, the first prefill chunks of each size, and the first mixed steps (decode rows beside a
 prefill chunk), stop the whole engine for seconds while they compile: in the fourteenth session's AgentX-style run
 (cold compile cache, 16 sessions) generation fell to 0.7 tok/s in some 10-second intervals and p90 inter-token latency
-to 48 ms. The workload: one request decoding throughout while prompts of assorted lengths (below and at the per-step
-chunk limit, divisible by 16 and not) arrive beside it; then many decoding rows with a prompt arriving among them;
+to 48 ms. The workload: one request decoding throughout while short prompts arrive beside it one at a time (steps of
+2 to 51 tokens), then prompts of assorted lengths (below and at the per-step chunk limit, divisible by 16 and not) all
+together; then many decoding rows with a prompt arriving among them;
 then follow-up turns that extend the longer prompts (prefix-cache hits: chunks that start past a cached prefix, as an
 agent's next turn does) beside a decoding row.
 

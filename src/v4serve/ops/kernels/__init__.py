@@ -15,14 +15,17 @@ def interpreting() -> bool:
 # seconds) long after its warm-up: 18 launched kernels saw 2-3 classes of up to 5 such arguments each in a short mixed
 # workload on the CPU (fifteenth session). None of them addresses vectorised memory (they bound masks and loops, or
 # index gathers of single elements), so compiling them as plain integers costs at most a compare where the class
-# made a mask constant. V4SERVE_STEP_SPECIALIZE=0 compiles them so (one variant for every step); the default keeps
-# Triton's specialisation until the GPU A/B (gpu_session.sh agentx15) has timed both.
+# made a mask constant. They compile so by default (one variant for every step); V4SERVE_STEP_SPECIALIZE=1 restores
+# Triton's specialisation. H200, seventeenth session: the graphed v4-flash-e16 replay 8.58 -> 8.61 ms at batch 1 and
+# 17.05 -> 17.17 ms at batch 32 (gpu_session.sh spec_ab), while the AgentX-style run (agentx15, with the step's other
+# size-keyed compile keys removed) compiled in 1 step while serving against 28 specialised (TTFT p90 at 4 sessions
+# 0.16 s against 6.65 s).
 STEP_ARGS = ("T", "M", "R", "L", "NT", "n_picks", "n_cols", "n_groups", "n_pairs", "G", "bt_cols", "bt_stride",
              "stride_btr", "NB", "n_blocks")
 
 
 def specialize_step_args() -> bool:
-    return os.environ.get("V4SERVE_STEP_SPECIALIZE", "1") not in ("0", "")
+    return os.environ.get("V4SERVE_STEP_SPECIALIZE", "0") not in ("0", "")
 
 
 def _runtime_step_args(fn) -> tuple[str, ...]:
