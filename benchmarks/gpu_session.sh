@@ -857,8 +857,15 @@ fi
 if [[ $what == agentx15 ]]; then  # prepared in the fifteenth session: agentx14b with the step-dependent integers of every
   # kernel compiled unspecialised (V4SERVE_STEP_SPECIALIZE=0, ops/kernels.step_jit: one variant per kernel config
   # instead of one per class combination, so the warm-up covers what serving meets); its warm-up compile count and
-  # every "compiled while serving" line. SPEC=1 repeats it with Triton's specialisation (the default) for the A/B
+  # every "compiled while serving" line. SPEC=1 repeats it with Triton's specialisation (the default until the seventeenth session) for the A/B
   agentx_run "nospec|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150||V4SERVE_STEP_SPECIALIZE=${SPEC:-0}"
+fi
+if [[ $what == agentx18 ]]; then  # prepared in the seventeenth session: with compilation while serving gone (1 step in
+  # agentx15's run, 03eca97), the 16-session p90 inter-token latency (20.8 ms) is the prefill steps beside decodes;
+  # the ITL cap (--target-itl-ms 6: the prefill tokens a step takes beside decode rows follow a 6 ms target) on top of
+  # the prefill gate, against the gate alone, at 16 sessions (AGX_CONC=4,16 for both)
+  AGX_CONC=${AGX_CONC:-16} agentx_run "gate8-itl6|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150 \
+--target-itl-ms 6;gate8|--decode-steps-between-prefills 8 --max-prefill-delay-ms 150"
 fi
 if [[ $what == spec_ab ]]; then  # prepared in the fifteenth session: does compiling the step integers unspecialised
   # (V4SERVE_STEP_SPECIALIZE=0) slow the graphed decode step? v4-flash-e16 replay at batch 1 and 32, both settings
