@@ -10,8 +10,8 @@ def interpreting() -> bool:
 
 
 # Integer arguments whose values change with a step's composition: token, row, group, pick, column and block counts,
-# and the block table's width. Triton compiles a variant of a kernel for each class (== 1, divisible by 16, neither) of each
-# integer argument, so a server meets new combinations of these (and compiles, stalling every running request for
+# and the block table's width. Triton compiles a variant of a kernel for each class (== 1, divisible by 16, neither)
+# of each integer argument, so a server meets new combinations of these (and compiles, stalling every running request for
 # seconds) long after its warm-up: 18 launched kernels saw 2-3 classes of up to 5 such arguments each in a short mixed
 # workload on the CPU (fifteenth session). None of them addresses vectorised memory (they bound masks and loops, or
 # index gathers of single elements), so compiling them as plain integers costs at most a compare where the class
