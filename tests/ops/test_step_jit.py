@@ -1,6 +1,7 @@
 """ops/kernels.step_jit: every launched kernel compiles its step-dependent integers (token, row, group, pick, column
 and block counts, the block table's width: STEP_ARGS) as plain integers by default (V4SERVE_STEP_SPECIALIZE=0), and as
-Triton specialises them under V4SERVE_STEP_SPECIALIZE=1. Checked outside the interpreter (a fresh process: the compiled JITFunctions' parameters)."""
+Triton specialises them under V4SERVE_STEP_SPECIALIZE=1. Checked outside the interpreter (a fresh process: the
+compiled JITFunctions' parameters)."""
 
 from __future__ import annotations
 

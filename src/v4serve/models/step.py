@@ -142,10 +142,6 @@ class StepLayout:
                          one_token_rows=self.one_token_rows)
 
 
-def _padded(values: list[int]) -> list[int]:
-    return values + [0] * (_aligned(len(values)) - len(values))
-
-
 def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tensor, StepLayout]:
     """The step of `rows` as one host int64 tensor and its layout; `width`: block-table columns (default the widest
     row's block count), padded with -1."""
@@ -176,8 +172,13 @@ def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tens
     layout = StepLayout(len(toks), len(rows), len(lidx), nb, bool(rows) and all(n == 1 for n in lens))
     fields = (toks, pos, trow, [r.slot for r in rows], [r.start for r in rows], lens, offs,
               [r.window_floor for r in rows], [r.cached_len for r in rows], [r.decoder_floor for r in rows], lidx)
-    # one conversion of one list (per-row tensor writes cost more than the whole list at decode sizes)
-    packed = torch.tensor([v for f in fields for v in _padded(f)] + table, dtype=torch.int64)
+    # one conversion of one list (per-row tensor writes cost more than the whole list at decode sizes), built by list
+    # extends: this runs for every step
+    flat: list[int] = []
+    for f in fields:
+        flat += f
+        flat += [0] * (_aligned(len(f)) - len(f))
+    packed = torch.tensor(flat + table, dtype=torch.int64)
     return packed, layout
 
 

@@ -11,10 +11,10 @@ def interpreting() -> bool:
 
 # Integer arguments whose values change with a step's composition: token, row, group, pick, column and block counts,
 # and the block table's width. Triton compiles a variant of a kernel for each class (== 1, divisible by 16, neither)
-# of each integer argument, so a server meets new combinations of these (and compiles, stalling every running request for
-# seconds) long after its warm-up: 18 launched kernels saw 2-3 classes of up to 5 such arguments each in a short mixed
-# workload on the CPU (fifteenth session). None of them addresses vectorised memory (they bound masks and loops, or
-# index gathers of single elements), so compiling them as plain integers costs at most a compare where the class
+# of each integer argument, so a server meets new combinations of these (and compiles, stalling every running request
+# for seconds) long after its warm-up: 18 launched kernels saw 2-3 classes of up to 5 such arguments each in a short
+# mixed workload on the CPU (fifteenth session). None of them addresses vectorised memory (they bound masks and loops,
+# or index gathers of single elements), so compiling them as plain integers costs at most a compare where the class
 # made a mask constant. They compile so by default (one variant for every step); V4SERVE_STEP_SPECIALIZE=1 restores
 # Triton's specialisation. H200, seventeenth session: the graphed v4-flash-e16 replay 8.58 -> 8.61 ms at batch 1 and
 # 17.05 -> 17.17 ms at batch 32 (gpu_session.sh spec_ab), while the AgentX-style run (agentx15, with the step's other
@@ -28,23 +28,15 @@ def specialize_step_args() -> bool:
     return os.environ.get("V4SERVE_STEP_SPECIALIZE", "0") not in ("0", "")
 
 
-def _runtime_step_args(fn) -> tuple[str, ...]:
-    """The STEP_ARGS that `fn` takes as runtime integers. A kernel may take one of these names as a constexpr (the
-    compressor's ratio M, the prologue's group G): those are compile-time by design, and Triton's GPU compiler rejects
-    a constexpr listed in do_not_specialize (its interpreter never looks)."""
-    import inspect
-
-    out = []
-    for p in inspect.signature(fn).parameters.values():
-        ann = p.annotation
-        constexpr = "constexpr" in ann if isinstance(ann, str) else "constexpr" in getattr(ann, "__name__", "")
-        if p.name in STEP_ARGS and not constexpr:
-            out.append(p.name)
-    return tuple(out)
-
-
 def step_jit(fn):
-    """`triton.jit` for a launched kernel: its runtime STEP_ARGS unspecialised unless specialize_step_args()."""
+    """`triton.jit` for a launched kernel: its runtime STEP_ARGS unspecialised unless specialize_step_args(). A kernel
+    may take one of these names as a constexpr (the compressor's ratio M, the prologue's group G): compile-time by
+    design, and Triton's GPU compiler rejects a constexpr listed in do_not_specialize (its interpreter never looks),
+    so the names come from Triton's own reading of the parameters."""
     import triton
+    from triton.runtime.jit import JITFunction
 
-    return triton.jit(fn, do_not_specialize=() if specialize_step_args() else _runtime_step_args(fn))
+    if specialize_step_args():
+        return triton.jit(fn)
+    params = JITFunction(fn).params  # (triton.jit gives an InterpretedFunction, without them, under the interpreter)
+    return triton.jit(fn, do_not_specialize=[p.name for p in params if p.name in STEP_ARGS and not p.is_constexpr])

@@ -478,12 +478,13 @@ def _alignment(stride_bytes: int) -> int:
 
 
 def _pad16(n: int) -> int:
-    return -(-n // 16) * 16
+    return triton.cdiv(n, 16) * 16
 
 
 def _id_bits(n: int) -> int:
-    """Key bits for entry ids < n, rounded up to whole 8-bit digits (a constexpr: the exact count made each doubling
-    of a context a new kernel variant, compiled while serving; the radix passes are per 8-bit digit anyway)."""
+    """Key bits for entry ids < n, rounded up to a multiple of 8 (a constexpr: the exact count made each doubling of
+    a context a new kernel variant, compiled while serving; with the default 8-bit radix digits the pass count is
+    the same)."""
     return min(MAX_ID_BITS, -(-max(1, (n - 1).bit_length()) // 8) * 8)
 
 
