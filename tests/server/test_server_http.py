@@ -160,3 +160,8 @@ def test_metrics_parse(http: httpx.Client) -> None:
     assert m[("v4serve_kv_cache_blocks", (("state", "total"),))] > 0
     assert {k[1][0][1] for k in m if k[0] == "v4serve_kv_cache_bytes"} >= {"compressed", "index_keys", "window"}
     assert m[("v4serve_generation_tokens_total", ())] >= 2
+    # the engine's step times by kind: the prompt's step and the decode step after it
+    assert m[("v4serve_engine_step_seconds_count", (("kind", "prefill"),))] >= 1
+    assert m[("v4serve_engine_step_seconds_count", (("kind", "decode"),))] >= 1
+    assert m[("v4serve_engine_step_seconds_bucket", (("kind", "decode"), ("le", "+Inf")))] == \
+        m[("v4serve_engine_step_seconds_count", (("kind", "decode"),))]

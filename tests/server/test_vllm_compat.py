@@ -102,3 +102,12 @@ async def test_periodic_stats_line(caplog: pytest.LogCaptureFixture) -> None:
     line = stats_line({}, totals({"prompt_tokens": 10}, 0, 0.0), totals({"prompt_tokens": 110, "cached_tokens": 0},
                                                                          20, 2.0))
     assert "prompt throughput 50.0 tok/s" in line and "generation throughput 10.0 tok/s" in line
+    # the engine's step times by kind, as differences between the two readings
+    from v4serve.engine.step_stats import StepStats
+
+    steps = StepStats()
+    steps.observe(8, 0, 0.0025)
+    before = steps.as_dict()
+    steps.observe(8, 300, 0.025)
+    line = stats_line({}, totals({"step_stats": before}, 0, 0.0), totals({"step_stats": steps.as_dict()}, 0, 1.0))
+    assert line.endswith("; steps: mixed 1 (p50 <= 30 / p90 <= 30 ms; 300 prefill tokens each)")

@@ -30,6 +30,7 @@ from .runner import ModelRunner
 from .sampler import fresh_seeds
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
+from .step_stats import StepStats
 
 log = logging.getLogger("v4serve.engine")
 
@@ -197,6 +198,7 @@ class LLMEngine:
         self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)
         self.last_step_tokens = 0  # tokens the last step computed (reported to the server's metrics)
         self.last_step_rows = 0  # and its rows (the engine loop's slow-step warning)
+        self.step_stats = StepStats()  # step times by kind (decode / mixed / prefill): the stats line, /metrics
         self.requests: dict[str, Request] = {}
         self.outputs: dict[str, OutputProcessor] = {}
         self._ended: list[Request] = []  # aborted outside a step: reported by the next step
@@ -336,6 +338,8 @@ class LLMEngine:
         for s, sched in zip(self.schedulers, scheds):
             decodes = sum(1 for r in sched.rows if r.num_tokens == 1)
             s.prefill_budget.observe(decodes, sched.num_tokens - decodes, now - t_step)
+            if not sched.empty:
+                self.step_stats.observe(decodes, sched.num_tokens - decodes, now - t_step)
         starts = {r.request.request_id: r.start for sched in scheds for r in sched.rows}
         for rid, entries in out.prompt_logprobs.items():
             req = self.requests[rid]
@@ -384,8 +388,9 @@ class LLMEngine:
             deltas += self._take(prev)
             # the step's time: from its launch to its tokens on the host (the ITL budget's observation)
             decodes = sum(1 for r in prev.sched.rows if r.num_tokens == 1)
-            self.scheduler.prefill_budget.observe(decodes, prev.sched.num_tokens - decodes,
-                                                  time.monotonic() - prev.launched_at)
+            took = time.monotonic() - prev.launched_at
+            self.scheduler.prefill_budget.observe(decodes, prev.sched.num_tokens - decodes, took)
+            self.step_stats.observe(decodes, prev.sched.num_tokens - decodes, took)
         if launched is not None:  # its input tokens are all on the host now: account for it, hold its tokens' places
             self.scheduler.advance(sched)
             async_steps.hold_places(launched.reqs)
@@ -421,7 +426,7 @@ class LLMEngine:
         """Engine counters; under DEP the sums over the data-parallel ranks, and each rank's own in `dp_ranks`."""
         per = [self._rank_stats(s) for s in self.schedulers]
         if self.dp == 1:
-            return per[0]
+            return {**per[0], "step_stats": self.step_stats.as_dict()}
         total: dict[str, object] = {}
         for k, v in per[0].items():
             if isinstance(v, dict):
@@ -437,6 +442,7 @@ class LLMEngine:
                                                 "preemptions")} for p in per]
         total["dp_routed_by_prefix"] = self.router.by_prefix
         total["dp_routed_by_load"] = self.router.by_load
+        total["step_stats"] = self.step_stats.as_dict()
         return total
 
     def _rank_stats(self, sched: Scheduler) -> dict[str, object]:

@@ -28,6 +28,7 @@ import torch
 
 from ..cache.manager import CacheStats
 from .sampling_params import SamplingParams
+from .step_stats import StepStats
 
 if TYPE_CHECKING:
     from .llm_engine import LLMEngine
@@ -139,3 +140,4 @@ def _forget(engine: LLMEngine) -> None:
         s.prefill_budget.reset()
         s.prefill_gate.reset()
     engine.last_step_tokens = engine.last_step_rows = 0
+    engine.step_stats = StepStats()

@@ -13,9 +13,10 @@ import re
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ..engine.step_stats import EDGES
 from .vllm_metrics import VllmMetrics
 
 PREFIX = "v4serve"
@@ -76,6 +77,23 @@ class EngineStatsCollector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_prefix_cache_hit_rate", "cached / prompt tokens since start (0-1)",
                                 value=cached / prompt if prompt else 0.0)
         yield GaugeMetricFamily(f"{PREFIX}_max_model_len", "context length", value=s.get("max_model_len", 0))
+        steps = s.get("step_stats")
+        if steps:
+            yield _step_histogram(steps)
+
+
+def _step_histogram(steps: dict[str, dict]) -> HistogramMetricFamily:
+    """The engine's step times by kind (engine/step_stats.py: cumulative bucket counts) as one histogram."""
+    h = HistogramMetricFamily(f"{PREFIX}_engine_step_seconds", "engine step wall time by kind: decode (decode rows "
+                              "only), mixed (decode rows and prefill tokens), prefill (prefill only)",
+                              labels=["kind"])
+    for kind, d in steps.items():
+        cumulative, buckets = 0, []
+        for edge, n in zip(list(EDGES) + [float("inf")], d["buckets"]):
+            cumulative += n
+            buckets.append(("+Inf" if edge == float("inf") else repr(edge), cumulative))
+        h.add_metric([kind], buckets, sum_value=d["seconds"])
+    return h
 
 
 class ServerMetrics:

@@ -1,5 +1,6 @@
 """The periodic stats line (vLLM prints one too): throughput, running / waiting requests, KV use, prefix-cache hit
-rate, every `--log-stats-interval` seconds while the server runs (off with `--disable-log-stats`)."""
+rate and the interval's step times by kind (decode-only, mixed, prefill-only: what inter-token latency is made of),
+every `--log-stats-interval` seconds while the server runs (off with `--disable-log-stats`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import logging
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from ..engine import step_stats
 
 log = logging.getLogger("v4serve.server")
 
@@ -21,21 +24,25 @@ class Totals:
     prompt: float
     cached: float
     generated: float
+    steps: dict[str, Any] | None = None  # the engine's step times by kind (engine/step_stats.py), cumulative
 
 
 def totals(stats: dict[str, Any], generated: float, at: float) -> Totals:
-    return Totals(at, float(stats.get("prompt_tokens", 0)), float(stats.get("cached_tokens", 0)), generated)
+    return Totals(at, float(stats.get("prompt_tokens", 0)), float(stats.get("cached_tokens", 0)), generated,
+                  stats.get("step_stats"))
 
 
 def stats_line(stats: dict[str, Any], prev: Totals, now: Totals) -> str:
     dt = max(now.at - prev.at, 1e-9)
     prompt, cached = now.prompt - prev.prompt, now.cached - prev.cached
     hit = f"{100 * cached / prompt:.1f}%" if prompt > 0 else "-"
+    steps = step_stats.interval_line(prev.steps, now.steps) if now.steps else ""
     return (f"prompt throughput {(prompt - cached) / dt:.1f} tok/s (computed), generation throughput "
             f"{(now.generated - prev.generated) / dt:.1f} tok/s; running {stats.get('running', 0)}, waiting "
             f"{stats.get('waiting', 0)}; KV cache usage {100 * float(stats.get('kv_usage', 0.0)):.1f}%; prefix "
             f"cache hit rate {hit} (this interval), "
-            f"{100 * now.cached / now.prompt if now.prompt else 0.0:.1f}% (since start)")
+            f"{100 * now.cached / now.prompt if now.prompt else 0.0:.1f}% (since start)"
+            + (f"; {steps}" if steps else ""))
 
 
 async def log_stats(client, generated_tokens, interval: float) -> None:
