@@ -40,6 +40,7 @@ agentx_run() {  # the AgentX-style target (v4-flash-l8-e16, 4 and 16 sessions, g
   for f in $W/server-*.log; do  # per server variant: its warm-up, then what it compiled while serving
     echo "== $(basename $f): $(grep -c "compiled while serving" $f) steps compiled while serving"
     grep -h "slow step\|warm-up\|compiled\|captured" $f | head -${AGX_LINES:-12}
+    grep -h "steps:" $f | sed 's/.*running/running/' | head -8  # the step times by kind, per stats interval
   done
   tar -czf "$OUT/agentx.tgz" -C $W .
 }
@@ -933,6 +934,24 @@ if [[ $what == seventeenthA ]]; then  # prepared in the seventeenth session, one
     -k "graph_decode_equals_eager" 2>&1 | tee "$OUT/combine_graph_tests.log" | grep -E "^E |passed|failed"
   timeout 90 python3 -m pytest tests/ops/test_peer_sum.py -q -p no:cacheprovider -o addopts="" 2>&1 \
     | tee "$OUT/peer_sum_tests.log" | grep -E "^E |passed|failed"
+fi
+if [[ $what == eighteenth1 ]]; then  # prepared in the eighteenth session, one call: what a mixed step costs (decode
+  # rows beside a prompt, eager: the slow inter-token latencies of the AgentX run) on v4-flash-l8-e16 at 16 rows, wall
+  # against GPU time by family; then the AgentX-style run at 16 sessions with the prefill gate at 12 and 20 decode
+  # steps and the new step-time lines (engine/step_stats.py); then the 43-layer step profile by family (eager decode at
+  # batch 1 and an 8K prefill chunk: the by-family view owed since the thirteenth session)
+  timeout ${MIX_TIMEOUT:-150} python3 benchmarks/profile_step.py v4-flash-l8-e16 --batch 16 --context 4096 --steps 2 \
+    --prefill 0 --mixed 512,64 --no-graphs --kv-cache-memory 8589934592 --out "$OUT" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/mixed-l8-b16.log"
+  grep -E "eager|mixed step|^\| (linear|moe|mhc|attention|indexer|compressor|router|other|\*\*total)" \
+    "$OUT/mixed-l8-b16.log" | head -40
+  AGX_CONC=16 AGX_LINES=6 AGX_TIMEOUT=${AGX_TIMEOUT:-230} agentx_run "gate12|--decode-steps-between-prefills 12 \
+--max-prefill-delay-ms 150;gate20|--decode-steps-between-prefills 20 --max-prefill-delay-ms 150"
+  timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 2 \
+    --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-e16.log"
+  grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|router|norm|sampling|other|\*\*total)|prefill chunk|decode," \
+    "$OUT/profile-e16.log" | head -30
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

@@ -164,6 +164,37 @@ def trace_replays(eng: LLMEngine, batch: int, n: int) -> dict:
     return replay_trace.merge(replays)
 
 
+def mixed_step(eng: LLMEngine, tokens: int, batch: int, acts, cuda: bool, g: torch.Generator,
+               lines: list[str]) -> dict:
+    """Eager steps of the decoding rows beside a new prompt of `tokens` tokens: one to compile, one timed, one
+    profiled by family; and a decode-only eager step after them. A wall time far above the GPU time: the step is host
+    bound (what a graph would remove)."""
+    dev = eng.device
+
+    def step(prompt: bool) -> float:
+        if prompt:
+            eng.add_request(torch.randint(0, eng.model_config.vocab_size, (tokens,), generator=g).tolist(),
+                            SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+        sync(dev)
+        t = time.perf_counter()
+        eng.step()
+        sync(dev)
+        return (time.perf_counter() - t) * 1e3
+
+    step(True)  # compiles the prefill's kernels
+    wall = step(True)
+    profiling.enable()
+    with torch.profiler.profile(activities=acts) as prof:
+        step(True)
+    profiling.enable(False)
+    fams = attribute(prof, cuda)
+    gpu = sum(v["ms"] for v in fams.values())
+    decode_only = step(False)
+    lines += table(f"mixed step: {batch} decode rows + a {tokens}-token prompt (wall {wall:.1f} ms, GPU {gpu:.1f} ms; "
+                   f"the decode-only eager step {decode_only:.1f} ms)", fams, {}, 1)
+    return {"tokens": tokens, "wall_ms": wall, "gpu_ms": gpu, "families": fams, "decode_only_eager_ms": decode_only}
+
+
 def parse_env(spec: str) -> dict[str, str]:
     """'NAME=VALUE NAME2=VALUE2' -> {NAME: VALUE, ...}; '' -> {} (the environment the process started with)."""
     out = {}
@@ -216,6 +247,8 @@ def main() -> int:
     ap.add_argument("--kv-cache-memory", type=int, default=16 << 30)
     ap.add_argument("--graphs", action=argparse.BooleanOptionalAction, default=True,
                     help="also time graphed decode steps (a second engine)")
+    ap.add_argument("--mixed", default="", help="also profile a step of the decode rows beside a prompt of N tokens, "
+                    "for each N of a comma list (the eager mixed step that inter-token latency waits on under load)")
     ap.add_argument("--top", type=int, default=0, help="also list the N costliest decode kernels (GPU)")
     ap.add_argument("--graph-only", action="store_true", help="only the CUDA-graph step time (A/B runs)")
     ap.add_argument("--async-scheduling", action="store_true",
@@ -260,8 +293,10 @@ def main() -> int:
     # tokens for every timed step: the first timing, then each variant's (the starting environment included) per round
     variant_steps = (len(args.env_variant) + 1) * args.rounds * n_timed if args.env_variant else 0
 
+    mixed = [int(n) for n in args.mixed.split(",") if n]
+
     def fill(eng: LLMEngine) -> None:
-        start_decoding(eng, args.batch, args.context, args.steps + 16 + variant_steps, g)
+        start_decoding(eng, args.batch, args.context, args.steps + 16 + variant_steps + 4 * len(mixed), g)
         sync(dev)
 
     def timed_steps(eng: LLMEngine, n: int) -> float:
@@ -335,6 +370,8 @@ def main() -> int:
     if args.top and per_kernel:
         top_lines, results["decode"]["top_kernels"] = top_kernels(per_kernel, args.steps, args.top)
         lines += top_lines
+    if args.mixed:
+        results["mixed"] = [mixed_step(eng, n, args.batch, acts, cuda, g, lines) for n in mixed]
     eng.abort_all()
     eng.step()
     if args.prefill:
