@@ -953,6 +953,16 @@ if [[ $what == eighteenth1 ]]; then  # prepared in the eighteenth session, one c
   grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|router|norm|sampling|other|\*\*total)|prefill chunk|decode," \
     "$OUT/profile-e16.log" | head -30
 fi
+if [[ $what == hostprof ]]; then  # prepared in the eighteenth session: where an eager step's host time goes (eager
+  # steps are host bound: l8-e16 at 16 rows 35-45 ms wall against 3-22 ms of GPU, e16 at batch 1 146 ms against 9):
+  # cProfile over eager decode-only and mixed steps (benchmarks/host_profile.py), l8-e16 at 16 rows, e16 at one
+  timeout ${HP_TIMEOUT:-150} python3 benchmarks/host_profile.py v4-flash-l8-e16 --batch 16 --context 4096 --mixed 512 \
+    --steps 5 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/host-l8.log"
+  head -70 "$OUT/host-l8.log"
+  timeout ${HP_TIMEOUT2:-200} python3 benchmarks/host_profile.py v4-flash-e16 --batch 1 --context 2048 --mixed 0 \
+    --steps 3 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/host-e16.log"
+  head -40 "$OUT/host-e16.log"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
