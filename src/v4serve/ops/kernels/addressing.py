@@ -19,7 +19,7 @@ import triton.language as tl
 
 from ..addressing import Compression, WindowAddressing, WindowRows
 from ..compressor import Groups, StepRows
-from . import interpreting, step_jit
+from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
@@ -105,11 +105,11 @@ def window_addressing(step: WindowRows, window: int, trash_slot: int,
                torch.empty(T, half, dtype=torch.float32, device=dev)) for _ in freqs]
     f = [fr.to(torch.float32).contiguous() for fr in freqs] + [pos] * (2 - len(freqs))
     cs = [c for pair in tables for c in pair] + [src] * (4 - 2 * len(tables))
-    nt = triton.cdiv(T, BT)
-    _window_kernel[(nt + triton.cdiv(R, BT),)](
+    nt = cdiv(T, BT)
+    _window_kernel[(nt + cdiv(R, BT),)](
         pos, step.token_row, step.row_start, step.row_len, step.row_offset, step.row_slot, step.window_floor, src,
         valid.view(torch.int8), ring, write, f[0], cs[0], cs[1], f[1], cs[2], cs[3], T, R, trash_slot, W=W,
-        BW=triton.next_power_of_2(W), NT=nt, HALF=half, BH=triton.next_power_of_2(half), N_ROPE=len(freqs), BT=BT,
+        BW=next_pow2(W), NT=nt, HALF=half, BH=next_pow2(half), N_ROPE=len(freqs), BT=BT,
         num_warps=4, **pdl_launch(pos))
     return WindowAddressing(src, valid, ring, write, tables)
 
@@ -169,7 +169,7 @@ def _compression_kernel(pos_ptr, start_ptr, len_ptr, cached_ptr, bt_ptr, bt_stri
 def _rows_tile(rows: int) -> int:
     """The compression kernel's row tile: at least 64 (a constexpr; a power of two of the step's row count made each
     new count class a kernel variant compiled while serving)."""
-    return max(64, triton.next_power_of_2(rows))
+    return max(64, next_pow2(rows))
 
 
 def compression_addressing(step: StepRows, ratio: int, block_size: int, num_blocks: int,
@@ -185,9 +185,9 @@ def compression_addressing(step: StepRows, ratio: int, block_size: int, num_bloc
     cos, sin = (torch.empty(G, half, dtype=torch.float32, device=dev) for _ in range(2))
     visible = torch.empty(T, dtype=torch.int64, device=dev)
     bt = step.block_table
-    _compression_kernel[(triton.cdiv(max(G, T), BG),)](
+    _compression_kernel[(cdiv(max(G, T), BG),)](
         pos, step.row_start, step.row_len, step.cached_len, bt, bt.stride(0), bt.shape[1],
         freqs.to(torch.float32).contiguous(), grow, entry, gvalid.view(torch.int8), rows, cos, sin, visible, T, R, G,
         num_blocks, M=ratio, BLOCK_SIZE=block_size, BR=_rows_tile(R), HALF=half,
-        BH=triton.next_power_of_2(half), BG=BG, num_warps=4, **pdl_launch(pos))
+        BH=next_pow2(half), BG=BG, num_warps=4, **pdl_launch(pos))
     return Compression(Groups(grow, entry, gvalid), rows, cos, sin, visible)

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from ..precision import hi_lo
-from . import interpreting, step_jit
+from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, last_to_arrive
@@ -613,7 +613,7 @@ def _kv_splits(cfg: Config, programs: int, rows_hint: int) -> int:
         return cfg.kv_splits
     if programs > N_COUNTERS:
         return 1
-    return _pow2_floor(min(triton.cdiv(2 * _SMS, programs), rows_hint // (2 * cfg.rows), 16))
+    return _pow2_floor(min(cdiv(2 * _SMS, programs), rows_hint // (2 * cfg.rows), 16))
 
 
 PART_BUDGET = 1 << 26  # flash mode: partial-accumulator elements per launch (long prefills with explicit kv_splits)
@@ -621,7 +621,7 @@ PART_BUDGET = 1 << 26  # flash mode: partial-accumulator elements per launch (lo
 
 def _lines(row_bytes: int) -> int:
     """Prefetch addresses per record: its 128-B lines (+1: a record need not start on a line), a power of two."""
-    return triton.next_power_of_2(triton.cdiv(row_bytes, 128) + 1)
+    return next_pow2(cdiv(row_bytes, 128) + 1)
 
 
 def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) -> int:
@@ -687,7 +687,7 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     dt = acc if q.dtype in (torch.float32, torch.float64) else q.dtype
     s_hi, s_lo = hi_lo(scale)
     per_token = picks.dim() > 1
-    HB = triton.cdiv(H, cfg.heads)
+    HB = cdiv(H, cfg.heads)
 
     def row_args(lo: int, hi: int, qc: torch.Tensor, qp: torch.Tensor, part: torch.Tensor, cnt: torch.Tensor) -> tuple:
         """The arguments both kernels take for tokens [lo, hi), in their order."""

@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ..precision import hi_lo
-from . import interpreting, step_jit
+from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil
@@ -55,11 +55,11 @@ def default_config(m: int, d: int, rotate: bool) -> Config:
     the GPU idle; rotations take blocks of 16 rows on 8 warps (the fp32 dot's operands spill on 4) and loop over
     blocks on a capped grid, building the +-1 matrix once per program."""
     if interpreting():
-        return Config(max(16 if rotate else 1, min(64, triton.next_power_of_2(m))), 1)
+        return Config(max(16 if rotate else 1, min(64, next_pow2(m))), 1)
     if rotate:
         return Config(16, 8, 8 * _SMS)
     bm = max(1, min(64, 2048 // d))
-    while bm > 1 and triton.cdiv(m, bm) < 2 * _SMS:
+    while bm > 1 and cdiv(m, bm) < 2 * _SMS:
         bm //= 2
     return Config(bm, 4)
 
@@ -403,7 +403,7 @@ def finish_rows(x: torch.Tensor, norm: torch.Tensor | None, eps: float, cos: tor
         kind, rec, prow = KINDS[pool.codec.kind], pool.data, rows.reshape(-1).contiguous()
         stride_rec, kr, pt = rec.stride(0), pool.codec.rope_dim, pool.codec.dtype
     cfg = config or default_config(M, D, rotate)
-    n_blocks = triton.cdiv(M, cfg.rows)
+    n_blocks = cdiv(M, cfg.rows)
     grid = min(n_blocks, cfg.programs) if cfg.programs else n_blocks
     f64 = x.dtype == torch.float64
     eps_hi, eps_lo = hi_lo(float(eps))

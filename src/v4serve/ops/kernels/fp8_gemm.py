@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..quant import Quantized
-from . import fp8_gemv, interpreting, scaled_mm, step_jit
+from . import cdiv, fp8_gemv, interpreting, next_pow2, scaled_mm, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import act_quant, act_simulate
@@ -147,15 +147,15 @@ def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool =
     """Tile shapes: small M streams the weight (split K to fill the GPU); large M is compute bound."""
     bk = max(sb, 128)
     if interpreting():  # few, large programs: the CPU interpreter pays per program, not per element
-        bm, bn = max(16, min(64, triton.next_power_of_2(M))), min(512, max(16, triton.next_power_of_2(N)))
-        splits = max(1, min(triton.cdiv(K, bk), 4 // max(1, triton.cdiv(N, bn) * G)))
+        bm, bn = max(16, min(64, next_pow2(M))), min(512, max(16, next_pow2(N)))
+        splits = max(1, min(cdiv(K, bk), 4 // max(1, cdiv(N, bn) * G)))
         return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 1}
     if M <= 64:
-        bm = max(16, triton.next_power_of_2(M))
+        bm = max(16, next_pow2(M))
         bn = 64
-        tiles = triton.cdiv(N, bn) * G * triton.cdiv(M, bm)
-        k_blocks = triton.cdiv(K, bk)
-        splits = max(1, min(k_blocks, triton.cdiv(2 * _SMS, tiles)))
+        tiles = cdiv(N, bn) * G * cdiv(M, bm)
+        k_blocks = cdiv(K, bk)
+        splits = max(1, min(k_blocks, cdiv(2 * _SMS, tiles)))
         return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4}
     if not fp8_dot and wide:  # fp32 / fp64 tiles: 4x the shared memory of FP8 ones
         return {"BM": 64, "BN": 64, "BK": bk, "splits": 1, "num_warps": 4, "num_stages": 2}
@@ -215,14 +215,14 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     wide = x3.dtype in (torch.float32, torch.float64)
     cfg = {**_config(M, N, K, G, sb, a_fp8, wide), **(cfg or {})}
     splits, bk = cfg["splits"], cfg["BK"]
-    k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
-    splits = triton.cdiv(K, k_per_split)
+    k_per_split = cdiv(cdiv(K, splits), bk) * bk
+    splits = cdiv(K, k_per_split)
     y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     acc_t = torch.float64 if x3.dtype == torch.float64 else torch.float32
     part = torch.empty(splits, M, G, N, dtype=acc_t, device=x3.device) if splits > 1 else y.unsqueeze(0)
     scale_t = scale if scale is not None else weight
     xs_t = xs if xs is not None else x3
-    grid = (triton.cdiv(M, cfg["BM"]) * triton.cdiv(N, cfg["BN"]), G, splits)
+    grid = (cdiv(M, cfg["BM"]) * cdiv(N, cfg["BN"]), G, splits)
     # decode rows: the split-K partials are added by the last program to arrive at each tile (no second launch)
     finish = splits > 1 and cfg.get("finish", M <= 64) and grid[0] * G <= N_COUNTERS
     cnt = _COUNTERS.get(x3.device) if finish else y
@@ -236,7 +236,7 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x3))
     if splits > 1 and not finish:
         total = M * G * N
-        _sum_splits_kernel[(triton.cdiv(total, 1024),)](part, y, total, SPLITS=splits, BLOCK=1024,
+        _sum_splits_kernel[(cdiv(total, 1024),)](part, y, total, SPLITS=splits, BLOCK=1024,
                                                            **pdl_launch(y))
     return y
 

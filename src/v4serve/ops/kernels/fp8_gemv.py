@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..backend import fused
 from ..quant import Quantized
-from . import interpreting, step_jit
+from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .pdl import prefetch as pdl_prefetch
@@ -284,12 +284,12 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     at 64 rows it is as often slower, and W8A16 (grouped wo_a, a bf16 dot) is slower with it (M=1 15.7 -> 22.4).
     Plain bf16 weights (`plain`: the compressors' stacked projections) take half the splits: `fp8_gemm.py
     --compressor`, H200, CSA 2624 x 4096 M=1 10.6 -> 9.1 us, M=32 12.8 -> 10.0; HCA 1024 x 4096 M=1 6.5 -> 5.3."""
-    bm = max(16, triton.next_power_of_2(M))
+    bm = max(16, next_pow2(M))
     swap = w8a8 and M <= 32
     if interpreting():  # the CPU interpreter pays per program: few, large ones (but still a split when K allows)
-        bn = min(256, max(16, triton.next_power_of_2(N)))
+        bn = min(256, max(16, next_pow2(N)))
         bk = max(sb, 128)
-        return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, triton.cdiv(K, bk))), "num_warps": 4,
+        return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, cdiv(K, bk))), "num_warps": 4,
                 "num_stages": 1, "swap": swap, "fma": False}
     if M == 1 and FMA_ONE_ROW and one_row_fma:  # (one_row_fma: false for kernels without the fma form)
         return fma_config(N, K, G)
@@ -319,7 +319,7 @@ def fit_fma(cfg: dict, given: dict, M: int, N: int, K: int, G: int, max_rows: in
         return cfg
     if M > max_rows:
         raise ValueError(f"the CUDA-core GEMV (fma) takes at most {max_rows} row{'s' * (max_rows > 1)}, not {M}")
-    cfg.update(BM=triton.next_power_of_2(M), swap=False)
+    cfg.update(BM=next_pow2(M), swap=False)
     if "splits" not in given:
         cfg["splits"] = split_count(N, K, G, cfg["BN"], cfg["BK"], cfg.get("programs", 2 * _SMS))
     return cfg
@@ -327,7 +327,7 @@ def fit_fma(cfg: dict, given: dict, M: int, N: int, K: int, G: int, max_rows: in
 
 def split_count(N: int, K: int, G: int, bn: int, bk: int, programs: int = 2 * _SMS) -> int:
     """K splits for about `programs` programs over the output tiles (at most one per K tile, at most 16)."""
-    return max(1, min(triton.cdiv(K, bk), triton.cdiv(programs, triton.cdiv(N, bn) * G), 16))
+    return max(1, min(cdiv(K, bk), cdiv(programs, cdiv(N, bn) * G), 16))
 
 
 # Up to this many rows the grouped wo_a quantizes its output for wo_b in its finish (H200, `fp8_gemm.py --wo-a-quant`,
@@ -385,9 +385,9 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         raise ValueError(f"tiles of {bn} columns neither hold nor tile groups of {quant_out}")
     tiles_per_group = quant_out // bn if quant_out > bn else 1
     bk = cfg["BK"]
-    k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
-    splits = triton.cdiv(K, k_per_split)
-    n_tiles = triton.cdiv(N, cfg["BN"])
+    k_per_split = cdiv(cdiv(K, cfg["splits"]), bk) * bk
+    splits = cdiv(K, k_per_split)
+    n_tiles = cdiv(N, cfg["BN"])
     part = (torch.empty(n_tiles * G * splits * cfg["BM"] * cfg["BN"], dtype=torch.float32, device=x3.device)
             if splits > 1 or tiles_per_group > 1 else y)
     cnt = _COUNTERS.get(x3.device)

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting, step_jit
+from . import cdiv, interpreting, step_jit
 from .fp8_gemv import (FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x, quantize_rows,
                        scale_block, split_count)
 from .fp8_gemv import supports as gemv_supports
@@ -174,9 +174,9 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
     # (the kernel's CUDA-core form takes one row)
     cfg = fit_fma({**paired_config(M, N, K, block, w8a8=bool(act_group)), **given}, given, M, N, K, 1, 1)
     bk = cfg["BK"]
-    k_per_split = triton.cdiv(triton.cdiv(K, cfg["splits"]), bk) * bk
-    splits = triton.cdiv(K, k_per_split)
-    n_tiles = triton.cdiv(N, cfg["BN"])
+    k_per_split = cdiv(cdiv(K, cfg["splits"]), bk) * bk
+    splits = cdiv(K, k_per_split)
+    n_tiles = cdiv(N, cfg["BN"])
     part = (torch.empty(n_tiles * splits * 2 * cfg["BM"] * cfg["BN"], dtype=torch.float32, device=x2.device)
             if splits > 1 else h)
     cnt = _COUNTERS.get(x2.device)

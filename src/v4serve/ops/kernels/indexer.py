@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ..indexer import Entries, KeyPool
 from ..precision import hi_lo
-from . import step_jit
+from . import cdiv, next_pow2, step_jit
 from .finish import cast_rounded
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -468,8 +468,8 @@ def _programs_to_fill(device: torch.device) -> int:
 def _small_sort(k: int) -> int:
     """The narrower sort `_select_kernel` takes when a token has at most this many picks: a bitonic sort's cost
     follows its width, not the picks (2048 slots for V4.1's candidate blocks, 64 of them used at a 2K context)."""
-    small = min(256, triton.next_power_of_2(k) // 2)
-    return small if small >= 2 else triton.next_power_of_2(k)  # (>= K_PAD: no narrow sort)
+    small = min(256, next_pow2(k) // 2)
+    return small if small >= 2 else next_pow2(k)  # (>= K_PAD: no narrow sort)
 
 
 def _alignment(stride_bytes: int) -> int:
@@ -478,7 +478,7 @@ def _alignment(stride_bytes: int) -> int:
 
 
 def _pad16(n: int) -> int:
-    return triton.cdiv(n, 16) * 16
+    return cdiv(n, 16) * 16
 
 
 def _id_bits(n: int) -> int:
@@ -561,9 +561,9 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
         dot = tl.float64 if q.dtype == torch.float64 else tl.float32
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     key_dt = torch.float32 if qfp8 else q.dtype  # the reference decodes keys to the (dequantized) query dtype
-    n_tb = triton.cdiv(T, block_t)
-    tiles = triton.cdiv(n_cand, block_e // cb) if cand else triton.cdiv(entries.max_entries, block_e)
-    split = max(1, min(cfg.split or triton.cdiv(_programs_to_fill(q.device), n_tb), tiles))
+    n_tb = cdiv(T, block_t)
+    tiles = cdiv(n_cand, block_e // cb) if cand else cdiv(entries.max_entries, block_e)
+    split = max(1, min(cfg.split or cdiv(_programs_to_fill(q.device), n_tb), tiles))
     qs = q_scale if qfp8 else w
     cand_t = candidates if cand else entries.token_row
     bsc = block_scores if publish else scores
@@ -577,7 +577,7 @@ def logits(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, sc
         T, bt.shape[1], entries.num_blocks, n_cand,
         q.stride(0), q.stride(1), q.stride(2), qs.stride(0), qs.stride(1), w.stride(0), w.stride(1),
         data.stride(0), bt.stride(0), bt.stride(1), cand_t.stride(0), scores.stride(0), bsc.stride(0),
-        H=H, H_PAD=max(triton.next_power_of_2(H), 16 // block_t if on_gpu else 1), D=D, RATIO=entries.ratio,
+        H=H, H_PAD=max(next_pow2(H), 16 // block_t if on_gpu else 1), D=D, RATIO=entries.ratio,
         BLOCK_SIZE=entries.block_size, BLOCK_T=block_t, BLOCK_E=block_e, CB=cb, FORMAT=FORMATS[keys.codec.kind],
         CAND=cand, PUBLISH=publish, QFP8=qfp8, RAW_FP8=raw_fp8, KEY=TL_DTYPES[key_dt], DOT=dot, ACC=TL_DTYPES[acc],
         ROUND_BF16=key_dt == torch.bfloat16 and not on_gpu, REC_ALIGN=_alignment(data.stride(0)),
@@ -604,7 +604,7 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
         raise ValueError(f"select_digit is 2..8 bits: {cfg}")
     cand = candidates is not None
     cand_t = candidates if cand else visible
-    K_pad = triton.next_power_of_2(K)
+    K_pad = next_pow2(K)
     binned = hist is not None
     if binned and (per != 1 or hist.numel() < T * HIST_BINS or cfg.select_block >= 1 << 16
                    or cfg.select_cap & (cfg.select_cap - 1)):

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from ..peer_sum import PartialSum
 from ..precision import hi_lo
-from . import interpreting, step_jit
+from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
@@ -566,7 +566,7 @@ def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
     tokens) and ~128-256 programs; prefill takes 32-token blocks, each reading fn once. The interpreter gets few,
     large programs (numpy cost per op, not speed)."""
     if not on_gpu:
-        return PreConfig(block_t=min(64, triton.next_power_of_2(t)), block_d=min(128, _pow2_at_least_16(d)),
+        return PreConfig(block_t=min(64, next_pow2(t)), block_d=min(128, _pow2_at_least_16(d)),
                          split_d=1)
     if t > 1024:
         # fp32 FMA dots, not the bf16x3 tensor-core GEMM: chaining every D chunk through the MMA's accumulator put the
@@ -579,21 +579,21 @@ def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
     # stays in registers for the norm) rather than 32 latency-bound ones; a single token crosses V4.1's D=5120 in
     # one 8192 tile too (H200, `mhc.py --sweep --dim 5120`: hc_pre 16.3 -> 15.4 us, hc_post_pre 17.9 -> 16.7 us)
     cap = 8192 if block_t == 1 else 4096 // block_t
-    block_dc = max(128, min(triton.next_power_of_2(d), cap))
+    block_dc = max(128, min(next_pow2(d), cap))
     return PreConfig(block_t=block_t, block_d=128, split_d=max(1, min(split_d, d // 128)), block_dc=block_dc,
                      num_warps=4)
 
 
 def default_post_config(t: int, d: int, on_gpu: bool) -> PostConfig:
     if not on_gpu:
-        return PostConfig(block_t=min(64, triton.next_power_of_2(t)), block_d=min(128, _pow2_at_least_16(d)))
+        return PostConfig(block_t=min(64, next_pow2(t)), block_d=min(128, _pow2_at_least_16(d)))
     if t <= 16:
         return PostConfig(block_t=1, block_d=256, num_warps=4)
     return PostConfig(block_t=4, block_d=256, num_warps=8)
 
 
 def _pow2_at_least_16(v: int) -> int:
-    return max(16, triton.next_power_of_2(v))
+    return max(16, next_pow2(v))
 
 
 @dataclass(frozen=True)
@@ -631,10 +631,10 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
         raise ValueError("the bf16x3 GEMM is for float32 accumulation")
     fma = cfg.fma if cfg.fma is not None else (x.is_cuda and cfg.block_t <= 2)
     mix = "fma" if fma else ("x3p" if cfg.promote else "x3") if x3 else "ieee"
-    pp = max(16, triton.next_power_of_2(2 * n))
-    n_tb = triton.cdiv(t, cfg.block_t)
-    d_per_split = triton.cdiv(triton.cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
-    split_d = triton.cdiv(d, d_per_split)
+    pp = max(16, next_pow2(2 * n))
+    n_tb = cdiv(t, cfg.block_t)
+    d_per_split = cdiv(cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
+    split_d = cdiv(d, d_per_split)
     pre = outs[1]
     if split_d > 1:
         if n_tb > N_COUNTERS:
@@ -722,7 +722,7 @@ def hc_post(f: torch.Tensor | PartialSum, x: torch.Tensor, post: torch.Tensor, c
     if t == 0:
         return out
     cfg = config or default_post_config(t, d, x.is_cuda)
-    grid = (triton.cdiv(t, cfg.block_t), triton.cdiv(d, cfg.block_d))
+    grid = (cdiv(t, cfg.block_t), cdiv(d, cfg.block_d))
     _hc_post_kernel[grid](f, x, post, comb, out, t, d, f.stride(0), f.stride(1), x.stride(0), x.stride(1),
                           x.stride(2), post.stride(0), post.stride(1), comb.stride(0), comb.stride(1),
                           comb.stride(2), N=n, BLOCK_T=cfg.block_t, BLOCK_D=cfg.block_d, ACC=_TL[acc],

@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ..backend import fused
 from ..linear import scale_bytes, stored_format
-from . import step_jit
+from . import cdiv, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil, quantize_rows
@@ -591,13 +591,13 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
         return MID
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
     gu, dn = DECODE.gate_up, DECODE.down
-    blocks = hit * triton.cdiv(triton.cdiv(rows, hit), DECODE.block_m)
+    blocks = hit * cdiv(cdiv(rows, hit), DECODE.block_m)
     # Few experts with many rows each (the e16 presets at batch 32: 16 experts x 12 rows, one 16-row block each): K
     # shares for about two waves (H200, benchmarks/kernels/moe.py --experts 16, T=32: split 3 / 2 161.3 us, the one-wave
     # rule's 1 / 1 186.2 us; at T=8, 3 rows an expert, 1 / 1 stays best, 134.8 against 138.6)
     waves = 2 if rows / hit >= 8 else 1
-    gu = replace(gu, split_k=_split(blocks * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms, waves))
-    dn = replace(dn, split_k=_split(blocks * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms, waves))
+    gu = replace(gu, split_k=_split(blocks * cdiv(inter, gu.block_n), cdiv(dim, gu.block_k), sms, waves))
+    dn = replace(dn, split_k=_split(blocks * cdiv(dim, dn.block_n), cdiv(inter, dn.block_k), sms, waves))
     return replace(DECODE, gate_up=gu, down=dn, body=body or _decode_body())
 
 
@@ -612,7 +612,7 @@ def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
         return select_config(rows, num_experts, dim, inter, device, body="dot")
     hit = max(1, min(num_experts, rows))
     if block_m is None:
-        block_m = 16 if body in ("swap", "fp8") else min(8, triton.next_power_of_2(triton.cdiv(rows, hit)))
+        block_m = 16 if body in ("swap", "fp8") else min(8, next_pow2(cdiv(rows, hit)))
     if body in ("swap", "fp8"):
         gu, dn = GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3)
     else:
@@ -620,9 +620,9 @@ def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
         gu = GemmConfig(512, bk, 16, 3) if block_m >= 8 else GemmConfig(256, bk, 8, 3)
         dn = GemmConfig(256, bk, 8, 3)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
-    blocks = hit * triton.cdiv(triton.cdiv(rows, hit), block_m)  # used row blocks, about
-    gu = replace(gu, split_k=_split(blocks * triton.cdiv(inter, gu.block_n), triton.cdiv(dim, gu.block_k), sms))
-    dn = replace(dn, split_k=_split(blocks * triton.cdiv(dim, dn.block_n), triton.cdiv(inter, dn.block_k), sms))
+    blocks = hit * cdiv(cdiv(rows, hit), block_m)  # used row blocks, about
+    gu = replace(gu, split_k=_split(blocks * cdiv(inter, gu.block_n), cdiv(dim, gu.block_k), sms))
+    dn = replace(dn, split_k=_split(blocks * cdiv(dim, dn.block_n), cdiv(inter, dn.block_k), sms))
     return MoeConfig(block_m, gu, dn, body=body)
 
 
@@ -669,7 +669,7 @@ def _dot_dtypes(dtype: torch.dtype) -> tuple[str, tl.dtype]:
 
 def _num_blocks(M: int, num_experts: int, block_m: int) -> int:
     """The bound on used BLOCK_M blocks: every expert's run padded to a multiple of block_m."""
-    return triton.cdiv(M + min(num_experts, M) * (block_m - 1), block_m)
+    return cdiv(M + min(num_experts, M) * (block_m - 1), block_m)
 
 
 def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor | None = None,
@@ -682,7 +682,7 @@ def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor
     sorted_ids = _empty((NB * block_m,), torch.int32, ids.device)
     block_expert = _empty((NB,), torch.int32, ids.device)
     big = M > 4096
-    e_pad = max(16, triton.next_power_of_2(num_experts))
+    e_pad = max(16, next_pow2(num_experts))
     cursor = _empty((e_pad,), torch.int32, ids.device)
     xq, xs, T, D, br, bc, grid = None, None, 0, 0, 16, 128, 1
     if x is not None and act_group:
@@ -690,10 +690,10 @@ def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor
         xq = _empty((T, D), torch.float8_e4m3fn if x8 else x.dtype, x.device)
         xs = _empty((T, D // act_group), torch.float32, x.device) if x8 else None
         bc = max(act_group, 128)
-        grid += triton.cdiv(T, br) * triton.cdiv(D, bc)
+        grid += cdiv(T, br) * cdiv(D, bc)
     _prologue_kernel[(grid,)](ids, sorted_ids, block_expert, cursor, M, NB, None if xq is None else x, xq, T, D,
                               0 if xq is None else x.stride(0), 0 if xq is None else xq.stride(0), BM=block_m,
-                              E_PAD=e_pad, CHUNK=max(16, min(1024 if big else 128, triton.next_power_of_2(M))),
+                              E_PAD=e_pad, CHUNK=max(16, min(1024 if big else 128, next_pow2(M))),
                               QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, num_warps=8 if big else 4,
                               **pdl_launch(ids), **({"xs_ptr": xs, "X8": True} if xs is not None else {}))
     return sorted_ids, block_expert, xq, xs
@@ -754,7 +754,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     gu = cfg.gate_up
     S = gu.split_k
     NB = _num_blocks(M, E, BM)
-    grid_gu = (NB * triton.cdiv(I, gu.block_n), S)
+    grid_gu = (NB * cdiv(I, gu.block_n), S)
     finish = S > 1 and cfg.finish == "kernel" and (G == 0 or gu.block_n % G == 0) and grid_gu[0] <= N_COUNTERS
     if cfg.body == "fp8" and not _fp8_body_applies(x, G, gu.block_n, S > 1 and not finish):
         cfg = replace(cfg, body="swap")
@@ -786,7 +786,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         EVEN_K=D % gu.block_k == 0, FINISH=finish,
         num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg.body, gu), **fp8_gu, **pdl_launch(x))
     if S > 1 and not finish:
-        _swiglu_kernel[(NB, triton.cdiv(I, bne))](
+        _swiglu_kernel[(NB, cdiv(I, bne))](
             part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
             BM=BM, BN=bne, SPLIT=S, G=max(G, 1), QUANT_H=quant_h, WEIGHT_H=weight_before_w2, CLAMP=limit > 0,
             ACC=acc_tl, num_warps=4, **pdl_launch(x))
@@ -803,7 +803,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     add = shared if shared is not None else out
     if add.stride(-1) != 1:
         add = add.contiguous()
-    combine_in_down = cfg.body == "dot" and fused("moe_combine", T) and triton.cdiv(D, dn.block_n) <= N_COUNTERS
+    combine_in_down = cfg.body == "dot" and fused("moe_combine", T) and cdiv(D, dn.block_n) <= N_COUNTERS
     combine = {}
     if combine_in_down:
         if join is not None:  # the last program of a tile reads the shared output
@@ -811,7 +811,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         combine = {"cnt_ptr": _DOWN_COUNTERS.get(x.device), "rw_ptr": rw, "add_ptr": add, "out_ptr": out, "T": T,
                    "stride_add": add.stride(0), "stride_out": out.stride(0), "COMBINE": True, "TOPK": k,
                    "APPLY_W": not weight_before_w2, "ADD": shared is not None}
-    down_kernel[(NB * triton.cdiv(D, dn.block_n), S)](
+    down_kernel[(NB * cdiv(D, dn.block_n), S)](
         h, w2, s2, y, sorted_ids, block_expert, M, NB, D, I,
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
         BM=BM, BN=dn.block_n, BK=bk_dn, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile,
@@ -823,8 +823,8 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         return out
     if join is not None:
         join()
-    bd = min(1024, triton.next_power_of_2(D))
-    _combine_kernel[(T, triton.cdiv(D, bd))](y, rw, add, out, T, D, k, y.stride(1), y.stride(0), add.stride(0),
+    bd = min(1024, next_pow2(D))
+    _combine_kernel[(T, cdiv(D, bd))](y, rw, add, out, T, D, k, y.stride(1), y.stride(0), add.stride(0),
                                              out.stride(0), BD=bd, SPLIT=S, APPLY_W=not weight_before_w2,
                                              DT=_TL[x.dtype], ACC=acc_tl, ADD=shared is not None, num_warps=4,
                                              **pdl_launch(x))

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from ..precision import hi_lo
 from ..quant import Quantized
-from . import interpreting, step_jit
+from . import interpreting, next_pow2, step_jit
 from .finish import cast_rounded, rms_inv, widen
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -88,8 +88,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor | None, eps: float, group: int
         eps_hi, eps_lo = hi_lo(float(eps))
         _rms_norm_kernel[(x2.shape[0],)](
             x2, weight if weight is not None else x2, out, q, s, x2.stride(0), out.stride(0), q.stride(0), s.stride(0),
-            eps_hi, eps_lo, D=D, BD=triton.next_power_of_2(D), HAS_W=weight is not None, F64=x.dtype == torch.float64,
-            QG=group, num_warps=min(16, max(1, triton.next_power_of_2(D) // 512)), **pdl_launch(out))
+            eps_hi, eps_lo, D=D, BD=next_pow2(D), HAS_W=weight is not None, F64=x.dtype == torch.float64,
+            QG=group, num_warps=min(16, max(1, next_pow2(D) // 512)), **pdl_launch(out))
     if not group:
         return out.view(x.shape), None, None
     return out.view(x.shape), q.view(x.shape), s.view(*x.shape[:-1], D // group)

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import interpreting, step_jit
+from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
@@ -78,8 +78,8 @@ def _launch(x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, gr
         return
     # a few KB per program on the GPU; the CPU interpreter pays per program, so it takes large tiles
     pairs = 1024 if interpreting() else max(1, 4096 // group)
-    pairs = min(pairs, triton.next_power_of_2(n_pairs))
-    _act_quant_kernel[(triton.cdiv(n_pairs, pairs),)](
+    pairs = min(pairs, next_pow2(n_pairs))
+    _act_quant_kernel[(cdiv(n_pairs, pairs),)](
         x2, out, scales if scales is not None else out, n_pairs, n_groups, x2.stride(0), out.stride(0),
         scales.stride(0) if scales is not None else 0, GROUP=group, PAIRS=pairs, SIMULATE=simulate,
         **pdl_launch(out))

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..precision import hi_lo
-from . import step_jit
+from . import cdiv, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import FLOATS as _FLOATS
@@ -185,7 +185,7 @@ def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, 
 
 
 def _e_pad(e: int) -> int:
-    return max(16, triton.next_power_of_2(e))
+    return max(16, next_pow2(e))
 
 
 def default_config(t: int, e: int, d: int, on_gpu: bool) -> Config:
@@ -195,7 +195,7 @@ def default_config(t: int, e: int, d: int, on_gpu: bool) -> Config:
     one program per 16 tokens (numpy cost, not speed)."""
     e_pad = _e_pad(e)
     if not on_gpu:
-        return Config(block_t=16, block_e=e_pad, block_d=min(64, max(16, triton.next_power_of_2(d))), split_d=1)
+        return Config(block_t=16, block_e=e_pad, block_d=min(64, max(16, next_pow2(d))), split_d=1)
     if t <= 1024:
         #            T:   1      <=8     <=32    <=128   <=256   <=1024
         block_t, block_e, split_d, warps = ((1, 32, 8, 4) if t == 1 else (4, 32, 8, 4) if t <= 8 else
@@ -243,10 +243,10 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
     if any(v & (v - 1) for v in (cfg.block_t, cfg.block_e, cfg.block_d, cfg.epi_t)):
         raise ValueError(f"block sizes must be powers of two: {cfg}")
     block_e = min(cfg.block_e, e_pad)
-    n_tb = triton.cdiv(t, cfg.block_t)
-    n_eb = triton.cdiv(e, block_e)
-    d_per_split = triton.cdiv(triton.cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
-    split_d = triton.cdiv(d, d_per_split)
+    n_tb = cdiv(t, cfg.block_t)
+    n_eb = cdiv(e, block_e)
+    d_per_split = cdiv(cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
+    split_d = cdiv(d, d_per_split)
     split = block_e < e_pad or split_d > 1  # the kernel's own test: the two must agree
     if split:
         if n_tb > N_COUNTERS:
@@ -271,7 +271,7 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
         x.stride(0), x.stride(1), gate_w.stride(0), gate_w.stride(1), stride_bt, stride_be,
         tid.stride(0) if hashed else 0, tid.stride(1) if hashed else 0, tok.stride(0) if hashed else 0,
         rs_hi, rs_lo, eps_hi, eps_lo,
-        K=k, K_PAD=triton.next_power_of_2(k), E_PAD=e_pad, BLOCK_T=cfg.block_t,
+        K=k, K_PAD=next_pow2(k), E_PAD=e_pad, BLOCK_T=cfg.block_t,
         BLOCK_E=block_e, BLOCK_D=cfg.block_d, SPLIT_D=split_d, EPI_T=min(cfg.epi_t, cfg.block_t),
         EVEN_D=d % cfg.block_d == 0, SCORE=SCORE_FUNCS[score_func],
         HAS_BIAS=has_bias, HASH=hashed, NORM=bool(norm), ACC=_TL[acc], DOT=_TL[x.dtype] if same_half else _TL[acc],
