@@ -963,6 +963,20 @@ if [[ $what == hostprof ]]; then  # prepared in the eighteenth session: where an
     --steps 3 --out "$OUT" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/host-e16.log"
   head -40 "$OUT/host-e16.log"
 fi
+if [[ $what == eighteenth2 ]]; then  # prepared in the eighteenth session, one call: the eager steps' host time after
+  # host-side cdiv (hostprof again: l8-e16 at 16 rows, decode-only and mixed; e16 at one row), the mHC's prefill-size
+  # variants (mixed steps of 528 tokens spent 5.4 of 22.5 ms GPU in it), then the AgentX run at 4 and 16 sessions
+  # with the prefill gate at 20 and 16 decode steps (gate 20 met p90 >= 150 at 16 sessions in eighteenth1)
+  timeout 120 python3 benchmarks/host_profile.py v4-flash-l8-e16 --batch 16 --context 4096 --mixed 512 --steps 5 \
+    --top 30 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/host-l8.log"; grep "eager step" "$OUT/host-l8.log"
+  timeout 150 python3 benchmarks/host_profile.py v4-flash-e16 --batch 1 --context 2048 --mixed 0 --steps 3 --top 30 \
+    2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/host-e16.log"; grep "eager step" "$OUT/host-e16.log"
+  timeout 150 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,2048,8192 --variants default,p-bt16-s4,\
+p-bt16-s4-w8,p-bt16-s4-ieee,p-bt8-s8,p-bt4-s16,p-bt16-s1,p-bt32-s1-ieee,p-bt32-s2,p-bt64-s1 2>&1 | grep -v Warning \
+    | tee "$OUT/mhc_prefill_sweep.log" | grep -E "hc_pre|failed"
+  AGX_CONC=4,16 AGX_LINES=4 AGX_TIMEOUT=${AGX_TIMEOUT:-320} agentx_run "gate20|--decode-steps-between-prefills 20 \
+--max-prefill-delay-ms 150;gate16|--decode-steps-between-prefills 16 --max-prefill-delay-ms 150"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -163,6 +163,18 @@ PRE_VARIANTS = {
     "bt1": {"block_t": 1, "split_d": 32, "block_dc": 8192}, "bt1-s16": {"block_t": 1, "split_d": 16, "block_dc": 8192},
     "bt2": {"block_t": 2, "split_d": 32, "block_dc": 2048}, "bt2-s16": {"block_t": 2, "split_d": 16, "block_dc": 2048},
     "bt8-s8": {"block_t": 8, "split_d": 8, "block_dc": 512},
+    # prefill chunks and mixed steps (T = 256..8K; eighteenth session: a 528-token mixed step spent 5.4 of its 22.5 ms
+    # GPU in the mHC, ~300 us a launch, against 13 us at one token): token blocks x D splits, the mixes by the bf16x3
+    # dots ("x3"), fp32 dots ("ieee", bf16x3 off) or FMAs
+    "p-bt16-s4": {"block_t": 16, "split_d": 4, "block_dc": 256},
+    "p-bt16-s4-w8": {"block_t": 16, "split_d": 4, "block_dc": 256, "num_warps": 8},
+    "p-bt16-s4-ieee": {"block_t": 16, "split_d": 4, "block_dc": 256, "bf16x3": False},
+    "p-bt8-s8": {"block_t": 8, "split_d": 8, "block_dc": 512},
+    "p-bt4-s16": {"block_t": 4, "split_d": 16, "block_dc": 1024},
+    "p-bt16-s1": {"block_t": 16, "split_d": 1, "block_dc": 256},
+    "p-bt32-s1-ieee": {"block_t": 32, "block_d": 64, "split_d": 1, "bf16x3": False},
+    "p-bt32-s2": {"block_t": 32, "split_d": 2, "block_dc": 128},
+    "p-bt64-s1": {"block_t": 64, "block_d": 64, "split_d": 1, "block_dc": 64},
 }
 
 
