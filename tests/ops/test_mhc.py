@@ -109,7 +109,8 @@ def test_gpu_default_configs():
     # prefill's token blocks take fp32 FMA dots: the bf16x3 GEMM through the tensor cores' accumulator missed the
     # coefficients' 1e-4 at T=4096 on the H200 (3.7e-4; the FMA dots 3.5e-5)
     assert mk.default_pre_config(4096, 4096, on_gpu=True).bf16x3 is False
-    for t in (1, 5):
+    assert mk.default_pre_config(8192, 4096, on_gpu=True).bf16x3 is False
+    for t in (1, 5, 1100):  # 1100: a prefill chunk's grid (16-token blocks over D slices)
         cfg = mk.default_pre_config(t, 512, on_gpu=True)
         assert cfg.split_d > 1
         x, fn, base, scale, w, cpre = _inputs(t, 512, torch.float32, seed=29 + t)
