@@ -39,11 +39,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "inter-token latency while new prompts arrive, at the cost of their time to first token")
     g.add_argument("--target-itl-ms", type=float, default=0.0,
                    help="derive that cap from an inter-token-latency target, from measured step times (0 = off)")
-    g.add_argument("--decode-steps-between-prefills", type=int, default=0, metavar="N",
+    g.add_argument("--decode-steps-between-prefills", type=int, default=None, metavar="N",
                    help="let prefill join decoding requests only every N+1 steps, so that prompts arriving close "
                         "together share one step (fewer slow steps for running requests, a little more time to "
-                        "first token; 0 = off)")
-    g.add_argument("--max-prefill-delay-ms", type=float, default=200.0,
+                        "first token; 0 = off; default 20 where decode steps run as CUDA graphs, else off)")
+    g.add_argument("--max-prefill-delay-ms", type=float, default=150.0,
                    help="with --decode-steps-between-prefills: a prompt waiting this long joins the next step "
                         "(0 = no bound)")
     g.add_argument("--max-model-len", type=parse_tokens, default=None,

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from v4serve.engine.config import EngineConfig, EngineConfigError
-from v4serve.engine.itl_budget import PrefillBudget, PrefillGate
+from v4serve.engine.itl_budget import AUTO_GATE_STEPS, PrefillBudget, PrefillGate, gate_steps
 from v4serve.engine.llm_engine import LLMEngine
 from v4serve.engine.sampling_params import SamplingParams
+
+from .common import DEVICE
 
 
 def test_fixed_cap_and_no_cap() -> None:
@@ -146,3 +148,18 @@ def test_gate_delay_bound() -> None:
         EngineConfig(decode_steps_between_prefills=-1)
     with pytest.raises(EngineConfigError, match="max-prefill-delay-ms"):
         EngineConfig(max_prefill_delay_ms=-1)
+
+
+def test_gate_default_follows_the_decode_graphs() -> None:
+    """Unset, the gate is AUTO_GATE_STEPS where decode steps run as CUDA graphs (a mixed step is eager, several graphed
+    steps long) and off elsewhere; an explicit value (0 included) wins."""
+
+    assert gate_steps(None, graphed=True) == AUTO_GATE_STEPS and gate_steps(None, graphed=False) == 0
+    assert gate_steps(0, graphed=True) == 0 and gate_steps(5, graphed=False) == 5
+    cfg = dict(device=DEVICE, kv_cache_memory=64 << 20, max_model_len=1024, block_size=64)
+    eng = LLMEngine("tiny-v4-flash", EngineConfig(**cfg))
+    assert eng.scheduler.prefill_gate.every == (AUTO_GATE_STEPS if DEVICE == "cuda" else 0)
+    assert eng.scheduler.prefill_gate.max_delay == pytest.approx(0.150)
+    assert LLMEngine("tiny-v4-flash", EngineConfig(**cfg, enforce_eager=True)).scheduler.prefill_gate.every == 0
+    assert LLMEngine("tiny-v4-flash", EngineConfig(**cfg, decode_steps_between_prefills=3)
+                     ).scheduler.prefill_gate.every == 3

@@ -30,8 +30,10 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0  # per-request prefill tokens per step; 0 = max_num_batched_tokens // 4
     prefill_budget_with_decodes: int = 0  # prefill tokens allowed in a step that has decode rows (0 = no cap)
     target_itl_ms: float = 0.0  # derive that cap from an inter-token-latency target (engine/itl_budget.py; 0 = off)
-    decode_steps_between_prefills: int = 0  # prefill joins decode rows only every N + 1 steps (PrefillGate; 0 = off)
-    max_prefill_delay_ms: float = 200.0  # ... but a prefill pending this long goes in the next step (0 = no bound)
+    # prefill joins decode rows only every N + 1 steps (PrefillGate; 0 = off; None = itl_budget.AUTO_GATE_STEPS where
+    # decode steps run as CUDA graphs, else off)
+    decode_steps_between_prefills: int | None = None
+    max_prefill_delay_ms: float = 150.0  # ... but a prefill pending this long goes in the next step (0 = no bound)
     max_model_len: int | None = None  # None = min(model max positions, what the cache holds)
     enable_prefix_caching: bool = True
     swa_bounded_replay: bool | None = None  # None = on for V4.1, off (exact) for V4
@@ -91,7 +93,7 @@ class EngineConfig:
             bad("prefill_budget_with_decodes", f"must be >= 0, got {self.prefill_budget_with_decodes}")
         if self.target_itl_ms < 0:
             bad("target_itl_ms", f"must be >= 0, got {self.target_itl_ms}")
-        if self.decode_steps_between_prefills < 0:
+        if self.decode_steps_between_prefills is not None and self.decode_steps_between_prefills < 0:
             bad("decode_steps_between_prefills", f"must be >= 0, got {self.decode_steps_between_prefills}")
         if self.max_prefill_delay_ms < 0:
             bad("max_prefill_delay_ms", f"must be >= 0, got {self.max_prefill_delay_ms}")

@@ -23,6 +23,18 @@ next step), so it costs each new turn at most that much time to first token.
 from __future__ import annotations
 
 ALPHA = 0.2  # weight of the newest observation in the running averages
+# The gate's default where decode steps are CUDA graphs (a mixed step is eager, several times a graphed step): the
+# p90 of inter-token latency stays on decode steps while fewer than 10% of the steps carry prefill. H200, eighteenth
+# session, AgentX-style run at 16 sessions (v4-flash-l8-e16): gate 8 p90 interactivity 48, 12 -> 70-79, 16 -> 147,
+# 20 -> 159 and 175 (two runs), TPGS 107K -> 118K; at 4 sessions 20 costs TTFT p90 0.16 -> 0.20 s.
+AUTO_GATE_STEPS = 20
+
+
+def gate_steps(configured: int | None, graphed: bool) -> int:
+    """`--decode-steps-between-prefills`: as configured, or (None) AUTO_GATE_STEPS with decode graphs, else off."""
+    if configured is not None:
+        return configured
+    return AUTO_GATE_STEPS if graphed else 0
 
 
 class PrefillBudget:

@@ -22,7 +22,7 @@ from ..tokenizer import Tokenizer
 from . import async_steps
 from .config import EngineConfig, EngineConfigError
 from .guided_admission import GrammarAdmission
-from .itl_budget import PrefillBudget, PrefillGate
+from .itl_budget import PrefillBudget, PrefillGate, gate_steps
 from .memory import activation_reserve
 from .output import OutputProcessor
 from .request import FinishReason, Request, StepDelta
@@ -162,7 +162,8 @@ class LLMEngine:
                                      decoder_trim=mc.is_v41 and bool(cfg.swa_bounded_replay),
                                      prefill_budget=PrefillBudget(cfg.prefill_budget_with_decodes, cfg.target_itl_ms,
                                                                   minimum=cfg.block_size),
-                                     prefill_gate=PrefillGate(cfg.decode_steps_between_prefills,
+                                     prefill_gate=PrefillGate(gate_steps(cfg.decode_steps_between_prefills,
+                                                                         self._graphed_decode()),
                                                               cfg.max_prefill_delay_ms))
                            for kv in self.kvs]
         self.kv, self.scheduler = self.kvs[0], self.schedulers[0]
@@ -174,10 +175,9 @@ class LLMEngine:
         graphs = graph_args = None
         # decode graphs on a GPU (under TP and DEP too, where turned on: every rank captures its own, collectives
         # inside), or their eager stand-ins where asked (tests of the graphed path on the CPU)
-        from .graphs import DecodeGraphs, multi_rank_graphs
+        from .graphs import DecodeGraphs
 
-        if self.device.type == "cuda" and not cfg.enforce_eager and (self.peers is None or multi_rank_graphs()) \
-                or cfg.graph_stand_ins:
+        if self._graphed_decode() or cfg.graph_stand_ins:
             engram = mc.engram_max_ngram - 1 if mc.is_v41 and mc.engram_layers else 0
             graph_args = dict(sizes=cfg.cuda_graph_sizes, max_model_len=self.max_model_len,
                               num_blocks=self.capacity.num_blocks, block_size=cfg.block_size, engram_lookback=engram,
@@ -296,6 +296,13 @@ class LLMEngine:
                 self.schedulers[req.dp_rank].abort(req)
                 req.finished_time = time.monotonic()
                 self._ended.append(req)
+
+    def _graphed_decode(self) -> bool:
+        """Whether decode steps run as CUDA graphs (a GPU without --enforce-eager; under TP and DEP where turned on)."""
+        from .graphs import multi_rank_graphs
+
+        return self.device.type == "cuda" and not self.cfg.enforce_eager and (self.peers is None or
+                                                                             multi_rank_graphs())
 
     def has_unfinished(self) -> bool:
         return any(s.num_unfinished > 0 for s in self.schedulers) or self._inflight is not None
