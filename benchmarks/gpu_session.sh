@@ -977,6 +977,19 @@ p-bt16-s4-w8,p-bt16-s4-ieee,p-bt8-s8,p-bt4-s16,p-bt16-s1,p-bt32-s1-ieee,p-bt32-s
   AGX_CONC=4,16 AGX_LINES=4 AGX_TIMEOUT=${AGX_TIMEOUT:-320} agentx_run "gate20|--decode-steps-between-prefills 20 \
 --max-prefill-delay-ms 150;gate16|--decode-steps-between-prefills 16 --max-prefill-delay-ms 150"
 fi
+if [[ $what == eighteenth3 ]]; then  # prepared in the eighteenth session, one call: the mHC's new prefill grids at real
+  # shapes on the GPU (its tests), the mixed step of l8-e16 at 16 rows after them (eighteenth1: GPU 22.5 ms with a
+  # 512-token prompt, 5.4 of it mHC), the 8K mHC grid against the 16-token split one, then the AgentX-style run at 16
+  # sessions with the server's defaults (the prefill gate now on by default)
+  timeout 120 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -x 2>&1 \
+    | tee "$OUT/mhc_tests.log" | grep -E "^E |passed|failed" | head
+  timeout 100 python3 benchmarks/profile_step.py v4-flash-l8-e16 --batch 16 --context 4096 --steps 2 --prefill 0 \
+    --mixed 512,64 --no-graphs --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
+    > "$OUT/mixed-l8-b16.log"; grep -E "mixed step|^\| (mhc|\*\*total)" "$OUT/mixed-l8-b16.log"
+  timeout 70 python3 benchmarks/kernels/mhc.py --sweep --tokens 8192 --variants default,p-bt16-s4-ieee,p-bt8-s8 2>&1 \
+    | grep -v Warning | tee "$OUT/mhc_8k.log" | grep -E "hc_pre|failed"
+  AGX_CONC=16 AGX_LINES=4 AGX_TIMEOUT=${AGX_TIMEOUT:-170} agentx_run "defaults|"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
