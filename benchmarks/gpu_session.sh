@@ -981,7 +981,7 @@ if [[ $what == eighteenth3 ]]; then  # prepared in the eighteenth session, one c
   # shapes on the GPU (its tests), the mixed step of l8-e16 at 16 rows after them (eighteenth1: GPU 22.5 ms with a
   # 512-token prompt, 5.4 of it mHC), the 8K mHC grid against the 16-token split one, then the AgentX-style run at 16
   # sessions with the server's defaults (the prefill gate now on by default)
-  timeout 120 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -x 2>&1 \
+  timeout 120 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "gpu" 2>&1 \
     | tee "$OUT/mhc_tests.log" | grep -E "^E |passed|failed" | head
   timeout 100 python3 benchmarks/profile_step.py v4-flash-l8-e16 --batch 16 --context 4096 --steps 2 --prefill 0 \
     --mixed 512,64 --no-graphs --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \

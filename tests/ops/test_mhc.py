@@ -244,7 +244,7 @@ def test_post_pre_entry_point_and_empty():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda and a GPU")
-@pytest.mark.parametrize("t", [1, 64, 4096])
+@pytest.mark.parametrize("t", [1, 64, 528, 2048, 4096])
 def test_gpu_post_pre_bf16(t):
     """Real shapes, bf16 streams, the default grids: the expansion within bf16 rounding of the reference's, the pre
     side within the hc_pre tolerances of the reference on those streams (a stream one bf16 ulp apart moves the
@@ -261,7 +261,7 @@ def test_gpu_post_pre_bf16(t):
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda and a GPU")
 @pytest.mark.parametrize("lagged_normed", [False, True], ids=["own-pre", "lagged+normed"])
-@pytest.mark.parametrize("t", [1, 64, 4096])
+@pytest.mark.parametrize("t", [1, 64, 528, 2048, 4096])
 @pytest.mark.parametrize("d", [4096, 5120])
 def test_gpu_bf16(d, t, lagged_normed):
     x, fn, base, scale, w, cpre = _inputs(t, d, torch.bfloat16, seed=t + d, device="cuda")
