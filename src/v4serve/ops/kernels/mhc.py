@@ -562,21 +562,18 @@ def supports(x: torch.Tensor, collapse_pre: torch.Tensor | None = None) -> bool:
 
 def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
     """GPU: from `benchmarks/kernels/mhc.py --sweep` on the H200 (decode at 1-64 tokens, prefill chunks at 528 and
-    2048). Up to 4096 tokens the split grid with small token blocks (the finishing program's collapse covers only its
-    own tokens); longer chunks take 32-token blocks, each reading fn once (not swept since). The interpreter gets
-    few, large programs (numpy cost per op, not speed)."""
+    2048 and 8192 tokens): the split grid, small token blocks over D slices (the finishing program's collapse covers
+    only its own tokens). The interpreter gets few, large programs (numpy cost per op, not speed)."""
     if not on_gpu:
         return PreConfig(block_t=min(64, next_pow2(t)), block_d=min(128, _pow2_at_least_16(d)),
                          split_d=1)
-    if t > 4096:
-        # fp32 FMA dots, not the bf16x3 tensor-core GEMM: chaining every D chunk through the MMA's accumulator put the
-        # coefficients 3.7e-4 (relative) from the float32 reference at T=4096 on the H200, the FMA dots 3.5e-5
-        return PreConfig(block_t=32, block_d=64, split_d=1, num_warps=4, num_stages=2, bf16x3=False)
     if t > 1024:
-        # 16-token blocks over 4 D slices, fp32 dots (bf16x3 off as above): H200, `mhc.py --sweep --tokens 2048`,
-        # eighteenth session: hc_pre 1,342 -> 648 us and hc_post_pre 1,416 -> 684 us against the 32-token blocks above,
-        # the coefficients closer to the reference (scaled error 3.3e-6 -> 1.2e-6)
-        return PreConfig(block_t=16, block_d=128, split_d=4, block_dc=256, num_warps=4, bf16x3=False)
+        # 16-token blocks over 4 D slices, fp32 dots, not the bf16x3 tensor-core GEMM (chaining every D chunk through
+        # the MMA's accumulator put the coefficients 3.7e-4 (relative) from the float32 reference at T=4096 on the
+        # H200, fp32 dots 3.5e-5). H200, `mhc.py --sweep`, eighteenth session, against the 32-token blocks without D
+        # slices used before: T=2048 hc_pre 1,342 -> 648 us, hc_post_pre 1,416 -> 684 us; T=8192 2,519 -> 2,436 and
+        # 2,617 -> 2,563 us; the coefficients closer to the reference (scaled error 3.3e-6 -> 1.2e-6 at 2048)
+        return PreConfig(block_t=16, block_d=64, split_d=4, block_dc=256, num_warps=4, num_stages=2, bf16x3=False)
     # up to 64 tokens: 2-token blocks over 32 D-splits (H200, `mhc.py --sweep --tokens 32,8`, eleventh session: at
     # T=32 hc_pre 23.6 -> 20.4 us and hc_post_pre 32.4 -> 22.2 us against (4, 16); at T=8 the same as before); up to
     # 1024, 8-token blocks over 8 (eighteenth session, T=528, the prefill chunk of a mixed step: hc_pre 116 -> 86 us and
