@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 
 import torch
+
+from .env import get as env_get
 
 REFERENCE = "reference"
 TRITON = "triton"
@@ -37,7 +38,7 @@ def resolve(requested: str, device: torch.device | str) -> str:
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return env_get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def current() -> str:
@@ -77,7 +78,7 @@ def fused(name: str, tokens: int | None = None) -> bool:
     """Whether fusion `name` (FUSIONS) is on: V4SERVE_FUSIONS names it (or says "all"); unset, DEFAULT_FUSIONS, and
     the SMALL_STEP_FUSIONS for a call over at most their number of `tokens` (when the caller says how many)."""
     limit = SMALL_STEP_FUSIONS.get(name)
-    if limit is not None and tokens is not None and tokens <= limit and os.environ.get(FUSIONS_ENV) is None:
+    if limit is not None and tokens is not None and tokens <= limit and env_get(FUSIONS_ENV) is None:
         return True
     return switched_on(name, FUSIONS_ENV, FUSIONS, "fusion", DEFAULT_FUSIONS)
 
@@ -87,7 +88,7 @@ def switched_on(name: str, env: str, known: tuple[str, ...], kind: str, default:
     list of names, "all" or "none"; unset, `default` (V4SERVE_FUSIONS here, V4SERVE_OVERLAP in ops/streams.py)."""
     if name not in known:
         raise ValueError(f"unknown {kind} {name!r}; expected one of {known}")
-    return name in _names_on(env, os.environ.get(env), known, kind, default)
+    return name in _names_on(env, env_get(env), known, kind, default)
 
 
 @functools.lru_cache(maxsize=32)

@@ -2,6 +2,8 @@
 
 import os
 
+from ..env import get as env_get
+
 
 def cdiv(x: int, y: int) -> int:
     """`triton.cdiv` for host code: Triton's is a constexpr function whose call from Python costs ~2.7 us (its
@@ -24,7 +26,7 @@ def next_pow2(n: int) -> int:
 def interpreting() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (tests). Its bf16 `tl.dot` multiplies the raw uint16 bit
     patterns (triton 3.6), so kernels pass this as a constexpr and take bf16 dots through fp32 there."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    return env_get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 # Integer arguments whose values change with a step's composition: token, row, group, pick, column and block counts,

@@ -23,7 +23,6 @@ float32 scales, `_store_e4m3`).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -32,6 +31,7 @@ import triton
 import triton.language as tl
 
 from ..backend import fused
+from ..env import get as env_get
 from ..linear import scale_bytes, stored_format
 from . import cdiv, next_pow2, step_jit
 from .pdl import enter as pdl_enter
@@ -573,7 +573,7 @@ DECODE_BODY_ENV = "V4SERVE_MOE_DECODE_BODY"  # the decode configs' body: dot (un
 
 
 def _decode_body() -> str:
-    body = os.environ.get(DECODE_BODY_ENV) or "dot"
+    body = env_get(DECODE_BODY_ENV) or "dot"
     if body not in ("dot", "swap", "fp8"):
         raise ValueError(f"{DECODE_BODY_ENV}={body!r}: one of dot, swap, fp8")
     return body
@@ -627,7 +627,7 @@ def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return env_get("TRITON_INTERPRET", "0") == "1"
 
 
 def supports(x: torch.Tensor, experts) -> bool:

@@ -19,13 +19,13 @@ Off under Triton's interpreter (the instructions are PTX) and before Hopper; `V4
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from ..env import get as env_get
 from . import interpreting
 
 ENV = "V4SERVE_PDL"
@@ -55,7 +55,7 @@ def _capable(index: int) -> bool:
 
 def enabled(t: torch.Tensor) -> bool:
     """Whether kernels over t's device launch with PDL."""
-    if not t.is_cuda or interpreting() or os.environ.get(ENV, "1") == "0":
+    if not t.is_cuda or interpreting() or env_get(ENV, "1") == "0":
         return False
     return _capable(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
@@ -67,4 +67,4 @@ def launch(t: torch.Tensor) -> dict:
 
 def prefetch(t: torch.Tensor) -> bool:
     """Whether the decode GEMVs prefetch their weight rows into L2 before the wait (V4SERVE_PDL=2)."""
-    return enabled(t) and os.environ.get(ENV, "1") == "2"
+    return enabled(t) and env_get(ENV, "1") == "2"

@@ -15,10 +15,10 @@ multiple of 4: ragged M is padded with zero rows (their outputs dropped). V4.1's
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
+from ..env import get as env_get
 from ..quant import e8m0_to_float
 
 ENV = "V4SERVE_CUBLAS_FP8"  # 0: the Triton kernel for every M (A/B runs)
@@ -73,7 +73,7 @@ def supports(xq: torch.Tensor, weight: torch.Tensor, block: int, out_dtype: torc
     """W8A8 prefill rows (MIN_WORK multiply-adds and more) against a 128 x 128-block FP8 weight on an sm_90 GPU whose
     cuBLAS has the recipe; bf16 out; K a multiple of 512 (the weight scales' rows whole groups of 4, which some torch
     versions pad to) and N of 16."""
-    if os.environ.get(ENV, "1") == "0" or not xq.is_cuda or block != BLOCK or out_dtype != torch.bfloat16:
+    if env_get(ENV, "1") == "0" or not xq.is_cuda or block != BLOCK or out_dtype != torch.bfloat16:
         return False
     if weight.dtype != torch.float8_e4m3fn or xq.dim() != 2 or xq.shape[0] < MIN_ROWS:
         return False
