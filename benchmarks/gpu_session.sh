@@ -990,6 +990,18 @@ if [[ $what == eighteenth3 ]]; then  # prepared in the eighteenth session, one c
     | grep -v Warning | tee "$OUT/mhc_8k.log" | grep -E "hc_pre|failed"
   AGX_CONC=16 AGX_LINES=4 AGX_TIMEOUT=${AGX_TIMEOUT:-170} agentx_run "defaults|"
 fi
+if [[ $what == eighteenth4 ]]; then  # prepared in the eighteenth session, one short call: the mHC's GPU cases at the
+  # chunk sizes whose grid changed last (2048, 4096: block_d 64), then the eager step's host time before (BASE: a tree
+  # of the session's start with this host_profile.py copied in) and after this session's host-side changes (cdiv,
+  # env reads), l8-e16 at 16 rows, same machine, interleaved
+  timeout 60 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "gpu and (2048 or 4096)" \
+    2>&1 | tee "$OUT/mhc_tests.log" | grep -E "^E |passed|failed" | head
+  for tree in ${BASE:-base} . ${BASE:-base} .; do
+    echo "== $tree"
+    (cd $tree && timeout 45 python3 benchmarks/host_profile.py v4-flash-l8-e16 --batch 16 --context 2048 --mixed 256 \
+      --steps 5 --top 5 2>&1 | grep "eager step" | head -2)
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
