@@ -991,9 +991,10 @@ if [[ $what == eighteenth3 ]]; then  # prepared in the eighteenth session, one c
   AGX_CONC=16 AGX_LINES=4 AGX_TIMEOUT=${AGX_TIMEOUT:-170} agentx_run "defaults|"
 fi
 if [[ $what == eighteenth4 ]]; then  # prepared in the eighteenth session, one short call: the mHC's GPU cases at the
-  # chunk sizes whose grid changed last (2048, 4096: block_d 64), then the eager step's host time before (BASE: a tree
-  # of the session's start with this host_profile.py copied in) and after this session's host-side changes (cdiv,
-  # env reads), l8-e16 at 16 rows, same machine, interleaved
+  # chunk sizes whose grid changed last (2048, 4096: block_d 64), then the eager step's host time before and after
+  # this session's host-side changes (cdiv, env reads), l8-e16 at 16 rows, same machine, interleaved. BASE (default
+  # .snap/base): the session's start, made by `mkdir -p .snap/base && git archive 4ec6367 src benchmarks/decoding.py |
+  # tar -x -C .snap/base && cp benchmarks/host_profile.py .snap/base/benchmarks/` after /tmp/snap.sh
   timeout 60 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "gpu and (2048 or 4096)" \
     2>&1 | tee "$OUT/mhc_tests.log" | grep -E "^E |passed|failed" | head
   for tree in ${BASE:-base} . ${BASE:-base} .; do

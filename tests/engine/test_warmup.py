@@ -16,7 +16,8 @@ BLOCK = 32
 
 def _engine(preset: str) -> LLMEngine:
     return LLMEngine(preset, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=8, max_model_len=320,
-                                          max_num_batched_tokens=96, target_itl_ms=50.0))
+                                          max_num_batched_tokens=96, target_itl_ms=50.0,
+                                          decode_steps_between_prefills=20))
 
 
 def _greedy(eng: LLMEngine, prompt: list[int], n: int) -> list[int]:
@@ -49,8 +50,10 @@ def test_warm_up_leaves_a_fresh_engine(preset: str) -> None:
     # 312); then a decoding row and the follow-ups that fit max_model_len 320 on an earlier prompt of two blocks or
     # more: 5, 100 and 16 new tokens on the 96-token prompt (300 fits on none), each a prefix-cache hit
     assert report.requests == 1 + 3 + 4 + 3 + 1 + 1 + 3
-    # each single prompt has a step of its own beside the decoding row
+    # each single prompt has a step of its own beside the decoding row (the prefill gate, which would hold them back
+    # for 20 decode steps, is off during the warm-up and back on after it)
     assert {3, 8, 13} <= set(tokens), tokens
+    assert eng.scheduler.prefill_gate.every == 20
     assert report.prefix_hits >= 3 and report.steps > 10
     assert not eng.has_unfinished() and not eng.requests and not eng.outputs
     stats = eng.stats()

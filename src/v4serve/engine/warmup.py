@@ -56,7 +56,20 @@ class WarmupReport:
 
 def warm_up(engine: LLMEngine, lengths: tuple[int, ...] = LENGTHS, decoders: int = DECODERS,
             singles: tuple[int, ...] = SINGLES) -> WarmupReport:
-    """Run the scripted workload through `engine` and leave it as it was (see the module docstring)."""
+    """Run the scripted workload through `engine` and leave it as it was (see the module docstring). The prefill gate
+    is off meanwhile: the script's steps must have the shapes it writes (a prompt beside the decoding row at once),
+    not wait for 20 decode steps or the gate's delay."""
+    gates = [s.prefill_gate.every for s in engine.schedulers]
+    for s in engine.schedulers:
+        s.prefill_gate.every = 0
+    try:
+        return _scripted(engine, lengths, decoders, singles)
+    finally:
+        for s, every in zip(engine.schedulers, gates):
+            s.prefill_gate.every = every
+
+
+def _scripted(engine: LLMEngine, lengths: tuple[int, ...], decoders: int, singles: tuple[int, ...]) -> WarmupReport:
     t0 = time.monotonic()
     cfg = engine.cfg
     limit = engine.max_model_len - 8
