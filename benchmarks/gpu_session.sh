@@ -1003,6 +1003,13 @@ if [[ $what == eighteenth4 ]]; then  # prepared in the eighteenth session, one s
       --steps 5 --top 5 2>&1 | grep "eager step" | head -2)
   done
 fi
+if [[ $what == mhcpf ]]; then  # prepared in the eighteenth session: the mHC at prefill sizes with every config field
+  # explicit (bf16x3 on wgmma / mma.sync, promoted or chained, fp32 dots), then ncu on the 8K launch (2.5 ms a call,
+  # ~40x its bytes; 2K -> 8K only doubles it)
+  timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,2048,8192 --variants default,x3-bt16-s4,\
+x3p-bt16-s4,x3-bt32-s4,x3p-bt64-s2,x3p-bt64-s4,ieee-bt16-s4-d128,ieee-bt16-s8,p-bt8-s8 2>&1 | grep -v Warning \
+    | tee "$OUT/mhc_prefill_sweep2.log" | grep -E "hc_pre|failed"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -175,6 +175,16 @@ PRE_VARIANTS = {
     "p-bt32-s1-ieee": {"block_t": 32, "block_d": 64, "split_d": 1, "bf16x3": False},
     "p-bt32-s2": {"block_t": 32, "split_d": 2, "block_dc": 128},
     "p-bt64-s1": {"block_t": 64, "block_d": 64, "split_d": 1, "block_dc": 64},
+    # every field explicit (the ones above inherit bf16x3 and block_d from the default at their T, so "p-bt16-s4" was
+    # fp32 dots at 2048 and bf16x3 at 528). sm_90 compiles (CPU, eighteenth session): 8-token blocks lower even the
+    # bf16x3 dots to FMAs, 16/32-token blocks to mma.sync, 64-token blocks to wgmma
+    "x3-bt16-s4": {"block_t": 16, "block_d": 128, "split_d": 4, "block_dc": 256, "bf16x3": True},
+    "x3p-bt16-s4": {"block_t": 16, "block_d": 128, "split_d": 4, "block_dc": 256, "bf16x3": True, "promote": True},
+    "x3-bt32-s4": {"block_t": 32, "block_d": 128, "split_d": 4, "block_dc": 128, "bf16x3": True},
+    "x3p-bt64-s2": {"block_t": 64, "block_d": 128, "split_d": 2, "block_dc": 64, "bf16x3": True, "promote": True},
+    "x3p-bt64-s4": {"block_t": 64, "block_d": 128, "split_d": 4, "block_dc": 64, "bf16x3": True, "promote": True},
+    "ieee-bt16-s4-d128": {"block_t": 16, "block_d": 128, "split_d": 4, "block_dc": 256, "bf16x3": False},
+    "ieee-bt16-s8": {"block_t": 16, "block_d": 64, "split_d": 8, "block_dc": 256, "bf16x3": False},
 }
 
 
