@@ -1004,8 +1004,8 @@ if [[ $what == eighteenth4 ]]; then  # prepared in the eighteenth session, one s
   done
 fi
 if [[ $what == mhcpf ]]; then  # prepared in the eighteenth session: the mHC at prefill sizes with every config field
-  # explicit (bf16x3 on wgmma / mma.sync, promoted or chained, fp32 dots), then ncu on the 8K launch (2.5 ms a call,
-  # ~40x its bytes; 2K -> 8K only doubles it)
+  # explicit (bf16x3 on wgmma / mma.sync, promoted or chained, fp32 dots): the 8K launch takes 2.5 ms, ~40x its
+  # bytes, and 2K -> 8K only doubles it
   timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,2048,8192 --variants default,x3-bt16-s4,\
 x3p-bt16-s4,x3-bt32-s4,x3p-bt64-s2,x3p-bt64-s4,ieee-bt16-s4-d128,ieee-bt16-s8,p-bt8-s8 2>&1 | grep -v Warning \
     | tee "$OUT/mhc_prefill_sweep2.log" | grep -E "hc_pre|failed"
