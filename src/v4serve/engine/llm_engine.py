@@ -342,11 +342,13 @@ class LLMEngine:
         now = time.monotonic()
         self.last_step_tokens = sum(sched.num_tokens for sched in scheds)
         self.last_step_rows = sum(len(sched.rows) for sched in scheds)
+        all_decodes = 0
         for s, sched in zip(self.schedulers, scheds):
             decodes = sum(1 for r in sched.rows if r.num_tokens == 1)
             s.prefill_budget.observe(decodes, sched.num_tokens - decodes, now - t_step)
-            if not sched.empty:
-                self.step_stats.observe(decodes, sched.num_tokens - decodes, now - t_step)
+            all_decodes += decodes
+        # one step of every data-parallel rank together: one observation
+        self.step_stats.observe(all_decodes, self.last_step_tokens - all_decodes, now - t_step)
         starts = {r.request.request_id: r.start for sched in scheds for r in sched.rows}
         for rid, entries in out.prompt_logprobs.items():
             req = self.requests[rid]
