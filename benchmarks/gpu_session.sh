@@ -1010,6 +1010,19 @@ if [[ $what == mhcpf ]]; then  # prepared in the eighteenth session: the mHC at 
 x3p-bt16-s4,x3-bt32-s4,x3p-bt64-s2,x3p-bt64-s4,ieee-bt16-s4-d128,ieee-bt16-s8,p-bt8-s8 2>&1 | grep -v Warning \
     | tee "$OUT/mhc_prefill_sweep2.log" | grep -E "hc_pre|failed"
 fi
+if [[ $what == nineteenth1 ]]; then  # prepared in the eighteenth session for the next one's first call: the engine
+  # tests on the GPU with this session's defaults (the prefill gate on where decode steps are graphs, the warm-up
+  # with the gate off, step times by kind), the mHC's GPU cases at the new prefill grids (block_d 64 over 1,024
+  # tokens), then the mHC prefill variants with every field explicit (mhcpf)
+  timeout 200 python3 -m pytest tests/engine/test_itl_budget.py tests/engine/test_warmup.py \
+    tests/engine/test_step_stats.py tests/engine/test_async_scheduling.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/engine_tests.log" | grep -E "^E |passed|failed" | tail -8
+  timeout 90 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "gpu" 2>&1 \
+    | tee "$OUT/mhc_tests.log" | grep -E "^E |passed|failed" | head
+  timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,2048,8192 --variants default,x3-bt16-s4,\
+x3p-bt16-s4,x3-bt32-s4,x3p-bt64-s2,x3p-bt64-s4,ieee-bt16-s4-d128,ieee-bt16-s8,p-bt8-s8 2>&1 | grep -v Warning \
+    | tee "$OUT/mhc_prefill_sweep2.log" | grep -E "hc_pre|failed"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
