@@ -39,7 +39,7 @@ agentx_run() {  # the AgentX-style target (v4-flash-l8-e16, 4 and 16 sessions, g
     | tee $W/agentic.log | grep -E "KV cache|warm-up|conc|^\||error|Error" | head -40
   for f in $W/server-*.log; do  # per server variant: its warm-up, then what it compiled while serving
     echo "== $(basename $f): $(grep -c "compiled while serving" $f) steps compiled while serving"
-    grep -h "slow step\|warm-up\|compiled\|captured" $f | head -${AGX_LINES:-12}
+    grep -h "slow step\|warm-up\|compiled\|captured\| new: " $f | head -${AGX_LINES:-12}
     grep -h "steps:" $f | sed 's/.*running/running/' | head -8  # the step times by kind, per stats interval
   done
   tar -czf "$OUT/agentx.tgz" -C $W .

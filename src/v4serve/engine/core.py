@@ -99,8 +99,11 @@ def run_engine_core(model: str, engine_kwargs: dict[str, Any], in_addr: str, out
                 compiled = compile_watch.take() if watching else []
                 if compiled:
                     log.warning("compiled while serving (a shape the warm-up missed): %s; the step took %.2f s for "
-                                "%d rows, %d tokens", ", ".join(sorted(set(compiled))), dt, engine.last_step_rows,
-                                engine.last_step_tokens)
+                                "%d rows, %d tokens", ", ".join(sorted({c.name for c in compiled})), dt,
+                                engine.last_step_rows, engine.last_step_tokens)
+                    for c in compiled:
+                        if c.new:
+                            log.warning("  %s new: %s", c.name, c.new)
                 elif dt > SLOW_STEP_S:
                     log.warning("slow step: %.2f s for %d rows, %d tokens", dt, engine.last_step_rows,
                                 engine.last_step_tokens)
