@@ -1022,6 +1022,12 @@ if [[ $what == nineteenth1 ]]; then  # prepared in the eighteenth session for th
   timeout 200 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,2048,8192 --variants default,x3-bt16-s4,\
 x3p-bt16-s4,x3-bt32-s4,x3p-bt64-s2,x3p-bt64-s4,ieee-bt16-s4-d128,ieee-bt16-s8,p-bt8-s8 2>&1 | grep -v Warning \
     | tee "$OUT/mhc_prefill_sweep2.log" | grep -E "hc_pre|failed"
+  # the indexer's select without its sort of the picks (Config.select_sorted, new), its GPU case, then logits + select
+  # at 16K entries beside the default (the 25 us target at batch 1: 29.2 us)
+  timeout 90 python3 -m pytest tests/ops/test_indexer.py -q -p no:cacheprovider -o addopts="" -k "gpu_select_variants" \
+    2>&1 | tee "$OUT/indexer_tests.log" | grep -E "^E |passed|failed" | head
+  timeout 150 python3 benchmarks/kernels/indexer.py --binned-sweep --only default,unsorted 2>&1 | grep -v Warning \
+    | tee "$OUT/indexer_binned.log" | grep -E "default|unsorted"
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

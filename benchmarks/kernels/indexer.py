@@ -209,7 +209,7 @@ def select_sweep(kind: str, b: int) -> list[dict]:
 # logits + select (index_topk) per config: changes to the decode default (which has the score bins on). At batch 32
 # the logits launch dominates: its programs walk ~28 entry tiles each, one after the other (a block-table load, then
 # the dependent record loads, a tile), so more programs per token (split) may hide more of that latency
-BINNED_SWEEP = {"default": {}, "no bins": {"select_hist": False},
+BINNED_SWEEP = {"default": {}, "unsorted": {"select_sorted": False}, "no bins": {"select_hist": False},
                 "bins 4096x8 cap 4096": {"select_block": 4096, "select_warps": 8, "select_cap": 4096},
                 "bins 8192x16 cap 2048": {"select_block": 8192, "select_cap": 2048},
                 "bins 16384x16 cap 4096": {"select_block": 16384, "select_cap": 4096},
@@ -221,9 +221,9 @@ BINNED_SWEEP = {"default": {}, "no bins": {"select_hist": False},
                 "stages 3": {"num_stages": 3}, "split 32, stages 3": {"split": 32, "num_stages": 3}}
 
 
-def binned_sweep(kind: str, b: int, visible: int = E) -> list[dict]:
+def binned_sweep(kind: str, b: int, visible: int = E, only: list[str] | None = None) -> list[dict]:
     """index_topk (logits + select) per BINNED_SWEEP config from a graph over key-pool copies past the L2, rows of
-    `visible` entries; each config's picks against the reference's (rows identical)."""
+    `visible` entries; each config's picks against the reference's (rows identical as sets). `only`: these labels."""
     base = make_pool(kind, b, seed=b)
     full = entries_for(b, b, decode=True)
     ent = indexer.Entries(full.block_table, full.token_row, torch.full_like(full.visible, visible), RATIO, BLOCK,
@@ -234,6 +234,8 @@ def binned_sweep(kind: str, b: int, visible: int = E) -> list[dict]:
     default = ik.default_config(b, False, True)
     rows = []
     for label, change in BINNED_SWEEP.items():
+        if only and label not in only:
+            continue
         if ("split" in change or "num_stages" in change) and b == 1:
             continue  # one token's 256 tiles already fill the GPU
         cfg = replace(default, **change)
@@ -243,7 +245,7 @@ def binned_sweep(kind: str, b: int, visible: int = E) -> list[dict]:
         except Exception as exc:  # noqa: BLE001 - reported, the other configs go on
             print(f"index_topk {kind} B={b} visible {visible} {label}: {type(exc).__name__} {str(exc)[:160]}")
             continue
-        same = int((got == want).all(-1).sum())
+        same = int((got.sort(-1).values == want.sort(-1).values).all(-1).sum())  # the picks as sets ("unsorted")
         rows.append({"keys": kind, "batch": b, "visible": visible, "variant": label, "config": asdict(cfg),
                      "both_us": us, "rows_identical": same})
         print(f"index_topk {kind} B={b:<3} visible {visible:>5} {label:<24} {us:7.1f} us  rows {same}/{b}", flush=True)
@@ -257,9 +259,11 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time alternative tile configs")
     ap.add_argument("--select-sweep", action="store_true", help="only the select launch's block / warp variants")
     ap.add_argument("--binned-sweep", action="store_true", help="only logits + select with and without score bins")
+    ap.add_argument("--only", default=None, help="--binned-sweep's variants (BINNED_SWEEP labels), comma-separated")
     a = ap.parse_args()
     if a.binned_sweep:
-        rows = [r for b, vis in ((1, E), (32, E), (1, 200), (1, 4000)) for r in binned_sweep("mxfp4", b, vis)]
+        only = a.only.split(",") if a.only else None
+        rows = [r for b, vis in ((1, E), (32, E), (1, 200), (1, 4000)) for r in binned_sweep("mxfp4", b, vis, only)]
         common.write_json(a.out, "indexer_binned_sweep", {"context": CONTEXT, "entries": E, "k": K, "rows": rows})
         return
     if a.select_sweep:

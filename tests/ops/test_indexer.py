@@ -367,6 +367,25 @@ def test_score_bins_count_the_visible_scores_and_are_left_zeroed():
         ik.select(scores, entries.visible, out, E, config=cfg, hist=hist, per=4)
 
 
+@pytest.mark.parametrize("hist", [True, False], ids=["bins", "plain-radix"])
+@CPU_ONLY
+def test_unsorted_picks_are_the_same_set_in_the_order_found(hist):
+    """select_sorted off: each row holds the reference's picks (ties to the lower id included), -1 in the same slots,
+    in the order the select found them (the keys above the k-th key's bin by position, then that bin's by position;
+    the plain radix by position) — not the reference's descending order — and the same on a second launch."""
+    base = ik.Config(block_t=2, block_e=32, split=2, select_block=16, select_cap=8, select_hist=hist)
+    cfg = dataclasses.replace(base, select_sorted=False)
+    for seed, kind, dtype, k in ((21, "plain", torch.float32, 9), (22, "mxfp4", torch.float64, 12)):
+        q, w, pool, entries = _case(kind, PREFILL_ROWS, dtype, seed=seed, exact=kind == "plain")
+        want = indexer.index_topk_reference(q, w, pool, entries, k)[0]
+        got = ik.index_topk(q, w, pool, entries, k, config=cfg)[0]
+        assert torch.equal(got.sort(-1).values, want.sort(-1).values)
+        assert torch.equal(got >= 0, want >= 0)
+        assert torch.equal(ik.index_topk(q, w, pool, entries, k, config=cfg)[0], got)
+        assert not torch.equal(got, want)  # the order is the one found, not the reference's
+        assert torch.equal(ik.index_topk(q, w, pool, entries, k, config=base)[0], want)
+
+
 @CPU_ONLY
 def test_few_picks_take_the_narrow_sort():
     """k=12 (a 16-wide sort): tokens with <= 8 picks take the 8-wide sort and write -1 to slots 8..11 themselves;
@@ -558,23 +577,24 @@ def test_gpu_candidate_level():
                                     {"select_resident": True, "select_block": 4096, "select_hist": False},
                                     {"select_narrow": True, "select_digit": 5, "select_resident": True,
                                      "select_hist": False},
-                                    {"select_hist": False}, {"select_cap": 8}],
-                         ids=["narrow", "digit5", "resident", "all", "no-bins", "cap8"])
+                                    {"select_hist": False}, {"select_cap": 8}, {"select_sorted": False}],
+                         ids=["narrow", "digit5", "resident", "all", "no-bins", "cap8", "unsorted"])
 def test_gpu_select_variants(change):
     """The select's prepared variants (off in the GPU defaults until timed: the narrow sort, 5-bit digits, keys kept
-    in registers) at real shapes: 32 decode rows whose picks range from 30 to 512, and V4.1's 2048 candidate blocks
-    of a short context; the reference's picks."""
+    in registers, picks left in the order found) at real shapes: 32 decode rows whose picks range from 30 to 512, and
+    V4.1's 2048 candidate blocks of a short context; the reference's picks (as sets where left unsorted)."""
     g = _gen(98)
     rows = [(int(p), 1) for p in torch.randint(100, 4000, (32,), generator=g)]
     q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 64, seed=16)
     cfg = dataclasses.replace(ik.default_config(q.shape[0], False, True), **change)
+    same = torch.equal if cfg.select_sorted else (lambda a, b: torch.equal(a.sort(-1).values, b.sort(-1).values))
     want = indexer.index_topk_reference(q, w, pool, entries, 512)[0]
-    assert torch.equal(ik.index_topk(q, w, pool, entries, 512, config=cfg)[0], want)
+    assert same(ik.index_topk(q, w, pool, entries, 512, config=cfg)[0], want)
     rows = [(3000, 1), (1200, 1)]
     q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 32, seed=17)
     got = ik.index_topk(q, w, pool, entries, 512, publish=2048, block=8, config=cfg)
     want = indexer.index_topk_reference(q, w, pool, entries, 512, publish=2048, block=8)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert same(got[0], want[0]) and same(got[1], want[1])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")

@@ -83,6 +83,11 @@ class Config:
     # keys (else the plain radix). Off: the plain radix everywhere
     select_hist: bool = True
     select_cap: int = 4096
+    # False: the picks in the order the select found them (the keys above the k-th key's score bin by position, then
+    # that bin's picks by position; the plain radix: by position), ids only, no bitonic sort of K_PAD 64-bit keys. The
+    # same set, deterministic (ordered compactions, no atomics); a candidate for the 25 us decode target (29.2 us at
+    # 16K entries with the sort), not yet timed: off
+    select_sorted: bool = True
 
 
 # --- logits ---------------------------------------------------------------------------------------------------------
@@ -291,7 +296,7 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, n_c
                    K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr, CB: tl.constexpr, DIV: tl.constexpr,
                    ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr = 8, SMALL: tl.constexpr = 0,
                    RESIDENT: tl.constexpr = False, HIST: tl.constexpr = False, CAP: tl.constexpr = 1,
-                   PDL: tl.constexpr = False):
+                   SORT: tl.constexpr = True, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
     t = tl.program_id(0).to(tl.int64)
@@ -321,7 +326,9 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, n_c
         kk = _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K, CAND, CB, ID_BITS, BLOCK,
                            DIGIT, RESIDENT)
     tl.debug_barrier()  # this program's scratch stores precede its loads
-    if SMALL < K_PAD and kk <= SMALL:  # few picks (short contexts; V4.1's 2048 candidate blocks early on)
+    if not SORT:
+        _ids_of_picks(row, kk, K, K_PAD, ID_MASK)
+    elif SMALL < K_PAD and kk <= SMALL:  # few picks (short contexts; V4.1's 2048 candidate blocks early on)
         _sort_picks(row, kk, K, SMALL, ID_MASK)
         slots = tl.arange(0, K_PAD)
         tl.store(row + slots, -1, mask=(slots >= SMALL) & (slots < K))
@@ -452,6 +459,15 @@ def _sort_picks(row_ptr, kk, K, N: tl.constexpr, ID_MASK: tl.constexpr):
     got = tl.sort(got, descending=True)
     ids = tl.where(slots < kk, ID_MASK - (got & ID_MASK), -1)
     tl.store(row_ptr + slots, ids, mask=slots < K)
+
+
+@triton.jit
+def _ids_of_picks(row_ptr, kk, K, N: tl.constexpr, ID_MASK: tl.constexpr):
+    """The kk picked keys at row_ptr[:kk] -> their entry ids in place (in the order found), -1 in slots kk..K-1."""
+    slots = tl.arange(0, N)
+    got = tl.load(row_ptr + slots, mask=slots < kk, other=-1, cache_modifier=".cg")
+    tl.debug_barrier()  # every key read before any slot is overwritten
+    tl.store(row_ptr + slots, tl.where(slots < kk, ID_MASK - (got & ID_MASK), -1), mask=slots < K)
 
 
 # --- host side ------------------------------------------------------------------------------------------------------
@@ -590,8 +606,9 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
            candidates: torch.Tensor | None = None, block: int = 1, per: int = 1,
            config: Config | None = None, hist: torch.Tensor | None = None) -> None:
     """Launch 2: the top out.shape[1] of each token's scores -> out [T, K] int64 (descending, ties to the lower id,
-    -1 past the picks). Dense rows: positions < ceil(visible / per) (per = 1: entries; per = block: the blocks of
-    visible entries); with candidates: the slots of launch 1. n_ids bounds the ids (E_max, or the number of blocks).
+    -1 past the picks; with `select_sorted` off the same picks in the order found). Dense rows: positions
+    < ceil(visible / per) (per = 1: entries; per = block: the blocks of visible entries); with candidates: the slots
+    of launch 1. n_ids bounds the ids (E_max, or the number of blocks).
     hist: launch 1's per-token score bins of these rows (entries or candidate slots, per = 1), which this launch
     zeroes again."""
     T, K = out.shape
@@ -617,7 +634,8 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
                          cand_t.stride(0), out.stride(0), K=K, K_PAD=K_pad, CAND=cand,
                          CB=block if cand else 1, DIV=per, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
                          DIGIT=cfg.select_digit, SMALL=_small_sort(K) if cfg.select_narrow else K_pad,
-                         RESIDENT=cfg.select_resident, HIST=binned, CAP=cap, num_warps=cfg.select_warps,
+                         RESIDENT=cfg.select_resident, HIST=binned, CAP=cap, SORT=cfg.select_sorted,
+                         num_warps=cfg.select_warps,
                          **pdl_launch(scores))
 
 
