@@ -18,3 +18,16 @@ def test_reads_as_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     assert env.get("V4SERVE_TEST_SWITCH", "d") == "d"
     for name in ("PATH", "HOME", "TRITON_INTERPRET"):
         assert env.get(name) == os.environ.get(name)
+
+
+def test_interpreting_follows_triton_interpret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one interpreter check (ops/env.py), as backend and the kernels read it."""
+    from v4serve.ops import backend, kernels
+
+    assert kernels.interpreting is env.interpreting
+    for value, on in (("1", True), ("0", False), ("", False)):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        assert env.interpreting() is on
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        backend.resolve("triton", "cpu")  # no CUDA and no interpreter: refused

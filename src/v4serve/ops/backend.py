@@ -16,6 +16,7 @@ from contextvars import ContextVar
 import torch
 
 from .env import get as env_get
+from .env import interpreting
 
 REFERENCE = "reference"
 TRITON = "triton"
@@ -31,14 +32,10 @@ def resolve(requested: str, device: torch.device | str) -> str:
     on_cuda = torch.device(device).type == "cuda"
     if requested == "auto":
         return TRITON if on_cuda else REFERENCE
-    if requested == TRITON and not on_cuda and not _interpreting():
+    if requested == TRITON and not on_cuda and not interpreting():
         raise ValueError("--kernels triton needs a CUDA device (or TRITON_INTERPRET=1 to run the kernels in Triton's "
                          "CPU interpreter, slowly); use --kernels auto or reference on the CPU")
     return requested
-
-
-def _interpreting() -> bool:
-    return env_get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def current() -> str:

@@ -25,3 +25,8 @@ def get(name: str, default: str | None = None) -> str | None:
         key = _KEYS[name] = _ENCODE(name)
     value = _DATA.get(key)
     return default if value is None else _DECODE(value)
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET set and not 0: the tests)."""
+    return get("TRITON_INTERPRET", "0") not in ("", "0")

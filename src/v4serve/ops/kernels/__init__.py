@@ -2,7 +2,7 @@
 
 import os
 
-from ..env import get as env_get
+from ..env import interpreting  # noqa: F401 - re-exported: kernels pass it as a constexpr (see below)
 
 
 def cdiv(x: int, y: int) -> int:
@@ -23,10 +23,8 @@ def next_pow2(n: int) -> int:
     return n + 1
 
 
-def interpreting() -> bool:
-    """Whether Triton runs kernels in its CPU interpreter (tests). Its bf16 `tl.dot` multiplies the raw uint16 bit
-    patterns (triton 3.6), so kernels pass this as a constexpr and take bf16 dots through fp32 there."""
-    return env_get("TRITON_INTERPRET", "0") not in ("", "0")
+# `interpreting()` (ops/env.py): under Triton's CPU interpreter its bf16 `tl.dot` multiplies the raw uint16 bit
+# patterns (triton 3.6), so kernels take it as a constexpr and run bf16 dots through fp32 there.
 
 
 # Integer arguments whose values change with a step's composition: token, row, group, pick, column and block counts,

@@ -33,7 +33,7 @@ import triton.language as tl
 from ..backend import fused
 from ..env import get as env_get
 from ..linear import scale_bytes, stored_format
-from . import cdiv, next_pow2, step_jit
+from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import e4m3_round, pow2_ceil, quantize_rows
@@ -626,10 +626,6 @@ def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
     return MoeConfig(block_m, gu, dn, body=body)
 
 
-def _interpreting() -> bool:
-    return env_get("TRITON_INTERPRET", "0") == "1"
-
-
 def supports(x: torch.Tensor, experts) -> bool:
     """FP4 stacks and a bf16/f32 x on CUDA (f64 only under the CPU interpreter, as a numerics check)."""
     if experts.fmt != "fp4" or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32, torch.float64):
@@ -637,7 +633,7 @@ def supports(x: torch.Tensor, experts) -> bool:
     if x.is_cuda:
         if x.dtype == torch.float64:
             return False
-    elif not _interpreting():
+    elif not interpreting():
         return False
     E, I, half_d = experts.w1.shape
     return (x.device == experts.w1.device and x.shape[1] == 2 * half_d and half_d % 16 == 0 and I % 32 == 0
@@ -741,9 +737,9 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     cfg = config or select_config(M, E, D, I, x.device)
     G, BM = act_group, cfg.block_m
     use_asm = cfg.dequant == "asm" or (cfg.dequant == "auto" and x.dtype == torch.bfloat16 and x.is_cuda
-                                       and not _interpreting())
+                                       and not interpreting())
     prec, acc_tl = _dot_dtypes(x.dtype)
-    f32 = x.dtype == torch.bfloat16 and _interpreting()
+    f32 = x.dtype == torch.bfloat16 and interpreting()
     prec = "ieee" if f32 else prec
     x = x if x.stride(-1) == 1 else x.contiguous()
     rw = weights.to(acc_t).contiguous().view(-1)
