@@ -185,6 +185,26 @@ PRE_VARIANTS = {
     "x3p-bt64-s4": {"block_t": 64, "block_d": 128, "split_d": 4, "block_dc": 64, "bf16x3": True, "promote": True},
     "ieee-bt16-s4-d128": {"block_t": 16, "block_d": 128, "split_d": 4, "block_dc": 256, "bf16x3": False},
     "ieee-bt16-s8": {"block_t": 16, "block_d": 64, "split_d": 8, "block_dc": 256, "bf16x3": False},
+    # hc_post_pre as hc_post + hc_pre (PreConfig.post_apart): the fused form with tensor-core mixes was 4-5x the pre
+    # side alone at 2K-8K tokens (nineteenth session: x3-bt32-s4 at 8192, hc_pre 629 us, hc_post_pre 4,639 us)
+    "a-ieee": {"block_t": 16, "block_d": 64, "split_d": 4, "block_dc": 256, "bf16x3": False, "post_apart": True},
+    "a-x3p-bt16-s4": {"block_t": 16, "block_d": 128, "split_d": 4, "block_dc": 256, "bf16x3": True, "promote": True,
+                      "post_apart": True},
+    "a-x3-bt32-s4": {"block_t": 32, "block_d": 128, "split_d": 4, "block_dc": 128, "bf16x3": True, "post_apart": True},
+    "a-x3p-bt32-s4": {"block_t": 32, "block_d": 128, "split_d": 4, "block_dc": 128, "bf16x3": True, "promote": True,
+                      "post_apart": True},
+    "a-x3p-bt32-d64-s4": {"block_t": 32, "block_d": 64, "split_d": 4, "block_dc": 128, "bf16x3": True,
+                          "promote": True, "post_apart": True},
+    "a-x3p-bt32-s2": {"block_t": 32, "block_d": 128, "split_d": 2, "block_dc": 128, "bf16x3": True, "promote": True,
+                      "post_apart": True},
+    "a-x3p-bt64-d64-s4": {"block_t": 64, "block_d": 64, "split_d": 4, "block_dc": 64, "bf16x3": True,
+                          "promote": True, "post_apart": True},
+    "a-x3p-bt64-d64-s4-st1": {"block_t": 64, "block_d": 64, "split_d": 4, "block_dc": 64, "bf16x3": True,
+                              "promote": True, "num_stages": 1, "post_apart": True},
+    "a-x3p-bt64-d32-s4": {"block_t": 64, "block_d": 32, "split_d": 4, "block_dc": 64, "bf16x3": True,
+                          "promote": True, "post_apart": True},
+    "a-x3-bt64-d64-s4-w8": {"block_t": 64, "block_d": 64, "split_d": 4, "block_dc": 64, "bf16x3": True,
+                            "num_warps": 8, "post_apart": True},
 }
 
 

@@ -16,7 +16,7 @@ BLOCK = 32
 
 def _engine(preset: str) -> LLMEngine:
     return LLMEngine(preset, EngineConfig(**ENGINE, block_size=BLOCK, max_num_seqs=8, max_model_len=320,
-                                          max_num_batched_tokens=96, target_itl_ms=50.0,
+                                          max_num_batched_tokens=96, target_itl_ms=50.0, kv_cache_memory=64 << 20,
                                           decode_steps_between_prefills=20))
 
 

@@ -106,12 +106,14 @@ def test_split_grid_matches_reference(cfg, t, dtype):
 
 def test_gpu_default_configs():
     """The GPU's default grids (split D, wide collapse chunks; bf16x3 off for float32 x), run by the interpreter."""
-    # prefill's token blocks take fp32 FMA dots: the bf16x3 GEMM through the tensor cores' accumulator missed the
-    # coefficients' 1e-4 at T=4096 on the H200 (3.7e-4; the FMA dots 3.5e-5)
-    assert mk.default_pre_config(4096, 4096, on_gpu=True).bf16x3 is False
-    assert mk.default_pre_config(8192, 4096, on_gpu=True).bf16x3 is False
+    # bf16 prefill chunks: the bf16x3 GEMM promoted per D chunk (chained through the tensor cores' accumulator it
+    # missed the coefficients' 1e-4 at T=4096 on the H200), hc_post_pre as two launches; float32 x: fp32 dots
+    for t in (2048, 4096, 8192):
+        cfg = mk.default_pre_config(t, 4096, on_gpu=True)
+        assert cfg.bf16x3 and cfg.promote and cfg.post_apart, cfg
+        assert mk.default_pre_config(t, 4096, on_gpu=True, bf16=False).bf16x3 is False
     for t in (1, 5, 1100):  # 1100: a prefill chunk's grid (16-token blocks over D slices)
-        cfg = mk.default_pre_config(t, 512, on_gpu=True)
+        cfg = mk.default_pre_config(t, 512, on_gpu=True, bf16=False)
         assert cfg.split_d > 1
         x, fn, base, scale, w, cpre = _inputs(t, 512, torch.float32, seed=29 + t)
         args = (x, fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
@@ -205,7 +207,8 @@ def _expansion(t: int, d: int, dtype: torch.dtype, seed: int, device: str = DEVI
 
 POST_PRE_CONFIGS = {"token-blocks": mk.PreConfig(block_t=16, block_d=32, split_d=1),
                     "split": mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64),
-                    "split,fma,one-chunk": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True)}
+                    "split,fma,one-chunk": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True),
+                    "post-apart": mk.PreConfig(block_t=8, block_d=32, split_d=2, post_apart=True)}
 
 
 @pytest.mark.parametrize("cfg", POST_PRE_CONFIGS.values(), ids=POST_PRE_CONFIGS.keys())

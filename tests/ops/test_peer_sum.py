@@ -133,4 +133,6 @@ def test_the_plain_expansion_compiles_for_sm90() -> None:
     from sm90_compile import RECORD_AND_COMPILE, run_compile
 
     out = run_compile(RECORD_AND_COMPILE + SM90_PLAIN).strip().splitlines()[-1]
-    assert out == "['_hc_post_kernel', '_hc_post_pre_kernel'] 4"
+    # decode: the expansion, then the fused post + pre; the 8K prefill: the expansion, then post + pre as two launches
+    # (the default prefill grid's PreConfig.post_apart)
+    assert out == "['_hc_post_kernel', '_hc_post_pre_kernel', '_hc_pre_kernel'] 5"

@@ -85,8 +85,10 @@ class Config:
     select_cap: int = 4096
     # False: the picks in the order the select found them (the keys above the k-th key's score bin by position, then
     # that bin's picks by position; the plain radix: by position), ids only, no bitonic sort of K_PAD 64-bit keys. The
-    # same set, deterministic (ordered compactions, no atomics); a candidate for the 25 us decode target (29.2 us at
-    # 16K entries with the sort), not yet timed: off
+    # same set, deterministic (ordered compactions, no atomics), in an order that depends on the row alone. Off in the
+    # GPU configs (H200, 16K entries, logits + select, `indexer.py --binned-sweep`, nineteenth session: 29.3 -> 26.6 us
+    # at batch 1, 166 -> 163 at 32, 200 visible 13.6 -> 11.0, 4000 visible 16.2 -> 13.6); the interpreter's keep the
+    # reference's order
     select_sorted: bool = True
 
 
@@ -474,11 +476,14 @@ def _ids_of_picks(row_ptr, kk, K, N: tl.constexpr, ID_MASK: tl.constexpr):
 
 @functools.lru_cache(maxsize=16)
 def _programs_to_fill(device: torch.device) -> int:
-    """Logits programs that fill the device: two per SM (a few on the CPU interpreter, to exercise the split)."""
+    """Logits programs that fill the device: eight per SM, so that each program walks few entry tiles (a block-table
+    load, then the dependent record loads, a tile) and more of that latency overlaps (H200, 32 decode rows of 16K
+    entries, logits + select: split 32 against the 9 of two per SM, 163 -> 122 us; `indexer.py --binned-sweep`,
+    nineteenth session). A few on the CPU interpreter, to exercise the split."""
     if device.type != "cuda":
         return 3
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return 2 * torch.cuda.get_device_properties(index).multi_processor_count
+    return 8 * torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _small_sort(k: int) -> int:
@@ -515,8 +520,9 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
         # (H200, 16K entries, top-512, logits + select: 67.2 -> 29.3 us at batch 1, 213 -> 166 us at 32, 200 visible
         # 13.4 us, 4000 visible 15.9 us; `indexer.py --binned-sweep`)
         return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=4096, select_warps=16,
-                      select_narrow=False, select_resident=False, select_cap=1024)
-    return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False, select_resident=False)
+                      select_narrow=False, select_resident=False, select_cap=1024, select_sorted=False)
+    return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False, select_resident=False,
+                  select_sorted=False)
 
 
 def supports(q: torch.Tensor, w: torch.Tensor, keys: KeyPool, entries: Entries, candidates: torch.Tensor | None,

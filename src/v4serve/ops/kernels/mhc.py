@@ -65,6 +65,9 @@ class PreConfig:
     bf16x3: bool | None = None  # the split-fn bf16 GEMM; None = for bf16 x on the GPU
     promote: bool = False  # bf16x3: each D chunk's dots summed apart, then added in float32 (`_dot`'s PROMOTE)
     fma: bool | None = None  # the mixes in fp32 FMAs, no dots (`_chunk_start`); None = for 1-2-token blocks on the GPU
+    # hc_post_pre as two launches, hc_post then hc_pre (the same bits): for the tensor-core mixes, whose fused form
+    # was 4-5x slower than the pre side alone at prefill sizes (H200, `mhc.py --sweep`, nineteenth session)
+    post_apart: bool = False
 
 
 @dataclass(frozen=True)
@@ -560,20 +563,26 @@ def supports(x: torch.Tensor, collapse_pre: torch.Tensor | None = None) -> bool:
     return True
 
 
-def default_pre_config(t: int, d: int, on_gpu: bool) -> PreConfig:
+def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreConfig:
     """GPU: from `benchmarks/kernels/mhc.py --sweep` on the H200 (decode at 1-64 tokens, prefill chunks at 528 and
     2048 and 8192 tokens): the split grid, small token blocks over D slices (the finishing program's collapse covers
-    only its own tokens). The interpreter gets few, large programs (numpy cost per op, not speed)."""
+    only its own tokens); bf16: x's dtype (the prefill grid's tensor-core mixes are for bf16 streams). The
+    interpreter gets few, large programs (numpy cost per op, not speed)."""
     if not on_gpu:
         return PreConfig(block_t=min(64, next_pow2(t)), block_d=min(128, _pow2_at_least_16(d)),
                          split_d=1)
-    if t > 1024:
-        # 16-token blocks over 4 D slices, fp32 dots, not the bf16x3 tensor-core GEMM (chaining every D chunk through
-        # the MMA's accumulator put the coefficients 3.7e-4 (relative) from the float32 reference at T=4096 on the
-        # H200, fp32 dots 3.5e-5). H200, `mhc.py --sweep`, eighteenth session, against the 32-token blocks without D
-        # slices used before: T=2048 hc_pre 1,342 -> 648 us, hc_post_pre 1,416 -> 684 us; T=8192 2,519 -> 2,436 and
-        # 2,617 -> 2,563 us; the coefficients closer to the reference (scaled error 3.3e-6 -> 1.2e-6 at 2048)
+    if t > 1024 and not bf16:  # fp32 FMA dots on 16-token blocks over 4 D slices (eighteenth session)
         return PreConfig(block_t=16, block_d=64, split_d=4, block_dc=256, num_warps=4, num_stages=2, bf16x3=False)
+    if t > 1024:
+        # the bf16x3 tensor-core GEMM promoted per D chunk (chained through the MMA's accumulator, it put the
+        # coefficients 3.7e-4 (relative) from the float32 reference at T=4096; promoted they are as close as fp32
+        # dots'), 64-wide D chunks over 4 D slices, hc_post_pre as two launches (fused, the tensor-core mixes were 4-5x
+        # the pre side alone). H200, `mhc.py --sweep`, nineteenth session, against the fp32 FMA dots on 16-token
+        # blocks used before: T=2048 (32-token blocks) hc_pre 648 -> 190 us, hc_post_pre 684 -> 243 us; T=8192
+        # (64-token blocks) 2,437 -> 422 and 2,564 -> 632 us; the coefficients' scaled error 1.2e-6 (both), 4096 not
+        # measured (64-token blocks at 2048: hc_post_pre 317 us)
+        return PreConfig(block_t=64 if t > 4096 else 32, block_d=64, split_d=4, block_dc=64 if t > 4096 else 128,
+                         num_warps=4, num_stages=2, bf16x3=True, promote=True, post_apart=True)
     # up to 64 tokens: 2-token blocks over 32 D-splits (H200, `mhc.py --sweep --tokens 32,8`, eleventh session: at
     # T=32 hc_pre 23.6 -> 20.4 us and hc_post_pre 32.4 -> 22.2 us against (4, 16); at T=8 the same as before); up to
     # 1024, 8-token blocks over 8 (eighteenth session, T=528, the prefill chunk of a mixed step: hc_pre 116 -> 86 us and
@@ -626,7 +635,7 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
             torch.empty(t, n, dtype=acc, device=dev), torch.empty(t, n, n, dtype=acc, device=dev))
     if t == 0:
         return outs, None
-    cfg = config or default_pre_config(t, d, x.is_cuda)
+    cfg = config or default_pre_config(t, d, x.is_cuda, x.dtype == torch.bfloat16)
     block_dc = cfg.block_dc or cfg.block_d
     if any(v & (v - 1) for v in (cfg.block_t, cfg.block_d, block_dc)) or cfg.block_d < 16:
         raise ValueError(f"block sizes must be powers of two (block_d >= 16): {cfg}")
@@ -694,14 +703,19 @@ def hc_post_pre(f: torch.Tensor | PartialSum, x: torch.Tensor, post: torch.Tenso
     """hc_post(f, x, post, comb) and hc_pre of its result in one launch -> (the new streams [T, n, D] in x's dtype,
     y, pre, post, comb of the next sub-layer), as ops.mhc.hc_post_pre_reference. The hc_pre config's grid. f may be
     a PartialSum (ops/peer_sum.py): the ranks' partials are summed as the expansion loads them."""
-    f, fused = _peers(f)
     t, _, d = x.shape
+    cfg = config or default_pre_config(t, d, x.is_cuda, x.dtype == torch.bfloat16)
+    if cfg.post_apart:
+        new = hc_post(f, x, post, comb)
+        return (new, *hc_pre(new, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight, norm_eps2,
+                             cfg))
+    f, fused = _peers(f)
     if tuple(f.shape) != (t, d) or tuple(post.shape) != (t, n) or tuple(comb.shape) != (t, n, n):
         raise ValueError(f"mHC expand shapes do not fit: f {list(f.shape)}, x {list(x.shape)}, "
                          f"post {list(post.shape)}, comb {list(comb.shape)}")
     new = torch.empty(t, n, d, dtype=x.dtype, device=x.device)
     outs, launch = _pre_launch(new, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight,
-                               norm_eps2, config)
+                               norm_eps2, cfg)
     if launch is not None:
         f = f if f.stride(-1) == 1 else f.contiguous()
         x = x if x.stride(-1) == 1 else x.contiguous()
