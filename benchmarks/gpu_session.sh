@@ -1056,6 +1056,18 @@ if [[ $what == nineteenth3 ]]; then  # the new defaults: the mHC prefill grid (b
   grep -E "^\| (mhc|linear|moe|indexer|attention|compressor|router|norm|sampling|other|\*\*total)|prefill chunk|decode," \
     "$OUT/profile-e16.log" | head -30
 fi
+if [[ $what == twentieth1 ]]; then  # prepared in the nineteenth session: the MoE's prefill (451 of the 8K prefill's
+  # 1,063 ms GPU, W4A16 at ~14% of the FP8 peak) on the fp8 body with the fold (MoeConfig.fold: one FP8 wgmma per
+  # 128-wide K tile, the 32-group weight scales folded into the e4m3 exponents; sm_90 compile checked on the CPU): its
+  # GPU tests, then the prefill variants at 256 and 16 experts against the default and the per-group fp8 body
+  timeout 150 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" -k "fold or fp8_body" \
+    2>&1 | tee "$OUT/moe_fold_tests.log" | grep -E "^E |passed|failed" | tail -6
+  for e in 256 16; do
+    timeout 170 python3 benchmarks/kernels/moe.py --experts $e --tokens 1 --no-reference --variants \
+      default,pf-fp8,pf-fp8-k128,pf-fp8f,pf-fp8f-s4,pf-fp8f-s2,pf-fp8f-m64,pf-fp8f-dn256 --out "$OUT" 2>&1 \
+      | grep -v Warning | tee -a "$OUT/moe_prefill_fold.log" | grep -E "T= *8192|failed|Error"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -139,6 +139,20 @@ VARIANTS = {
         "pf-fp8-k128": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8"),
         "pf-fp8-m64": lambda t: mk.MoeConfig(64, G(128, 64, 4, 3), G(128, 64, 4, 3), group_m=8, body="fp8"),
         "pf-fp8-n64": lambda t: mk.MoeConfig(128, G(64, 64, 4, 3), G(64, 64, 4, 3), group_m=8, body="fp8"),
+        # the fp8 body's fold (MoeConfig.fold): a 128-wide K tile inside one 1 x 128 activation group as ONE FP8 wgmma
+        # over weights whose 32-group scales are folded into the e4m3 exponents, the scales applied once a tile (the
+        # per-group form above waits for each 32-group's wgmma before its scale FMAs). Gate-up N tiles stay >= 128 (h's
+        # 1 x 128 groups quantized in its epilogue)
+        "pf-fp8f": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
+                                          fold=True),
+        "pf-fp8f-s4": lambda t: mk.MoeConfig(128, G(128, 128, 8, 4), G(128, 128, 8, 4), group_m=8, body="fp8",
+                                             fold=True),
+        "pf-fp8f-s2": lambda t: mk.MoeConfig(128, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8, body="fp8",
+                                             fold=True),
+        "pf-fp8f-m64": lambda t: mk.MoeConfig(64, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
+                                              fold=True),
+        "pf-fp8f-dn256": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(256, 128, 8, 3), group_m=8, body="fp8",
+                                                fold=True),
     },
 }
 

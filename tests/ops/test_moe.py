@@ -19,7 +19,7 @@ from sm90_compile import run_compile
 
 from v4serve.ops import moe, quant
 from v4serve.ops.kernels import moe as mk
-from v4serve.ops.kernels.moe_decode import _fp4_e4m3
+from v4serve.ops.kernels.moe_decode import _fold_e4m3, _fp4_e4m3
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
 DEV = torch.device("cuda" if ON_GPU else "cpu")
@@ -321,6 +321,67 @@ def test_fp4_to_e4m3_is_exact(asm):
     assert torch.equal(lo * 64, table[(p & 15).long()]) and torch.equal(hi * 64, table[(p >> 4).long()])
 
 
+@triton.jit
+def _folded_codes(c_ptr, e_ptr, out_ptr):
+    offs = tl.arange(0, 256)
+    v = _fold_e4m3(tl.load(c_ptr + offs), tl.load(e_ptr + offs))
+    tl.store(out_ptr + offs, v.to(tl.float32))
+
+
+def test_fold_e4m3_is_exact():
+    """Every FP4 code at every exponent offset the fold uses (and two below it): the e4m3 value is the e2m1 value times
+    2^(e0 - 6), up to 6 * 2^6 = 384 at e0 = 12 (no NaN code), and 0 for a group more than 2^12 below the tile's
+    largest (e0 < 0)."""
+    code = torch.arange(16, dtype=torch.int32).repeat(16)
+    e0 = torch.arange(-2, 14, dtype=torch.int32).repeat_interleave(16)
+    e0 = torch.where(e0 > 12, 12, e0)
+    out = torch.empty(256, device=DEV)
+    _folded_codes[(1,)](code.to(DEV), e0.to(DEV), out)
+    table = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    want = torch.where(e0 >= 0, table[code.long()] * torch.exp2(e0.double() - 6).float(), 0.0)
+    assert torch.equal(out.cpu(), want), (out.cpu() - want).abs().max()
+    assert out.abs().max().item() == 384.0
+
+
+def spread_scales(experts: moe.ExpertWeights, seed: int, flush: bool = False) -> moe.ExpertWeights:
+    """Each 32-group's e8m0 scale moved down by 0..10, so that a K tile's groups lie far apart (within the fold's
+    exact range); with `flush`, also every fifth group 20 below its row's first (the fold reads it as 0)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def spread(sc: torch.Tensor) -> torch.Tensor:
+        s = sc.cpu().to(torch.int32) - torch.randint(0, 11, sc.shape, generator=gen, dtype=torch.int32)
+        if flush:
+            s[..., 1::5] = s[..., :1] - 20
+        return s.clamp(1, 254).to(torch.uint8).to(sc.device)
+
+    return dataclasses.replace(experts, s1=spread(experts.s1), s2=spread(experts.s2), s3=spread(experts.s3))
+
+
+@pytest.mark.parametrize("case", ["bk64", "bk128", "flush", "split-k"])
+def test_fp8_body_folded_scales(case, fp8_taken, monkeypatch):
+    """The fp8 body's fold (MoeConfig.fold): a K tile inside one activation group as one FP8 dot over weights whose
+    group scales are folded into the e4m3 exponents, the row's largest and the activation scale applied once a tile.
+    Against the reference with scales spread 0..10 apart within a tile (exact there: float32's tolerance under the
+    interpreter), and with groups 20 below (read as 0: their values are < 2^-19 of the tile's largest)."""
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    if ON_GPU:  # as test_fp8_body: the tensor core's FP8 accumulation is not float32's
+        monkeypatch.setitem(TOL, torch.bfloat16, 4e-2)
+    if case == "bk64":  # act_group 64 = the 64-wide K tiles of both GEMMs
+        cfg, D, I, g = mk.MoeConfig(16, G(64, 64), G(64, 64), body="fp8", fold=True), 128, 128, 64
+    elif case == "bk128" or case == "flush":  # V4's act_group 128 over 128-wide K tiles
+        cfg, D, I, g = mk.MoeConfig(16, G(128, 128), G(64, 128), body="fp8", fold=True), 256, 128, 128
+    else:
+        cfg, D, I, g = mk.MoeConfig(16, G(64, 64, split_k=2), G(64, 64, split_k=2), body="fp8", fold=True), 256, 128, 64
+    experts = spread_scales(make_experts(6, D, I, seed=5), seed=6, flush=case == "flush")
+    check(9, D, I, 6, 2, dtype, g, True, 1.0, config=cfg, skew=2, experts=experts)
+    assert fp8_taken and all(fp8_taken)
+
+
+def test_fold_is_the_fp8_body_option():
+    with pytest.raises(ValueError, match="fold is the fp8 body's option"):
+        mk.MoeConfig(16, G(64, 64), G(64, 64), fold=True)
+
+
 def test_decode_config():
     # V4-Flash, E=256, k=6: swap keeps 16-row blocks; fma takes the mean rows per expert hit, a power of two <= 8
     for t in (1, 8, 32, 64):
@@ -531,9 +592,9 @@ for name, fn, gemm, extra, ptrs in (
          {"h_ptr": "*bf16", "y_ptr": "*fp32", "rw_ptr": "*fp32", "add_ptr": "*bf16", "out_ptr": "*bf16"}),
         ("fp8 gate_up+finish", md.gate_up_kernel, cfg.gate_up, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True,
                                                                    FINISH=True, BODY="fp8", STAGES=3,
-                                                                   HDT=tl.bfloat16),
+                                                                   HDT=tl.bfloat16, FOLD=False),
          gu_ptrs | {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"}),
-        ("fp8 down", md.down_kernel, cfg.down, dict(QUANT_A=False, BODY="fp8", STAGES=3),
+        ("fp8 down", md.down_kernel, cfg.down, dict(QUANT_A=False, BODY="fp8", STAGES=3, FOLD=False),
          {"h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "y_ptr": "*fp32"})):
     const = dict(BM=cfg.block_m, BN=gemm.block_n, BK=gemm.block_k, GROUP_M=1, SPLIT=gemm.split_k, G=128, ASM=True,
                  PREC="tf32", ACC=tl.float32, F32=False, EVEN_K=True, **extra)
@@ -634,3 +695,49 @@ def test_combine_in_the_down_kernel(T, split, before, with_shared, monkeypatch):
     assert torch.equal(fused, plain)
     ref = moe.experts_reference(x, experts, weights, ids, 1.0, 32, before, shared)
     assert rel_err(fused, ref) <= TOL[torch.float64]
+
+
+SM90_FOLD = """
+import json, re, triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from v4serve.ops.kernels import moe_decode as md
+gemm = dict(BM=128, BN=128, BK=128, GROUP_M=8, SPLIT=1, G=128, ASM=True, PREC="tf32", ACC=tl.float32, F32=False,
+            EVEN_K=True, BODY="fp8", STAGES=3, FOLD=True)
+gu_ptrs = {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32", "part_ptr": "*fp32",
+           "rw_ptr": "*fp32", "limit": "fp32"}
+out = {}
+for name, fn, extra, ptrs in (
+        ("gate_up", md.gate_up_kernel, dict(QUANT_H=True, WEIGHT_H=True, CLAMP=True, HDT=tl.bfloat16), gu_ptrs),
+        ("down", md.down_kernel, dict(QUANT_A=False), {"h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "y_ptr": "*bf16"})):
+    const = gemm | extra
+    sig, attrs = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        weights = re.fullmatch(r"[ws][123]_ptr", n)
+        sig[n] = "constexpr" if n in const else ptrs.get(n, "*u8" if weights else "*i32" if n.endswith("_ptr") else
+                                                        "i32")
+        if sig[n].startswith("*") or n.startswith("stride") or n in ("D", "I"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 8, "num_stages": 3})
+    ir = k.asm["ttgir"]
+    loop = ir[ir.index("scf.for"):]
+    loop = loop[:loop.index("scf.yield")]
+    dots = re.findall(r"warp_group_dot [^\\n]*", loop)
+    out[name] = {"sync": len(re.findall(r" tt[.]load ", loop)), "async": loop.count("async_copy_global_to_local"),
+                 "wgmma": len(dots), "fp8": all("f8E4M3FN" in d for d in dots)}
+print(json.dumps(out))
+"""
+
+
+def test_folded_fp8_body_compiles_for_sm90() -> None:
+    """The fold at the prefill tiles (128 x 128 x 128, 8 warps, 3 stages), compiled for sm_90 without a GPU: one FP8
+    wgmma per K tile (not one per 32-group) in the gate-up (w1, w3) and the down, the operands' K-loop loads async
+    copies. (Register spills show only when a GPU loads the kernel: the microbenchmark's run.)"""
+    got = json.loads(run_compile(SM90_FOLD).strip().splitlines()[-1])
+    assert got["gate_up"]["wgmma"] == 2 and got["down"]["wgmma"] == 1, got
+    assert got["gate_up"]["fp8"] and got["down"]["fp8"], got
+    # async: x (h), the FP4 bytes, the activation scales; plain loads: the e8m0 bytes, 4 a row (2 a thread over 8
+    # warps, under cp.async's 4), loaded a tile ahead by hand (moe_decode._scales), so no iteration waits for them
+    assert (got["gate_up"]["async"], got["gate_up"]["sync"]) == (4, 2), got
+    assert (got["down"]["async"], got["down"]["sync"]) == (3, 1), got

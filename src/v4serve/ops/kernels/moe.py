@@ -541,6 +541,9 @@ class MoeConfig:
     # gate-up split-K partials summed by `_swiglu_kernel` ("launch") or by each tile's last program to arrive
     # ("kernel": one launch fewer; H200, E=256 k=6: T=1 69.1 -> 66.1 us, T=8..64 the same)
     finish: str = "kernel"
+    # the fp8 body: a K tile inside one activation group as one FP8 dot, the 32-group weight scales folded into the
+    # e4m3 exponents (moe_decode._fold_tile); tiles across activation groups keep the per-group dots
+    fold: bool = False
 
     def __post_init__(self) -> None:
         if self.body not in BODIES:
@@ -551,6 +554,8 @@ class MoeConfig:
             raise ValueError(f"the {self.body} body needs block_m >= 16 (the dot's N)")
         if self.body == "fp8" and {self.gate_up.block_k, self.down.block_k} - {32, 64, 128}:
             raise ValueError("the fp8 body takes K tiles of 32, 64 or 128")
+        if self.fold and self.body != "fp8":
+            raise ValueError("fold is the fp8 body's option")
 
 
 # Decode (a few rows per expert) is bound by the FP4 weight stream and, behind it, by the dequant's instruction
@@ -701,8 +706,10 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return _prologue(ids, num_experts, block_m)[:2]
 
 
-def _body(body: str, gemm: GemmConfig) -> dict:
-    return {} if body == "dot" else {"BODY": body, "STAGES": gemm.num_stages}
+def _body(cfg: MoeConfig, gemm: GemmConfig) -> dict:
+    if cfg.body == "dot":
+        return {}
+    return {"BODY": cfg.body, "STAGES": gemm.num_stages} | ({"FOLD": True} if cfg.fold else {})
 
 
 def _fp8_body_applies(x: torch.Tensor, act_group: int, gate_up_n: int, split_launch: bool) -> bool:
@@ -753,7 +760,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     grid_gu = (NB * cdiv(I, gu.block_n), S)
     finish = S > 1 and cfg.finish == "kernel" and (G == 0 or gu.block_n % G == 0) and grid_gu[0] <= N_COUNTERS
     if cfg.body == "fp8" and not _fp8_body_applies(x, G, gu.block_n, S > 1 and not finish):
-        cfg = replace(cfg, body="swap")
+        cfg = replace(cfg, body="swap", fold=False)
     fp8 = cfg.body == "fp8"
 
     # 1. sort by expert into BLOCK_M-padded runs, and FP8-simulate x (one launch; the fp8 body: e4m3 + scales)
@@ -780,7 +787,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
         WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
         EVEN_K=D % gu.block_k == 0, FINISH=finish,
-        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg.body, gu), **fp8_gu, **pdl_launch(x))
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg, gu), **fp8_gu, **pdl_launch(x))
     if S > 1 and not finish:
         _swiglu_kernel[(NB, cdiv(I, bne))](
             part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
@@ -812,7 +819,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
         BM=BM, BN=dn.block_n, BK=bk_dn, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile,
         ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32, EVEN_K=I % bk_dn == 0,
-        num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg.body, dn), **({"hs_ptr": hs} if fp8 else {}),
+        num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg, dn), **({"hs_ptr": hs} if fp8 else {}),
         **combine, **pdl_launch(x))
 
     if combine_in_down:

@@ -24,6 +24,12 @@ and transpose it once for the epilogue.
           128-wide tile against dot's 945, but each 32-group's wgmma is waited for before its scale FMAs, and its
           registers (185) allow two CTAs an SM.
 
+        "fold" (MoeConfig.fold, prefill): where a K tile lies in one activation group (V4: 1 x 128), each weight row's
+          32-group scales are folded into the e4m3 exponents relative to the tile's largest (`_fold_e4m3`: value *
+          2^(b_g - b_max + 6), at most 384, exact while b_g >= b_max - 12; a group further below reads 0 — less than
+          2^-13 of the tile's largest values, below bf16's resolution), so a K tile is ONE FP8 dot and the scales
+          2^b_max x the activation's are applied once a tile (DeepGEMM's promotion per 128), not per 32-group.
+
 swap and fma keep the even/odd split (low nibbles x even columns of x, high nibbles x odd columns): no interleave.
 The K loops are `tl.range(..., num_stages=STAGES)`: without an explicit stage count Triton 3.6 does not pipeline loads
 that feed no dot (the fma body's), and each iteration would wait for its own loads.
@@ -139,14 +145,59 @@ def _fp8_rows(a8_ptr, arow, amask, kc, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _fold_e4m3(c, e0):
+    """FP4 e2m1 codes c (0..15, int32) -> e4m3 bytes holding value * 2^(e0 - 6), e0 (int32, broadcast) in 0..12:
+    magnitudes >= 1.0 move their exponent by e0 (bits (mag << 2) + (e0 << 3)), 0.5 becomes 2^(e0 - 7) (the subnormal
+    4 at e0 = 0, as _fp4_e4m3), the sign at bit 7; e0 < 0 (a group more than 2^12 below the tile's largest) reads 0."""
+    mag = c & 7
+    half = tl.where(e0 > 0, e0 << 3, 4)
+    bits = tl.where(mag >= 2, (mag << 2) + (e0 << 3), tl.where(mag == 1, half, 0)) | ((c & 8) << 4)
+    bits = tl.where(e0 >= 0, bits, 0)
+    return bits.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _fold_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The K tile [k0, k0 + BK) of W's rows offs_n as ONE e4m3 operand [BN, BK] (each 32-group in the K32 order: its
+    16 low nibbles, then its 16 high ones), every group's scale folded in relative to the row's largest in the tile,
+    and that row factor 2^(b_max - 127) as float32 [BN] (the tile's true values: operand * factor * 2^-6)."""
+    NG: tl.constexpr = BK // 32
+    b = sb.to(tl.int32)  # [BN, NG] e8m0 bytes; past K: 127, kept out of the largest
+    if not EVEN_K:
+        b = tl.where((k0 // 32 + tl.arange(0, NG) < K // 32)[None, :], b, 0)
+    bmax = tl.max(b, 1)
+    e0 = b - bmax[:, None] + 12
+    ok = offs_n < N
+    kb = k0 // 2 + tl.arange(0, BK // 2)
+    mask = ok[:, None]
+    if not EVEN_K:
+        mask = mask & (kb < K // 2)[None, :]
+    p = tl.load(w_ptr + offs_n[:, None] * stride_n + kb[None, :], mask=mask, other=0)
+    p = tl.reshape(p, (BN, NG, 16)).to(tl.int32)
+    e3 = tl.reshape(e0, (BN, NG, 1))
+    lo = _fold_e4m3(p & 15, e3)
+    hi = _fold_e4m3(p >> 4, e3)
+    w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (BN, BK))
+    return w, (bmax << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _fp8_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, a8_ptr, as_ptr, arow, amask, acc, BN: tl.constexpr,
-              BK: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
+              BK: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr, FOLD: tl.constexpr = False):
     """acc^T [BN, BM] += the K tile [k0, k0 + BK) of W (its e8m0 bytes sb [BN, BK/32]) @ the activation rows arow^T:
     e4m3 bytes a8 [rows, K] (K32 order) and float32 scales as [rows, K / G], 32-groups at a time; the activation
     scale applied once a tile when the tile lies in one of its groups (G % BK == 0), else per 32-group. BK = 32, 64
-    or 128."""
-    ws = _columns(sb, BK // 32)
+    or 128. FOLD (with G % BK == 0): one dot a tile over the folded weights (`_fold_tile`)."""
     offs = tl.arange(0, 32)
+    if FOLD and G % BK == 0:
+        w, rs = _fold_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, BN, BK, EVEN_K)
+        xq = _fp8_rows(a8_ptr, arow, amask, k0 + tl.arange(0, BK), K, EVEN_K)
+        xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
+        # operand * 2^(b_max - 127) * 2^-6 = the weights; the epilogue's FP8_SHIFT (32) expects the per-group
+        # bodies' 2 x scale * 2^-6, so this tile takes 2^(b_max - 127) / 64 / 32
+        acc += tl.dot(w, tl.trans(xq)) * ((rs * (1.0 / 2048.0))[:, None] * xs[None, :])
+        return acc
+    ws = _columns(sb, BK // 32)
     if G % BK == 0:
         xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
         t = tl.zeros(acc.shape, dtype=tl.float32)
@@ -189,13 +240,17 @@ def _fma_add(acc, w_ev, w_od, x_ev, x_od, r, m):
 
 
 @triton.jit
-def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: tl.constexpr, EVEN_K: tl.constexpr):
-    """(this K tile's e8m0 bytes, the next iteration's). fma: loaded a tile ahead by hand (sb, carried, is this
-    tile's): bytes too narrow for the pipeliner's async copies, each iteration would wait for them. swap: loaded in
+def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: tl.constexpr, EVEN_K: tl.constexpr,
+            FOLD: tl.constexpr = False):
+    """(this K tile's e8m0 bytes, the next iteration's). fma, and the fp8 body's fold: loaded a tile ahead by hand (sb,
+    carried, is this tile's): bytes too narrow for the pipeliner's async copies (the fold's prefill tiles: 4 bytes a
+    row over 8 warps, 2 a thread), each iteration would wait for them. swap: loaded in
     the iteration, because a loop-carried operand stops Triton from placing the dequantized tile in the wgmma A
     layout at the source (it would go through shared memory as bf16 instead: checked in the sm_90 TTGIR)."""
     if BODY == "fma":
         return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)  # past k_hi: masked
+    elif FOLD:
+        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)
     else:
         cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
         return cur, cur
@@ -210,7 +265,7 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
                    CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                    F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
                    FINISH: tl.constexpr = False, PDL: tl.constexpr = False, xs_ptr=None, hs_ptr=None,
-                   HDT: tl.constexpr = None):
+                   HDT: tl.constexpr = None, FOLD: tl.constexpr = False):
     """`moe._gate_up_kernel` with the swap / fma / fp8 body: x W1^T and x W3^T for BM sorted rows of one expert x BN
     columns over this program's K share, the x tile loaded once per K tile for both. fp8: x is the prologue's e4m3
     bytes (K32 order) with their scales xs, and h is written the same way (bytes into h, scales into hs), rounded to
@@ -234,14 +289,14 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
     sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
     r = tl.arange(0, BM)
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
-        sb1, nsb1 = _scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
-        sb3, nsb3 = _scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
+        sb1, nsb1 = _scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K, FOLD)
+        sb3, nsb3 = _scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K, FOLD)
         kmask = k0 + offs_k < D
         if BODY == "fp8":
             acc_g = _fp8_tile(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, x_ptr, xs_ptr, tok, valid, acc_g, BN, BK, G,
-                              ASM, EVEN_K)
+                              ASM, EVEN_K, FOLD)
             acc_u = _fp8_tile(w3_ptr, sb3, offs_n, I, k0, D, stride_wn, x_ptr, xs_ptr, tok, valid, acc_u, BN, BK, G,
-                              ASM, EVEN_K)
+                              ASM, EVEN_K, FOLD)
         elif BODY == "swap":
             a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & kmask[None, :], BM, BK, DT, False, G)
@@ -275,7 +330,7 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                 G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                 F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
-                PDL: tl.constexpr = False, hs_ptr=None):
+                PDL: tl.constexpr = False, hs_ptr=None, FOLD: tl.constexpr = False):
     """`moe._down_kernel` with the swap / fma / fp8 body: h W2^T for BM sorted rows of one expert x BN columns. fp8: h
     is the gate-up epilogue's e4m3 bytes (K32 order) with their scales hs (QUANT_A is never set with it)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
@@ -292,11 +347,11 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, False)
     r = tl.arange(0, BM)
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
-        sb, nsb = _scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, BODY, EVEN_K)
+        sb, nsb = _scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, BODY, EVEN_K, FOLD)
         kmask = k0 + offs_k < I
         if BODY == "fp8":
             acc = _fp8_tile(w2_ptr, sb, offs_n, D, k0, I, stride_wn, h_ptr, hs_ptr, rows.to(tl.int64), rows >= 0, acc,
-                            BN, BK, G, ASM, EVEN_K)
+                            BN, BK, G, ASM, EVEN_K, FOLD)
         elif BODY == "swap":
             a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, kmask[None, :], BM, BK, DT, QUANT_A, G)
