@@ -1067,6 +1067,10 @@ if [[ $what == twentieth1 ]]; then  # prepared in the nineteenth session: the Mo
       default,pf-fp8,pf-fp8-k128,pf-fp8f,pf-fp8f-s4,pf-fp8f-s2,pf-fp8f-m64,pf-fp8f-dn256 --out "$OUT" 2>&1 \
       | grep -v Warning | tee -a "$OUT/moe_prefill_fold.log" | grep -E "T= *8192|failed|Error"
   done
+  # the mHC of mixed steps' prefill chunks (528, 1,024 tokens: 8-token blocks x 8 slices, fused, 158 us at 528) against
+  # the prefill grid's form (bf16x3 promoted, post + pre apart), which took 2,048-8,192 tokens 2.8-4x faster
+  timeout 120 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,1024 --variants default,a-x3p-bt16-s4,\
+a-x3p-bt32-d64-s4,a-x3p-bt32-s4,a-ieee 2>&1 | grep -v Warning | tee "$OUT/mhc_mixed.log" | grep -E "hc_pre|failed"
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
