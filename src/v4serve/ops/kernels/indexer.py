@@ -510,9 +510,10 @@ def _id_bits(n: int) -> int:
 
 
 def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
-    """GPU: decode-sized steps take one token per program and small key tiles spread over the SMs; prefills take two
-    tokens of a row per program (N = 2 x 64 heads) and 128-entry tiles. Not yet tuned on a GPU
-    (benchmarks/kernels/indexer.py --sweep). The interpreter gets small tiles (numpy cost, not speed)."""
+    """GPU: decode-sized steps take one token per program and small key tiles spread over the SMs, the select its
+    score bins (both timed: benchmarks/kernels/indexer.py --binned-sweep); prefills take two tokens of a row per
+    program (N = 2 x 64 heads) and 128-entry tiles (not swept). Both leave the picks unsorted. The interpreter gets
+    small tiles (numpy cost, not speed) and the reference's order."""
     if not on_gpu:  # (a bin of up to 256 keys: small register arrays, numpy's cost per element)
         return Config(block_t=1 if candidates else 2, block_e=32, split=2, select_block=128, select_cap=256)
     if candidates or t <= 64:
