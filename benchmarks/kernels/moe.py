@@ -144,15 +144,36 @@ VARIANTS = {
         # per-group form above waits for each 32-group's wgmma before its scale FMAs). Gate-up N tiles stay >= 128 (h's
         # 1 x 128 groups quantized in its epilogue)
         "pf-fp8f": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                          fold=True),
+                                          fold="tile"),
         "pf-fp8f-s4": lambda t: mk.MoeConfig(128, G(128, 128, 8, 4), G(128, 128, 8, 4), group_m=8, body="fp8",
-                                             fold=True),
+                                             fold="tile"),
         "pf-fp8f-s2": lambda t: mk.MoeConfig(128, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8, body="fp8",
-                                             fold=True),
+                                             fold="tile"),
         "pf-fp8f-m64": lambda t: mk.MoeConfig(64, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                              fold=True),
+                                              fold="tile"),
         "pf-fp8f-dn256": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(256, 128, 8, 3), group_m=8, body="fp8",
-                                                fold=True),
+                                                fold="tile"),
+        "pf-fp8f-w16": lambda t: mk.MoeConfig(128, G(128, 128, 16, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
+                                              fold="tile"),
+        "pf-fp8f-m64-s2": lambda t: mk.MoeConfig(64, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8, body="fp8",
+                                                 fold="tile"),
+        "pf-fp8f-m64-w4": lambda t: mk.MoeConfig(64, G(128, 128, 4, 3), G(128, 128, 4, 3), group_m=8, body="fp8",
+                                                 fold="tile"),
+        "pf-fp8f-m32": lambda t: mk.MoeConfig(32, G(128, 128, 4, 3), G(128, 128, 4, 3), group_m=8, body="fp8",
+                                              fold="tile"),
+        "pf-fp8f-k64": lambda t: mk.MoeConfig(128, G(128, 64, 8, 3), G(128, 64, 8, 3), group_m=8, body="fp8",
+                                              fold="tile"),
+        "pf-fp8f-m64-k64": lambda t: mk.MoeConfig(64, G(128, 64, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
+                                                  fold="tile"),
+        # the fold's "group" form: the groups' dots chained, a group converted at a time
+        "pf-fp8g": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
+                                          fold="group"),
+        "pf-fp8g-m64": lambda t: mk.MoeConfig(64, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
+                                              fold="group"),
+        "pf-fp8g-m64-s2": lambda t: mk.MoeConfig(64, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8, body="fp8",
+                                                 fold="group"),
+        "pf-fp8g-m64-k64": lambda t: mk.MoeConfig(64, G(128, 64, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
+                                                  fold="group"),
     },
 }
 
@@ -220,7 +241,7 @@ def reference(x, ex, w, i):
 
 
 def compile_only(names: list[str] | None) -> None:
-    """--compile-only, no GPU needed (run without TRITON_INTERPRET): each decode variant's gate-up and down kernels
+    """--compile-only, no GPU needed (run without TRITON_INTERPRET): each variant's gate-up and down kernels
     built for sm_90 by Triton and ptxas with the constexprs and 16-divisible pointers/strides `experts_forward`
     would launch them with at these shapes. Prints registers, local memory (spills), shared memory, the MMA the
     body gets, and "W-smem" where a bf16 weight tile is staged through shared memory for its dot."""
@@ -260,14 +281,16 @@ def compile_only(names: list[str] | None) -> None:
                 f"sync-loads {sync}")
 
     seen = set()
-    for name, make in VARIANTS["decode"].items():
+    todo = [(name, make, t) for regime, ts in (("decode", DECODE), ("prefill", PREFILL))
+            for name, make in VARIANTS[regime].items() for t in ts]
+    for name, make, t in todo:
         if names and name not in names:
             continue
-        for t in DECODE:
+        if True:
             cfg = make(t) or auto(t)
             gu, dn, dot = cfg.gate_up, cfg.down, cfg.body == "dot"
             quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
-            body = {} if dot else {"BODY": cfg.body}
+            body = {} if dot else {"BODY": cfg.body, "FOLD": mk.FOLDS[cfg.fold]}
             fp8 = cfg.body == "fp8"  # x and h as e4m3 bytes with float32 scales
             act = {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"} if fp8 else {
                 "x_ptr": "*bf16", "h_ptr": "*bf16"}

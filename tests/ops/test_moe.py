@@ -345,33 +345,38 @@ def test_fold_e4m3_is_exact():
 
 def spread_scales(experts: moe.ExpertWeights, seed: int, flush: bool = False) -> moe.ExpertWeights:
     """Each 32-group's e8m0 scale moved down by 0..10, so that a K tile's groups lie far apart (within the fold's
-    exact range); with `flush`, also every fifth group 20 below its row's first (the fold reads it as 0)."""
+    exact range); with `flush`, also every fifth group 20 below its row's first (the fold reads it as 0), and the
+    first 4 rows of expert 2 (every token's slot 0) scaled by 2^-122 (b = 5: a row factor under float32's normals)."""
     gen = torch.Generator().manual_seed(seed)
 
     def spread(sc: torch.Tensor) -> torch.Tensor:
         s = sc.cpu().to(torch.int32) - torch.randint(0, 11, sc.shape, generator=gen, dtype=torch.int32)
         if flush:
             s[..., 1::5] = s[..., :1] - 20
+            s[2, :4] = 5
         return s.clamp(1, 254).to(torch.uint8).to(sc.device)
 
     return dataclasses.replace(experts, s1=spread(experts.s1), s2=spread(experts.s2), s3=spread(experts.s3))
 
 
+@pytest.mark.parametrize("fold", ["tile", "group"])
 @pytest.mark.parametrize("case", ["bk64", "bk128", "flush", "split-k"])
-def test_fp8_body_folded_scales(case, fp8_taken, monkeypatch):
+def test_fp8_body_folded_scales(case, fold, fp8_taken, monkeypatch):
     """The fp8 body's fold (MoeConfig.fold): a K tile inside one activation group as one FP8 dot over weights whose
     group scales are folded into the e4m3 exponents, the row's largest and the activation scale applied once a tile.
     Against the reference with scales spread 0..10 apart within a tile (exact there: float32's tolerance under the
-    interpreter), and with groups 20 below (read as 0: their values are < 2^-19 of the tile's largest)."""
+    interpreter), and with groups 20 below (read as 0: their values are < 2^-19 of the tile's largest); both forms
+    (one dot a tile, the groups' dots chained)."""
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     if ON_GPU:  # as test_fp8_body: the tensor core's FP8 accumulation is not float32's
         monkeypatch.setitem(TOL, torch.bfloat16, 4e-2)
     if case == "bk64":  # act_group 64 = the 64-wide K tiles of both GEMMs
-        cfg, D, I, g = mk.MoeConfig(16, G(64, 64), G(64, 64), body="fp8", fold=True), 128, 128, 64
+        cfg, D, I, g = mk.MoeConfig(16, G(64, 64), G(64, 64), body="fp8", fold=fold), 128, 128, 64
     elif case == "bk128" or case == "flush":  # V4's act_group 128 over 128-wide K tiles
-        cfg, D, I, g = mk.MoeConfig(16, G(128, 128), G(64, 128), body="fp8", fold=True), 256, 128, 128
+        cfg, D, I, g = mk.MoeConfig(16, G(128, 128), G(64, 128), body="fp8", fold=fold), 256, 128, 128
     else:
-        cfg, D, I, g = mk.MoeConfig(16, G(64, 64, split_k=2), G(64, 64, split_k=2), body="fp8", fold=True), 256, 128, 64
+        cfg = mk.MoeConfig(16, G(64, 64, split_k=2), G(64, 64, split_k=2), body="fp8", fold=fold)
+        D, I, g = 256, 128, 64
     experts = spread_scales(make_experts(6, D, I, seed=5), seed=6, flush=case == "flush")
     check(9, D, I, 6, 2, dtype, g, True, 1.0, config=cfg, skew=2, experts=experts)
     assert fp8_taken and all(fp8_taken)
@@ -379,7 +384,9 @@ def test_fp8_body_folded_scales(case, fp8_taken, monkeypatch):
 
 def test_fold_is_the_fp8_body_option():
     with pytest.raises(ValueError, match="fold is the fp8 body's option"):
-        mk.MoeConfig(16, G(64, 64), G(64, 64), fold=True)
+        mk.MoeConfig(16, G(64, 64), G(64, 64), fold="tile")
+    with pytest.raises(ValueError, match="unknown MoE fold"):
+        mk.MoeConfig(16, G(64, 64), G(64, 64), body="fp8", fold="yes")
 
 
 def test_decode_config():
@@ -703,7 +710,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from v4serve.ops.kernels import moe_decode as md
 gemm = dict(BM=128, BN=128, BK=128, GROUP_M=8, SPLIT=1, G=128, ASM=True, PREC="tf32", ACC=tl.float32, F32=False,
-            EVEN_K=True, BODY="fp8", STAGES=3, FOLD=True)
+            EVEN_K=True, BODY="fp8", STAGES=3, FOLD=FOLD_FLAG)
 gu_ptrs = {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32", "part_ptr": "*fp32",
            "rw_ptr": "*fp32", "limit": "fp32"}
 out = {}
@@ -725,19 +732,27 @@ for name, fn, extra, ptrs in (
     loop = loop[:loop.index("scf.yield")]
     dots = re.findall(r"warp_group_dot [^\\n]*", loop)
     out[name] = {"sync": len(re.findall(r" tt[.]load ", loop)), "async": loop.count("async_copy_global_to_local"),
-                 "wgmma": len(dots), "fp8": all("f8E4M3FN" in d for d in dots)}
+                 "wgmma": len(dots), "fp8": all("f8E4M3FN" in d for d in dots),
+                 "waits": loop.count("warp_group_dot_wait")}
 print(json.dumps(out))
 """
 
 
 def test_folded_fp8_body_compiles_for_sm90() -> None:
-    """The fold at the prefill tiles (128 x 128 x 128, 8 warps, 3 stages), compiled for sm_90 without a GPU: one FP8
-    wgmma per K tile (not one per 32-group) in the gate-up (w1, w3) and the down, the operands' K-loop loads async
-    copies. (Register spills show only when a GPU loads the kernel: the microbenchmark's run.)"""
-    got = json.loads(run_compile(SM90_FOLD).strip().splitlines()[-1])
-    assert got["gate_up"]["wgmma"] == 2 and got["down"]["wgmma"] == 1, got
-    assert got["gate_up"]["fp8"] and got["down"]["fp8"], got
-    # async: x (h), the FP4 bytes, the activation scales; plain loads: the e8m0 bytes, 4 a row (2 a thread over 8
-    # warps, under cp.async's 4), loaded a tile ahead by hand (moe_decode._scales), so no iteration waits for them
-    assert (got["gate_up"]["async"], got["gate_up"]["sync"]) == (4, 2), got
-    assert (got["down"]["async"], got["down"]["sync"]) == (3, 1), got
+    """The fold at the prefill tiles (128 x 128 x 128, 8 warps, 3 stages), compiled for sm_90 without a GPU, against
+    the per-group fp8 body at the same tiles (one FP8 wgmma per 32-group, each waited for and scaled): "tile" is one
+    FP8 wgmma a K tile per GEMM (w1, w3; w2), so one wait; "group" keeps a wgmma per group, chained without scales
+    between them. (Register spills show only when a GPU loads the kernel, or in `benchmarks/kernels/moe.py
+    --compile-only`.)"""
+    got = {name: json.loads(run_compile(SM90_FOLD.replace("FOLD_FLAG", str(flag))).strip().splitlines()[-1])
+           for name, flag in (("tile", 1), ("group", 2), ("per-group", 0))}
+    assert [got[n]["gate_up"]["wgmma"] for n in got] == [2, 8, 8], got
+    assert [got[n]["down"]["wgmma"] for n in got] == [1, 4, 4], got
+    assert got["tile"]["gate_up"]["waits"] == 2 and got["tile"]["down"]["waits"] == 1, got
+    assert all(got[n][k]["fp8"] for n in got for k in ("gate_up", "down")), got
+    # async: x (h) and the FP4 bytes, the activation scales; plain loads: the e8m0 bytes, 4 a row (2 a thread over 8
+    # warps, under cp.async's 4), loaded a tile ahead by hand (moe_decode._scales)
+    assert (got["tile"]["gate_up"]["async"], got["tile"]["gate_up"]["sync"]) == (4, 2), got
+    assert (got["tile"]["down"]["async"], got["tile"]["down"]["sync"]) == (3, 1), got
+    assert (got["group"]["gate_up"]["async"], got["group"]["gate_up"]["sync"]) == (4 * 3 + 1, 2), got
+    assert (got["group"]["down"]["async"], got["group"]["down"]["sync"]) == (4 * 2 + 1, 1), got

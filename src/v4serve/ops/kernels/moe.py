@@ -523,6 +523,7 @@ class GemmConfig:
 
 BODIES = ("dot", "swap", "fma", "fp8")
 FINISHES = ("launch", "kernel")
+FOLDS = {"": 0, "tile": 1, "group": 2}  # MoeConfig.fold -> the kernels' FOLD
 _COUNTERS = ArrivalCounters()  # gate-up split-K tiles finished in the kernel (kernels/split_grid.py)
 _DOWN_COUNTERS = ArrivalCounters()  # down column tiles whose last program combines (fusion `moe_combine`)
 
@@ -541,9 +542,10 @@ class MoeConfig:
     # gate-up split-K partials summed by `_swiglu_kernel` ("launch") or by each tile's last program to arrive
     # ("kernel": one launch fewer; H200, E=256 k=6: T=1 69.1 -> 66.1 us, T=8..64 the same)
     finish: str = "kernel"
-    # the fp8 body: a K tile inside one activation group as one FP8 dot, the 32-group weight scales folded into the
-    # e4m3 exponents (moe_decode._fold_tile); tiles across activation groups keep the per-group dots
-    fold: bool = False
+    # the fp8 body: a K tile inside one activation group with its 32-group weight scales folded into the e4m3
+    # exponents, the scales applied once a tile (moe_decode.py): "tile" (one FP8 dot a tile), "group" (the groups'
+    # dots chained), "" = off; tiles across activation groups keep the per-group dots
+    fold: str = ""
 
     def __post_init__(self) -> None:
         if self.body not in BODIES:
@@ -554,6 +556,8 @@ class MoeConfig:
             raise ValueError(f"the {self.body} body needs block_m >= 16 (the dot's N)")
         if self.body == "fp8" and {self.gate_up.block_k, self.down.block_k} - {32, 64, 128}:
             raise ValueError("the fp8 body takes K tiles of 32, 64 or 128")
+        if self.fold not in FOLDS:
+            raise ValueError(f"unknown MoE fold {self.fold!r}: one of {tuple(FOLDS)}")
         if self.fold and self.body != "fp8":
             raise ValueError("fold is the fp8 body's option")
 
@@ -709,7 +713,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
 def _body(cfg: MoeConfig, gemm: GemmConfig) -> dict:
     if cfg.body == "dot":
         return {}
-    return {"BODY": cfg.body, "STAGES": gemm.num_stages} | ({"FOLD": True} if cfg.fold else {})
+    return {"BODY": cfg.body, "STAGES": gemm.num_stages} | ({"FOLD": FOLDS[cfg.fold]} if cfg.fold else {})
 
 
 def _fp8_body_applies(x: torch.Tensor, act_group: int, gate_up_n: int, split_launch: bool) -> bool:
@@ -760,7 +764,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     grid_gu = (NB * cdiv(I, gu.block_n), S)
     finish = S > 1 and cfg.finish == "kernel" and (G == 0 or gu.block_n % G == 0) and grid_gu[0] <= N_COUNTERS
     if cfg.body == "fp8" and not _fp8_body_applies(x, G, gu.block_n, S > 1 and not finish):
-        cfg = replace(cfg, body="swap", fold=False)
+        cfg = replace(cfg, body="swap", fold="")
     fp8 = cfg.body == "fp8"
 
     # 1. sort by expert into BLOCK_M-padded runs, and FP8-simulate x (one launch; the fp8 body: e4m3 + scales)

@@ -27,8 +27,10 @@ and transpose it once for the epilogue.
         "fold" (MoeConfig.fold, prefill): where a K tile lies in one activation group (V4: 1 x 128), each weight row's
           32-group scales are folded into the e4m3 exponents relative to the tile's largest (`_fold_e4m3`: value *
           2^(b_g - b_max + 6), at most 384, exact while b_g >= b_max - 12; a group further below reads 0 — less than
-          2^-13 of the tile's largest values, below bf16's resolution), so a K tile is ONE FP8 dot and the scales
-          2^b_max x the activation's are applied once a tile (DeepGEMM's promotion per 128), not per 32-group.
+          2^-13 of the tile's largest values, below bf16's resolution), so the scales 2^b_max x the activation's are
+          applied once a tile (DeepGEMM's promotion per 128), not per 32-group: "tile" takes the K tile as ONE FP8
+          dot (one tensor-core wait a tile), "group" chains the groups' dots into the tile sum, converting a group at
+          a time (fewer registers). Neither timed on a GPU yet.
 
 swap and fma keep the even/odd split (low nibbles x even columns of x, high nibbles x odd columns): no interleave.
 The K loops are `tl.range(..., num_stages=STAGES)`: without an explicit stage count Triton 3.6 does not pipeline loads
@@ -107,8 +109,14 @@ def _e8m0_x2(b):
 @triton.jit
 def _columns(sb, NG: tl.constexpr):
     """A K tile's e8m0 bytes [BN, NG] (NG = 1, 2 or 4 groups of 32) -> its columns as float32 (2 x scale) [BN], a
-    4-tuple (repeating when NG < 4), by register splits: no selects or shuffles."""
-    ws = _e8m0_x2(sb)
+    4-tuple (repeating when NG < 4)."""
+    return _split_columns(_e8m0_x2(sb), NG)
+
+
+@triton.jit
+def _split_columns(ws, NG: tl.constexpr):
+    """[BN, NG] (NG = 1, 2 or 4) -> its columns [BN], a 4-tuple (repeating when NG < 4), by register splits: no
+    selects or shuffles."""
     if NG == 1:
         c0 = tl.reshape(ws, (ws.shape[0],))
         return c0, c0, c0, c0
@@ -157,19 +165,41 @@ def _fold_e4m3(c, e0):
 
 
 @triton.jit
-def _fold_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """The K tile [k0, k0 + BK) of W's rows offs_n as ONE e4m3 operand [BN, BK] (each 32-group in the K32 order: its
-    16 low nibbles, then its 16 high ones), every group's scale folded in relative to the row's largest in the tile,
-    and that row factor 2^(b_max - 127) as float32 [BN] (the tile's true values: operand * factor * 2^-6)."""
-    NG: tl.constexpr = BK // 32
-    b = sb.to(tl.int32)  # [BN, NG] e8m0 bytes; past K: 127, kept out of the largest
+def _fold_offsets(sb, k0, K, NG: tl.constexpr, EVEN_K: tl.constexpr):
+    """A K tile's e8m0 bytes sb [BN, NG] -> (each group's exponent offset e0 = b_g - b_max + 12 [BN, NG], the row
+    factor 2^(b_max - 127) / 2048 [BN] as float32: the folded operand's value times it, times the epilogue's
+    FP8_SHIFT, is the weight), b_max the row's largest in the tile (groups past K kept out). A row whose largest scale
+    is below 2^-115 (b_max < 12: values under 1e-34) reads 0 (e0 = -1), its factor 1."""
+    b = sb.to(tl.int32)
     if not EVEN_K:
         b = tl.where((k0 // 32 + tl.arange(0, NG) < K // 32)[None, :], b, 0)
     bmax = tl.max(b, 1)
-    e0 = b - bmax[:, None] + 12
+    tiny = bmax < 12
+    e0 = tl.where(tiny[:, None], -1, b - bmax[:, None] + 12)
+    return e0, tl.where(tiny, 1.0, ((bmax - 11) << 23).to(tl.float32, bitcast=True))
+
+
+@triton.jit
+def _fold_group(w_ptr, offs_n, N, kg, K, stride_n, e0, EVEN_K: tl.constexpr):
+    """32-group kg of W's rows offs_n as e4m3 [BN, 32] in the K32 order (its 16 low nibbles, then its 16 high ones),
+    value * 2^(e0 - 6) with e0 [BN] the group's offset (`_fold_e4m3`); groups past K read 0."""
     ok = offs_n < N
+    if not EVEN_K:
+        ok = ok & (kg < K // 32)
+    p = tl.load(w_ptr + offs_n[:, None] * stride_n + kg * 16 + tl.arange(0, 16)[None, :], mask=ok[:, None],
+                other=0).to(tl.int32)
+    lo = _fold_e4m3(p & 15, e0[:, None])
+    hi = _fold_e4m3(p >> 4, e0[:, None])
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (p.shape[0], 32))
+
+
+@triton.jit
+def _fold_whole(w_ptr, offs_n, N, k0, K, stride_n, e0, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The K tile [k0, k0 + BK) of W's rows offs_n as ONE e4m3 operand [BN, BK] (each 32-group in the K32 order), e0
+    [BN, BK/32] the groups' offsets."""
+    NG: tl.constexpr = BK // 32
     kb = k0 // 2 + tl.arange(0, BK // 2)
-    mask = ok[:, None]
+    mask = (offs_n < N)[:, None]
     if not EVEN_K:
         mask = mask & (kb < K // 2)[None, :]
     p = tl.load(w_ptr + offs_n[:, None] * stride_n + kb[None, :], mask=mask, other=0)
@@ -177,26 +207,36 @@ def _fold_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, BN: tl.constexpr, BK: tl.c
     e3 = tl.reshape(e0, (BN, NG, 1))
     lo = _fold_e4m3(p & 15, e3)
     hi = _fold_e4m3(p >> 4, e3)
-    w = tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (BN, BK))
-    return w, (bmax << 23).to(tl.float32, bitcast=True)
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 1, 3, 2)), (BN, BK))
 
 
 @triton.jit
 def _fp8_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, a8_ptr, as_ptr, arow, amask, acc, BN: tl.constexpr,
-              BK: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr, FOLD: tl.constexpr = False):
+              BK: tl.constexpr, G: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr, FOLD: tl.constexpr = 0):
     """acc^T [BN, BM] += the K tile [k0, k0 + BK) of W (its e8m0 bytes sb [BN, BK/32]) @ the activation rows arow^T:
     e4m3 bytes a8 [rows, K] (K32 order) and float32 scales as [rows, K / G], 32-groups at a time; the activation
     scale applied once a tile when the tile lies in one of its groups (G % BK == 0), else per 32-group. BK = 32, 64
-    or 128. FOLD (with G % BK == 0): one dot a tile over the folded weights (`_fold_tile`)."""
+    or 128. FOLD (with G % BK == 0; 1 "tile", 2 "group"): the weights folded (`_fold_whole` / `_fold_group`), the
+    scales once a tile."""
     offs = tl.arange(0, 32)
-    if FOLD and G % BK == 0:
-        w, rs = _fold_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, BN, BK, EVEN_K)
-        xq = _fp8_rows(a8_ptr, arow, amask, k0 + tl.arange(0, BK), K, EVEN_K)
+    if FOLD != 0 and G % BK == 0:
+        e0, r = _fold_offsets(sb, k0, K, BK // 32, EVEN_K)
         xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
-        # operand * 2^(b_max - 127) * 2^-6 = the weights; the epilogue's FP8_SHIFT (32) expects the per-group
-        # bodies' 2 x scale * 2^-6, so this tile takes 2^(b_max - 127) / 64 / 32
-        acc += tl.dot(w, tl.trans(xq)) * ((rs * (1.0 / 2048.0))[:, None] * xs[None, :])
-        return acc
+        # the tile's scale r x xs: powers of two (FP8 simulation's scales are), so the accumulator is divided by it
+        # before the tile's dots and multiplied after, exactly: no second [BN, BM] accumulator for the tile sum (the
+        # gate-up holds two already); r and xs apart, as a [BN, BM] scale would take a third one's registers
+        xs = tl.where(xs == 0.0, 1.0, xs)  # rows past the block (scale 0) add zeros either way
+        a = acc * (1.0 / r)[:, None] * (1.0 / xs)[None, :]
+        if FOLD == 1:  # "tile": one dot over the whole tile (one tensor-core wait a tile)
+            w = _fold_whole(w_ptr, offs_n, N, k0, K, stride_n, e0, BN, BK, EVEN_K)
+            a = tl.dot(w, tl.trans(_fp8_rows(a8_ptr, arow, amask, k0 + tl.arange(0, BK), K, EVEN_K)), a)
+        else:  # "group": the groups' dots chained, each group converted on its own (a quarter of the transients)
+            e = _split_columns(e0, BK // 32)
+            for g in tl.static_range(BK // 32):
+                xq = _fp8_rows(a8_ptr, arow, amask, k0 + g * 32 + offs, K, EVEN_K)
+                a = tl.dot(_fold_group(w_ptr, offs_n, N, k0 // 32 + g, K, stride_n, _pick(e, g), EVEN_K),
+                           tl.trans(xq), a)
+        return a * r[:, None] * xs[None, :]
     ws = _columns(sb, BK // 32)
     if G % BK == 0:
         xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
@@ -241,7 +281,7 @@ def _fma_add(acc, w_ev, w_od, x_ev, x_od, r, m):
 
 @triton.jit
 def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: tl.constexpr, EVEN_K: tl.constexpr,
-            FOLD: tl.constexpr = False):
+            FOLD: tl.constexpr = 0):
     """(this K tile's e8m0 bytes, the next iteration's). fma, and the fp8 body's fold: loaded a tile ahead by hand (sb,
     carried, is this tile's): bytes too narrow for the pipeliner's async copies (the fold's prefill tiles: 4 bytes a
     row over 8 warps, 2 a thread), each iteration would wait for them. swap: loaded in
@@ -249,7 +289,7 @@ def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: t
     layout at the source (it would go through shared memory as bf16 instead: checked in the sm_90 TTGIR)."""
     if BODY == "fma":
         return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)  # past k_hi: masked
-    elif FOLD:
+    elif FOLD != 0:
         return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)
     else:
         cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
@@ -265,7 +305,7 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
                    CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                    F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
                    FINISH: tl.constexpr = False, PDL: tl.constexpr = False, xs_ptr=None, hs_ptr=None,
-                   HDT: tl.constexpr = None, FOLD: tl.constexpr = False):
+                   HDT: tl.constexpr = None, FOLD: tl.constexpr = 0):
     """`moe._gate_up_kernel` with the swap / fma / fp8 body: x W1^T and x W3^T for BM sorted rows of one expert x BN
     columns over this program's K share, the x tile loaded once per K tile for both. fp8: x is the prologue's e4m3
     bytes (K32 order) with their scales xs, and h is written the same way (bytes into h, scales into hs), rounded to
@@ -330,7 +370,7 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                 G: tl.constexpr, QUANT_A: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                 F32: tl.constexpr, BODY: tl.constexpr, STAGES: tl.constexpr, EVEN_K: tl.constexpr = False,
-                PDL: tl.constexpr = False, hs_ptr=None, FOLD: tl.constexpr = False):
+                PDL: tl.constexpr = False, hs_ptr=None, FOLD: tl.constexpr = 0):
     """`moe._down_kernel` with the swap / fma / fp8 body: h W2^T for BM sorted rows of one expert x BN columns. fp8: h
     is the gate-up epilogue's e4m3 bytes (K32 order) with their scales hs (QUANT_A is never set with it)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
