@@ -307,6 +307,7 @@ def compile_only(names: list[str] | None) -> None:
                          {"hs_ptr": "*fp32"} if fp8 else {}),
                      dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
                           QUANT_A=not quant_h, **({} if dot else {"STAGES": dn.num_stages}),
+                          **({"COMBINE": False, "TOPK": K, "APPLY_W": False, "ADD": False, "BT": 16} if dot else {}),
                           **({} if dot or fp8 else {"hs_ptr": None})))]
             for gemm_name, fn, gemm, ptrs, const in jobs:
                 key = (fn, gemm.num_warps, gemm.num_stages, tuple(sorted({**common_c, **const}.items(), key=str)))
