@@ -28,9 +28,10 @@ and transpose it once for the epilogue.
           32-group scales are folded into the e4m3 exponents relative to the tile's largest (`_fold_e4m3`: value *
           2^(b_g - b_max + 6), at most 384, exact while b_g >= b_max - 12; a group further below reads 0 — less than
           2^-13 of the tile's largest values, below bf16's resolution), so the scales 2^b_max x the activation's are
-          applied once a tile (DeepGEMM's promotion per 128), not per 32-group: "tile" takes the K tile as ONE FP8
-          dot (one tensor-core wait a tile), "group" chains the groups' dots into the tile sum, converting a group at
-          a time (fewer registers). Neither timed on a GPU yet.
+          applied once a tile as the tile's sum is promoted into the float32 running sum (DeepGEMM's promotion per
+          128), not per 32-group: "tile" takes the K tile as ONE FP8 dot (one tensor-core wait a tile), "group"
+          chains the groups' dots into the tile sum, converting a group at a time (fewer registers). Neither timed
+          on a GPU yet.
 
 swap and fma keep the even/odd split (low nibbles x even columns of x, high nibbles x odd columns): no interleave.
 The K loops are `tl.range(..., num_stages=STAGES)`: without an explicit stage count Triton 3.6 does not pipeline loads
@@ -221,22 +222,21 @@ def _fp8_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, a8_ptr, as_ptr, arow, amask
     offs = tl.arange(0, 32)
     if FOLD != 0 and G % BK == 0:
         e0, r = _fold_offsets(sb, k0, K, BK // 32, EVEN_K)
-        xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
-        # the tile's scale r x xs: powers of two (FP8 simulation's scales are), so the accumulator is divided by it
-        # before the tile's dots and multiplied after, exactly: no second [BN, BM] accumulator for the tile sum (the
-        # gate-up holds two already); r and xs apart, as a [BN, BM] scale would take a third one's registers
-        xs = tl.where(xs == 0.0, 1.0, xs)  # rows past the block (scale 0) add zeros either way
-        a = acc * (1.0 / r)[:, None] * (1.0 / xs)[None, :]
+        # the tile's sum in its own accumulator, promoted into acc in float32 once a tile (as DeepGEMM: Hopper's FP8
+        # wgmma keeps ~14 bits in its accumulation, so the running sum over all of K stays out of the tensor cores)
         if FOLD == 1:  # "tile": one dot over the whole tile (one tensor-core wait a tile)
             w = _fold_whole(w_ptr, offs_n, N, k0, K, stride_n, e0, BN, BK, EVEN_K)
-            a = tl.dot(w, tl.trans(_fp8_rows(a8_ptr, arow, amask, k0 + tl.arange(0, BK), K, EVEN_K)), a)
+            t = tl.dot(w, tl.trans(_fp8_rows(a8_ptr, arow, amask, k0 + tl.arange(0, BK), K, EVEN_K)))
         else:  # "group": the groups' dots chained, each group converted on its own (a quarter of the transients)
             e = _split_columns(e0, BK // 32)
+            t = tl.zeros(acc.shape, dtype=tl.float32)
             for g in tl.static_range(BK // 32):
                 xq = _fp8_rows(a8_ptr, arow, amask, k0 + g * 32 + offs, K, EVEN_K)
-                a = tl.dot(_fold_group(w_ptr, offs_n, N, k0 // 32 + g, K, stride_n, _pick(e, g), EVEN_K),
-                           tl.trans(xq), a)
-        return a * r[:, None] * xs[None, :]
+                t = tl.dot(_fold_group(w_ptr, offs_n, N, k0 // 32 + g, K, stride_n, _pick(e, g), EVEN_K),
+                           tl.trans(xq), t)
+        xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
+        # r [BN] and xs [BM] apart (a [BN, BM] product would take another accumulator's registers)
+        return acc + t * r[:, None] * xs[None, :]
     ws = _columns(sb, BK // 32)
     if G % BK == 0:
         xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
