@@ -1075,6 +1075,17 @@ if [[ $what == twentieth1 ]]; then  # prepared in the nineteenth session: the Mo
   timeout 120 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,1024 --variants default,a-x3p-bt16-s4,\
 a-x3p-bt32-d64-s4,a-x3p-bt32-s4,a-ieee 2>&1 | grep -v Warning | tee "$OUT/mhc_mixed.log" | grep -E "hc_pre|failed"
 fi
+if [[ $what == twentieth2 ]]; then  # prepared in the nineteenth session, after twentieth1: the 43-layer 8K prefill by
+  # family with the MoE's prefill config from the environment (V4SERVE_MOE_PREFILL: dot = the default, fp8-tile,
+  # fp8-group; moe was 450.9 of 1,063.2 ms GPU), each eager without PDL
+  for v in ${PREFILLS:-fp8-tile fp8-group}; do
+    echo "== V4SERVE_MOE_PREFILL=$v"
+    V4SERVE_MOE_PREFILL=$v timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
+      --context 2048 --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-e16-$v.log"
+    sed -n '/prefill chunk/,/total/p' "$OUT/profile-e16-$v.log"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -160,6 +160,27 @@ def test_default_config_selection(monkeypatch):
         mk.select_config(6, 256)
 
 
+def test_prefill_config_from_the_environment(monkeypatch, fp8_taken):
+    """V4SERVE_MOE_PREFILL names the prefill config (an A/B switch for the whole step): the decode configs stay, an
+    unknown name is refused, and the fold's config runs (here on tiles whose rows exceed the prefill threshold)."""
+    assert mk.select_config(8192 * 6, 256) == mk.PREFILL
+    monkeypatch.setenv(mk.PREFILL_ENV, "fp8-tile")
+    cfg = mk.select_config(8192 * 6, 256)
+    assert (cfg.body, cfg.fold, cfg.block_m) == ("fp8", "tile", 64)
+    assert mk.select_config(6, 256).body == "dot"
+    assert mk.select_config(8192 * 6, 256) is mk.PREFILL_CONFIGS["fp8-tile"]
+    monkeypatch.setenv(mk.PREFILL_ENV, "fp8-group")
+    assert mk.select_config(8192 * 6, 256).fold == "group"
+    # 200 tokens x top-2 over 4 experts: 100 rows an expert, the prefill config (D, I: whole 128-wide tiles)
+    if ON_GPU:  # as test_fp8_body: the tensor core's FP8 accumulation is not float32's
+        monkeypatch.setitem(TOL, torch.bfloat16, 4e-2)
+    check(200, 256, 128, 4, 2, torch.bfloat16 if ON_GPU else torch.float32, 128, True, 1.0, config=None)
+    assert fp8_taken and all(fp8_taken)
+    monkeypatch.setenv(mk.PREFILL_ENV, "fp9")
+    with pytest.raises(ValueError, match="one of dot, fp8-tile, fp8-group"):
+        mk.select_config(8192 * 6, 256)
+
+
 @pytest.mark.parametrize("body", ["reference", "kernels"])
 def test_join_runs_before_the_shared_output_is_read(body):
     """`join` (ops/streams.py: the shared expert may still be running on a side stream) is called before the combine
