@@ -125,6 +125,26 @@ def test_gpu_default_configs():
         assert _scaled_err(got, mhc.hc_expand(f, x, post, comb)) <= 1e-5
 
 
+@pytest.mark.parametrize("t", [1100, 4100])
+def test_gpu_prefill_defaults_on_ragged_chunks(t: int):
+    """The GPU's bf16 prefill grids (bf16x3 promoted, 32- then 64-token blocks over 64-wide D chunks and 4 slices,
+    post + pre apart), run by the interpreter on streams that hold bf16 values (its dots take the split parts in
+    fp32): chunks that are not whole token blocks, D = 96 (a short last slice), lagged and normed; hc_post_pre as
+    the reference composition."""
+    d = 96
+    cfg = mk.default_pre_config(t, d, on_gpu=True)
+    assert cfg.block_t == (32 if t <= 4096 else 64) and cfg.post_apart and cfg.promote
+    f, x, post, comb, fn, base, scale, w, cpre = _expansion(t, d, torch.float32, seed=43 + t)
+    x, f = x.bfloat16().float(), f.bfloat16().float()
+    pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged=True, normed=True)
+    _check_pre(mk.hc_pre(x, *pre_args, **kw, config=cfg), mhc.hc_pre_reference(x, *pre_args, **kw), 1e-5, 1e-5)
+    got = mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=cfg)
+    want = mhc.hc_post_pre_reference(f, x, post, comb, *pre_args, **kw)
+    assert _scaled_err(got[0], want[0]) <= 1e-5
+    _check_pre(got[1:], want[1:], 1e-5, 1e-5)
+
+
 @pytest.mark.parametrize("promote", [False, True], ids=["chained", "promoted"])
 def test_bf16x3_gemm_split(promote: bool):
     """The GPU's bf16 path splits fn into three bf16 parts; under the interpreter the parts go through fp32 dots,
