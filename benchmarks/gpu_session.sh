@@ -1077,9 +1077,13 @@ if [[ $what == twentieth1 ]]; then  # prepared in the nineteenth session: the Mo
   timeout 90 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,1024 --variants default,a-x3p-bt16-s4,\
 a-x3p-bt32-d64-s4,a-x3p-bt32-s4,a-ieee 2>&1 | grep -v Warning | tee "$OUT/mhc_mixed.log" | grep -E "hc_pre|failed"
 fi
-if [[ $what == twentieth2 ]]; then  # prepared in the nineteenth session, after twentieth1: the 43-layer 8K prefill by
-  # family with the MoE's prefill config from the environment (V4SERVE_MOE_PREFILL: dot = the default, fp8-tile,
-  # fp8-group; moe was 450.9 of 1,063.2 ms GPU), each eager without PDL
+if [[ $what == twentieth2 ]]; then  # prepared in the nineteenth session, after twentieth1: V4.1-Flash's MoE geometry
+  # (D 5120, I 2304, 1 x 32 activation groups: no fold) on the per-group fp8 body's smaller blocks, 16 experts; then the
+  # 43-layer 8K prefill by family with the MoE's prefill config from the environment (V4SERVE_MOE_PREFILL: dot = the
+  # default, fp8-tile, fp8-group; moe was 450.9 of 1,063.2 ms GPU), each eager without PDL
+  timeout 150 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 1 --no-reference --variants \
+    default,pf-fp8,pf-fp8-m32,pf-fp8-m64,pf-fp8-m64-k32 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/moe_prefill_v41.log" | grep -E "T= *8192|failed|Error"
   for v in ${PREFILLS:-fp8-tile fp8-group}; do
     echo "== V4SERVE_MOE_PREFILL=$v"
     V4SERVE_MOE_PREFILL=$v timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \

@@ -165,6 +165,11 @@ VARIANTS = {
                                               fold="tile"),
         "pf-fp8f-m64-k64": lambda t: mk.MoeConfig(64, G(128, 64, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
                                                   fold="tile"),
+        # the per-group fp8 body on smaller blocks (V4.1: 1 x 32 activation groups, the fold does not apply; at
+        # 128-row blocks its gate-up spills 1.6 KB a thread, sm_90 ptxas)
+        "pf-fp8-m32": lambda t: mk.MoeConfig(32, G(128, 64, 4, 3), G(128, 64, 4, 3), group_m=8, body="fp8"),
+        "pf-fp8-m64-k32": lambda t: mk.MoeConfig(64, G(128, 32, 8, 4), G(128, 32, 8, 4), group_m=8, body="fp8"),
+        "pf-fp8-m64": lambda t: mk.MoeConfig(64, G(128, 64, 8, 3), G(128, 64, 8, 3), group_m=8, body="fp8"),
         # the fold's "group" form: the groups' dots chained, a group converted at a time
         "pf-fp8g": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
                                           fold="group"),
@@ -335,8 +340,19 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=E, help="routed experts (16: the e16 presets, every expert hit)")
     ap.add_argument("--tokens", default=None, help="comma-separated decode token counts (default 1,8,32,64)")
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--model", default=None, help="a preset's MoE geometry: dim, expert width, routed experts (unless "
+                    "--experts is given), top-k, activation group (v41-flash: 5120, 2304, 384, 6, 1 x 32)")
     a = ap.parse_args()
-    E = a.experts
+    if a.model:
+        global D, I, K, ACT_GROUP, EXPERT_BYTES
+        from v4serve.presets import get_preset
+
+        c = get_preset(a.model)
+        D, I, K, ACT_GROUP = c.dim, c.moe_inter_dim, c.n_activated_experts, c.weight_block
+        EXPERT_BYTES = 3 * (I * D // 2 + I * D // 32)
+        E = c.n_routed_experts if a.experts == E else a.experts
+    else:
+        E = a.experts
     DECODE = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else DECODE
     PREFILL = () if a.no_prefill else PREFILL
     if a.compile_only:

@@ -176,8 +176,12 @@ def test_prefill_config_from_the_environment(monkeypatch, fp8_taken):
         monkeypatch.setitem(TOL, torch.bfloat16, 4e-2)
     check(200, 256, 128, 4, 2, torch.bfloat16 if ON_GPU else torch.float32, 128, True, 1.0, config=None)
     assert fp8_taken and all(fp8_taken)
+    # V4.1's 1 x 32 activation groups on the per-group fp8 body's 32-wide K tiles
+    monkeypatch.setenv(mk.PREFILL_ENV, "fp8-k32")
+    check(200, 128, 128, 4, 2, torch.bfloat16 if ON_GPU else torch.float32, 32, True, 1.0, config=None)
+    assert len(fp8_taken) == 2 and all(fp8_taken)
     monkeypatch.setenv(mk.PREFILL_ENV, "fp9")
-    with pytest.raises(ValueError, match="one of dot, fp8-tile, fp8-group"):
+    with pytest.raises(ValueError, match="one of dot, fp8-tile, fp8-group, fp8-k32"):
         mk.select_config(8192 * 6, 256)
 
 

@@ -597,6 +597,8 @@ PREFILL_CONFIGS = {
                           fold="tile"),
     "fp8-group": MoeConfig(64, GemmConfig(128, 128, 8, 3), GemmConfig(128, 128, 8, 3), group_m=8, body="fp8",
                            fold="group"),
+    # V4.1 (1 x 32 activation groups: no fold): the per-group fp8 body on 32-wide K tiles (gate-up spills 16 B)
+    "fp8-k32": MoeConfig(64, GemmConfig(128, 32, 8, 4), GemmConfig(128, 32, 8, 4), group_m=8, body="fp8"),
 }
 
 
