@@ -1082,7 +1082,7 @@ if [[ $what == twentieth2 ]]; then  # prepared in the nineteenth session, after 
   # 43-layer 8K prefill by family with the MoE's prefill config from the environment (V4SERVE_MOE_PREFILL: dot = the
   # default, fp8-tile, fp8-group; moe was 450.9 of 1,063.2 ms GPU), each eager without PDL
   timeout 150 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 1 --no-reference --variants \
-    default,pf-fp8,pf-fp8-m32,pf-fp8-m64,pf-fp8-m64-k32 --out "$OUT" 2>&1 | grep -v Warning \
+    default,pf-fp8,pf-fp8-m32,pf-fp8-m64w8,pf-fp8-m64-k32 --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/moe_prefill_v41.log" | grep -E "T= *8192|failed|Error"
   for v in ${PREFILLS:-fp8-tile fp8-group}; do
     echo "== V4SERVE_MOE_PREFILL=$v"

@@ -37,6 +37,11 @@ def auto(t: int) -> mk.MoeConfig:
     return mk.select_config(t * K, E, D, I, CONFIG_DEVICE)
 
 
+def fp8_variant(block_m: int, gate_up: mk.GemmConfig, down: mk.GemmConfig | None = None, fold: str = ""):
+    """A prefill variant on the fp8 body: gate-up and down tiles (down = gate-up's unless given), GROUP_M 8."""
+    return lambda t: mk.MoeConfig(block_m, gate_up, down or gate_up, group_m=8, body="fp8", fold=fold)
+
+
 def with_split(cfg: mk.MoeConfig, up: int, down: int) -> mk.MoeConfig:
     return replace(cfg, gate_up=replace(cfg.gate_up, split_k=up), down=replace(cfg.down, split_k=down))
 
@@ -143,42 +148,27 @@ VARIANTS = {
         # over weights whose 32-group scales are folded into the e4m3 exponents, the scales applied once a tile (the
         # per-group form above waits for each 32-group's wgmma before its scale FMAs). Gate-up N tiles stay >= 128 (h's
         # 1 x 128 groups quantized in its epilogue)
-        "pf-fp8f": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                          fold="tile"),
-        "pf-fp8f-s4": lambda t: mk.MoeConfig(128, G(128, 128, 8, 4), G(128, 128, 8, 4), group_m=8, body="fp8",
-                                             fold="tile"),
-        "pf-fp8f-s2": lambda t: mk.MoeConfig(128, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8, body="fp8",
-                                             fold="tile"),
-        "pf-fp8f-m64": lambda t: mk.MoeConfig(64, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                              fold="tile"),
-        "pf-fp8f-dn256": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(256, 128, 8, 3), group_m=8, body="fp8",
-                                                fold="tile"),
-        "pf-fp8f-w16": lambda t: mk.MoeConfig(128, G(128, 128, 16, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                              fold="tile"),
-        "pf-fp8f-m64-s2": lambda t: mk.MoeConfig(64, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8, body="fp8",
-                                                 fold="tile"),
-        "pf-fp8f-m64-w4": lambda t: mk.MoeConfig(64, G(128, 128, 4, 3), G(128, 128, 4, 3), group_m=8, body="fp8",
-                                                 fold="tile"),
-        "pf-fp8f-m32": lambda t: mk.MoeConfig(32, G(128, 128, 4, 3), G(128, 128, 4, 3), group_m=8, body="fp8",
-                                              fold="tile"),
-        "pf-fp8f-k64": lambda t: mk.MoeConfig(128, G(128, 64, 8, 3), G(128, 64, 8, 3), group_m=8, body="fp8",
-                                              fold="tile"),
-        "pf-fp8f-m64-k64": lambda t: mk.MoeConfig(64, G(128, 64, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                                  fold="tile"),
+        "pf-fp8f": fp8_variant(128, G(128, 128, 8, 3), fold="tile"),
+        "pf-fp8f-s4": fp8_variant(128, G(128, 128, 8, 4), fold="tile"),
+        "pf-fp8f-s2": fp8_variant(128, G(128, 128, 8, 2), fold="tile"),
+        "pf-fp8f-m64": fp8_variant(64, G(128, 128, 8, 3), fold="tile"),
+        "pf-fp8f-dn256": fp8_variant(128, G(128, 128, 8, 3), G(256, 128, 8, 3), fold="tile"),
+        "pf-fp8f-w16": fp8_variant(128, G(128, 128, 16, 3), G(128, 128, 8, 3), fold="tile"),
+        "pf-fp8f-m64-s2": fp8_variant(64, G(128, 128, 8, 2), fold="tile"),
+        "pf-fp8f-m64-w4": fp8_variant(64, G(128, 128, 4, 3), fold="tile"),
+        "pf-fp8f-m32": fp8_variant(32, G(128, 128, 4, 3), fold="tile"),
+        "pf-fp8f-k64": fp8_variant(128, G(128, 64, 8, 3), fold="tile"),
+        "pf-fp8f-m64-k64": fp8_variant(64, G(128, 64, 8, 3), G(128, 128, 8, 3), fold="tile"),
         # the per-group fp8 body on smaller blocks (V4.1: 1 x 32 activation groups, the fold does not apply; at
         # 128-row blocks its gate-up spills 1.6 KB a thread, sm_90 ptxas)
-        "pf-fp8-m32": lambda t: mk.MoeConfig(32, G(128, 64, 4, 3), G(128, 64, 4, 3), group_m=8, body="fp8"),
-        "pf-fp8-m64-k32": lambda t: mk.MoeConfig(64, G(128, 32, 8, 4), G(128, 32, 8, 4), group_m=8, body="fp8"),
-        "pf-fp8-m64": lambda t: mk.MoeConfig(64, G(128, 64, 8, 3), G(128, 64, 8, 3), group_m=8, body="fp8"),
+        "pf-fp8-m32": fp8_variant(32, G(128, 64, 4, 3)),
+        "pf-fp8-m64-k32": fp8_variant(64, G(128, 32, 8, 4)),
+        "pf-fp8-m64w8": fp8_variant(64, G(128, 64, 8, 3)),
         # the fold's "group" form: the groups' dots chained, a group converted at a time
-        "pf-fp8g": lambda t: mk.MoeConfig(128, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                          fold="group"),
-        "pf-fp8g-m64": lambda t: mk.MoeConfig(64, G(128, 128, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                              fold="group"),
-        "pf-fp8g-m64-s2": lambda t: mk.MoeConfig(64, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8, body="fp8",
-                                                 fold="group"),
-        "pf-fp8g-m64-k64": lambda t: mk.MoeConfig(64, G(128, 64, 8, 3), G(128, 128, 8, 3), group_m=8, body="fp8",
-                                                  fold="group"),
+        "pf-fp8g": fp8_variant(128, G(128, 128, 8, 3), fold="group"),
+        "pf-fp8g-m64": fp8_variant(64, G(128, 128, 8, 3), fold="group"),
+        "pf-fp8g-m64-s2": fp8_variant(64, G(128, 128, 8, 2), fold="group"),
+        "pf-fp8g-m64-k64": fp8_variant(64, G(128, 64, 8, 3), G(128, 128, 8, 3), fold="group"),
     },
 }
 
@@ -291,42 +281,41 @@ def compile_only(names: list[str] | None) -> None:
     for name, make, t in todo:
         if names and name not in names:
             continue
-        if True:
-            cfg = make(t) or auto(t)
-            gu, dn, dot = cfg.gate_up, cfg.down, cfg.body == "dot"
-            quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
-            body = {} if dot else {"BODY": cfg.body, "FOLD": mk.FOLDS[cfg.fold]}
-            fp8 = cfg.body == "fp8"  # x and h as e4m3 bytes with float32 scales
-            act = {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"} if fp8 else {
-                "x_ptr": "*bf16", "h_ptr": "*bf16"}
-            common_c = dict(BM=cfg.block_m, GROUP_M=cfg.group_m, G=ACT_GROUP, ASM=cfg.dequant != "bits", PREC="tf32",
-                            ACC=tl.float32, F32=False, EVEN_K=True, PDL=True, **body)
-            jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
-                     act | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
-                     dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,
-                          CLAMP=LIMIT > 0, FINISH=False, **({} if dot else {"STAGES": gu.num_stages}),
-                          **({} if dot else {"HDT": tl.bfloat16 if fp8 else None}),
-                          **({} if dot or fp8 else {"xs_ptr": None, "hs_ptr": None}))),
-                    ("down", mk._down_kernel if dot else moe_decode.down_kernel, dn,
-                     {"h_ptr": act["h_ptr"], "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"} | (
-                         {"hs_ptr": "*fp32"} if fp8 else {}),
-                     dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
-                          QUANT_A=not quant_h, **({} if dot else {"STAGES": dn.num_stages}),
-                          **({"COMBINE": False, "TOPK": K, "APPLY_W": False, "ADD": False, "BT": 16} if dot else {}),
-                          **({} if dot or fp8 else {"hs_ptr": None})))]
-            for gemm_name, fn, gemm, ptrs, const in jobs:
-                key = (fn, gemm.num_warps, gemm.num_stages, tuple(sorted({**common_c, **const}.items(), key=str)))
-                if key in seen:
-                    continue
-                seen.add(key)
-                ptrs = {n: "*u8" for n in fn.arg_names if n[:2] in ("w1", "w2", "w3", "s1", "s2", "s3")} | {
-                    "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "cnt_ptr": "*i32"} | ptrs
-                try:
-                    out = build(fn, ptrs, {**common_c, **const}, gemm)
-                except Exception as exc:  # noqa: BLE001 - reported, the others go on
-                    out = f"FAILED {type(exc).__name__}: {str(exc)[:300]}"
-                print(f"{name:<14} T={t:<3} {gemm_name:<8} m{cfg.block_m} n{gemm.block_n} k{const['BK']} "
-                      f"s{gemm.split_k} w{gemm.num_warps} st{gemm.num_stages}: {out}", flush=True)
+        cfg = make(t) or auto(t)
+        gu, dn, dot = cfg.gate_up, cfg.down, cfg.body == "dot"
+        quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
+        body = {} if dot else {"BODY": cfg.body, "FOLD": mk.FOLDS[cfg.fold]}
+        fp8 = cfg.body == "fp8"  # x and h as e4m3 bytes with float32 scales
+        act = {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"} if fp8 else {
+            "x_ptr": "*bf16", "h_ptr": "*bf16"}
+        common_c = dict(BM=cfg.block_m, GROUP_M=cfg.group_m, G=ACT_GROUP, ASM=cfg.dequant != "bits", PREC="tf32",
+                        ACC=tl.float32, F32=False, EVEN_K=True, PDL=True, **body)
+        jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
+                 act | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
+                 dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,
+                      CLAMP=LIMIT > 0, FINISH=False, **({} if dot else {"STAGES": gu.num_stages}),
+                      **({} if dot else {"HDT": tl.bfloat16 if fp8 else None}),
+                      **({} if dot or fp8 else {"xs_ptr": None, "hs_ptr": None}))),
+                ("down", mk._down_kernel if dot else moe_decode.down_kernel, dn,
+                 {"h_ptr": act["h_ptr"], "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"} | (
+                     {"hs_ptr": "*fp32"} if fp8 else {}),
+                 dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
+                      QUANT_A=not quant_h, **({} if dot else {"STAGES": dn.num_stages}),
+                      **({"COMBINE": False, "TOPK": K, "APPLY_W": False, "ADD": False, "BT": 16} if dot else {}),
+                      **({} if dot or fp8 else {"hs_ptr": None})))]
+        for gemm_name, fn, gemm, ptrs, const in jobs:
+            key = (fn, gemm.num_warps, gemm.num_stages, tuple(sorted({**common_c, **const}.items(), key=str)))
+            if key in seen:
+                continue
+            seen.add(key)
+            ptrs = {n: "*u8" for n in fn.arg_names if n[:2] in ("w1", "w2", "w3", "s1", "s2", "s3")} | {
+                "sorted_ptr": "*i32", "block_expert_ptr": "*i32", "cnt_ptr": "*i32"} | ptrs
+            try:
+                out = build(fn, ptrs, {**common_c, **const}, gemm)
+            except Exception as exc:  # noqa: BLE001 - reported, the others go on
+                out = f"FAILED {type(exc).__name__}: {str(exc)[:300]}"
+            print(f"{name:<14} T={t:<3} {gemm_name:<8} m{cfg.block_m} n{gemm.block_n} k{const['BK']} "
+                  f"s{gemm.split_k} w{gemm.num_warps} st{gemm.num_stages}: {out}", flush=True)
 
 
 def main() -> None:

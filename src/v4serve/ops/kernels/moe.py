@@ -581,11 +581,16 @@ def _split(ctas: int, k_tiles: int, sms: int, waves: int = 1) -> int:
 DECODE_BODY_ENV = "V4SERVE_MOE_DECODE_BODY"  # the decode configs' body: dot (unset), swap or fp8 (A/B in the step)
 
 
+def _env_choice(env: str, choices) -> str:
+    """The environment's choice among `choices` (unset: the first), an unknown one refused by name."""
+    name = env_get(env) or next(iter(choices))
+    if name not in choices:
+        raise ValueError(f"{env}={name!r}: one of {', '.join(choices)}")
+    return name
+
+
 def _decode_body() -> str:
-    body = env_get(DECODE_BODY_ENV) or "dot"
-    if body not in ("dot", "swap", "fp8"):
-        raise ValueError(f"{DECODE_BODY_ENV}={body!r}: one of dot, swap, fp8")
-    return body
+    return _env_choice(DECODE_BODY_ENV, ("dot", "swap", "fp8"))
 
 
 PREFILL_ENV = "V4SERVE_MOE_PREFILL"  # the prefill config by name (PREFILL_CONFIGS; unset: dot), an A/B switch
@@ -603,10 +608,7 @@ PREFILL_CONFIGS = {
 
 
 def _prefill_config() -> MoeConfig:
-    name = env_get(PREFILL_ENV) or "dot"
-    if name not in PREFILL_CONFIGS:
-        raise ValueError(f"{PREFILL_ENV}={name!r}: one of {', '.join(PREFILL_CONFIGS)}")
-    return PREFILL_CONFIGS[name]
+    return PREFILL_CONFIGS[_env_choice(PREFILL_ENV, PREFILL_CONFIGS)]
 
 
 def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 2048,

@@ -181,23 +181,10 @@ def _fold_offsets(sb, k0, K, NG: tl.constexpr, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _fold_group(w_ptr, offs_n, N, kg, K, stride_n, e0, EVEN_K: tl.constexpr):
-    """32-group kg of W's rows offs_n as e4m3 [BN, 32] in the K32 order (its 16 low nibbles, then its 16 high ones),
-    value * 2^(e0 - 6) with e0 [BN] the group's offset (`_fold_e4m3`); groups past K read 0."""
-    ok = offs_n < N
-    if not EVEN_K:
-        ok = ok & (kg < K // 32)
-    p = tl.load(w_ptr + offs_n[:, None] * stride_n + kg * 16 + tl.arange(0, 16)[None, :], mask=ok[:, None],
-                other=0).to(tl.int32)
-    lo = _fold_e4m3(p & 15, e0[:, None])
-    hi = _fold_e4m3(p >> 4, e0[:, None])
-    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), (p.shape[0], 32))
-
-
-@triton.jit
 def _fold_whole(w_ptr, offs_n, N, k0, K, stride_n, e0, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """The K tile [k0, k0 + BK) of W's rows offs_n as ONE e4m3 operand [BN, BK] (each 32-group in the K32 order), e0
-    [BN, BK/32] the groups' offsets."""
+    """The K tile [k0, k0 + BK) of W's rows offs_n as ONE e4m3 operand [BN, BK] (each 32-group in the K32 order: its
+    16 low nibbles, then its 16 high ones), value * 2^(e0 - 6) with e0 [BN, BK/32] the groups' offsets (`_fold_e4m3`);
+    columns past K read 0. BK = 32: one group."""
     NG: tl.constexpr = BK // 32
     kb = k0 // 2 + tl.arange(0, BK // 2)
     mask = (offs_n < N)[:, None]
@@ -217,7 +204,7 @@ def _fp8_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, a8_ptr, as_ptr, arow, amask
     """acc^T [BN, BM] += the K tile [k0, k0 + BK) of W (its e8m0 bytes sb [BN, BK/32]) @ the activation rows arow^T:
     e4m3 bytes a8 [rows, K] (K32 order) and float32 scales as [rows, K / G], 32-groups at a time; the activation
     scale applied once a tile when the tile lies in one of its groups (G % BK == 0), else per 32-group. BK = 32, 64
-    or 128. FOLD (with G % BK == 0; 1 "tile", 2 "group"): the weights folded (`_fold_whole` / `_fold_group`), the
+    or 128. FOLD (with G % BK == 0; 1 "tile", 2 "group"): the weights folded (`_fold_whole`, a tile or a group at a time), the
     scales once a tile."""
     offs = tl.arange(0, 32)
     if FOLD != 0 and G % BK == 0:
@@ -232,8 +219,8 @@ def _fp8_tile(w_ptr, sb, offs_n, N, k0, K, stride_n, a8_ptr, as_ptr, arow, amask
             t = tl.zeros(acc.shape, dtype=tl.float32)
             for g in tl.static_range(BK // 32):
                 xq = _fp8_rows(a8_ptr, arow, amask, k0 + g * 32 + offs, K, EVEN_K)
-                t = tl.dot(_fold_group(w_ptr, offs_n, N, k0 // 32 + g, K, stride_n, _pick(e, g), EVEN_K),
-                           tl.trans(xq), t)
+                w = _fold_whole(w_ptr, offs_n, N, k0 + g * 32, K, stride_n, _pick(e, g)[:, None], BN, 32, EVEN_K)
+                t = tl.dot(w, tl.trans(xq), t)
         xs = tl.load(as_ptr + arow * (K // G) + k0 // G, mask=amask, other=0.0)
         # r [BN] and xs [BM] apart (a [BN, BM] product would take another accumulator's registers)
         return acc + t * r[:, None] * xs[None, :]
@@ -287,10 +274,8 @@ def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: t
     row over 8 warps, 2 a thread), each iteration would wait for them. swap: loaded in
     the iteration, because a loop-carried operand stops Triton from placing the dequantized tile in the wgmma A
     layout at the source (it would go through shared memory as bf16 instead: checked in the sm_90 TTGIR)."""
-    if BODY == "fma":
+    if BODY == "fma" or FOLD != 0:
         return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)  # past k_hi: masked
-    elif FOLD != 0:
-        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)
     else:
         cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
         return cur, cur
