@@ -1077,20 +1077,60 @@ if [[ $what == twentieth1 ]]; then  # prepared in the nineteenth session: the Mo
   timeout 90 python3 benchmarks/kernels/mhc.py --sweep --tokens 528,1024 --variants default,a-x3p-bt16-s4,\
 a-x3p-bt32-d64-s4,a-x3p-bt32-s4,a-ieee 2>&1 | grep -v Warning | tee "$OUT/mhc_mixed.log" | grep -E "hc_pre|failed"
 fi
-if [[ $what == twentieth2 ]]; then  # prepared in the nineteenth session, after twentieth1: V4.1-Flash's MoE geometry
-  # (D 5120, I 2304, 1 x 32 activation groups: no fold) on the per-group fp8 body's smaller blocks, 16 experts; then the
-  # 43-layer 8K prefill by family with the MoE's prefill config from the environment (V4SERVE_MOE_PREFILL: dot = the
-  # default, fp8-tile, fp8-group; moe was 450.9 of 1,063.2 ms GPU), each eager without PDL
-  timeout 150 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 1 --no-reference --variants \
-    default,pf-fp8,pf-fp8-m32,pf-fp8-m64w8,pf-fp8-m64-k32 --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/moe_prefill_v41.log" | grep -E "T= *8192|failed|Error"
-  for v in ${PREFILLS:-fp8-tile fp8-group}; do
+if [[ $what == twentieth2 ]]; then  # the twentieth session: the MoE's prefill on torch's grouped GEMM over per-call bf16
+  # copies of the experts (moe_grouped.py; twentieth1 found the fp8 fold 2x slower than the dot body): its GPU tests,
+  # then dot against grouped at 1K-8K tokens (16 and 256 experts, V4.1's geometry), then the 43-layer 8K prefill
+  timeout 150 python3 -m pytest tests/ops/test_moe_grouped.py tests/ops/test_moe.py -q -p no:cacheprovider \
+    -o addopts="" -k "grouped or prefill_config or v4_flash_shapes_bf16" 2>&1 | tee "$OUT/moe_grouped_tests.log" \
+    | grep -E "^E |passed|failed" | tail -6
+  for e in 16 256; do  # (256 V4-Flash experts' copies: 12.9 GB, over the default scratch budget)
+    V4SERVE_MOE_GROUPED_SCRATCH=68719476736 timeout 110 python3 benchmarks/kernels/moe.py --experts $e --no-decode \
+      --prefill-tokens 1024,2048,8192 --no-reference --variants dot,pf-grouped --out "$OUT" 2>&1 | grep -v Warning \
+      | tee -a "$OUT/moe_grouped.log" | grep -E "^T=|failed|Error"
+  done
+  timeout 90 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --no-decode --prefill-tokens 2048,8192 \
+    --no-reference --variants dot,pf-grouped 2>&1 | grep -v Warning | tee -a "$OUT/moe_grouped.log" \
+    | grep -E "^T=|failed|Error"
+  for v in ${PREFILLS:-grouped}; do
     echo "== V4SERVE_MOE_PREFILL=$v"
     V4SERVE_MOE_PREFILL=$v timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
       --context 2048 --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 2>&1 \
       | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-e16-$v.log"
     sed -n '/prefill chunk/,/total/p' "$OUT/profile-e16-$v.log"
   done
+fi
+if [[ $what == twentieth3 ]]; then  # the grouped MoE prefill as the default from 512 rows an expert: the whole tiny
+  # models on it against the exact answer (CUDA tests), then the issue's 8K prefill against transformers (twelfth4)
+  timeout 200 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -s -k "fast_path" 2>&1 \
+    | tee "$OUT/gpu_fast_path.log" | grep -E "argmax|passed|failed|^E " | tail -12
+  timeout ${PF_TIMEOUT:-340} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 \
+    --max-model-len 8448 --decode-steps 5 --num-prompts 4 --input-len 512 --output-len 8 --hf-prefill 8192 \
+    --hf-max-batch 0 --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
+    | grep -E "prefill|batch 1|error|Error" | tail -8
+fi
+if [[ $what == twentieth4 ]]; then  # the grouped MoE in ~10 launches (sort + gather in Triton, was ~50 torch ops: the
+  # engine's 2,048-token chunks did not get faster in twentieth3): its tests, the kernel at 2K/8K, one 2,048-token
+  # chunk's profile (wall against GPU), then the 8K prefill (transformers' 6,653.7 ms
+  # was the same to 0.1 ms in two runs: not run again)
+  timeout 100 python3 -m pytest tests/ops/test_moe_grouped.py -q -p no:cacheprovider -o addopts="" 2>&1 \
+    | tee "$OUT/moe_grouped_tests.log" | grep -E "^E |passed|failed" | tail -4
+  timeout 80 python3 benchmarks/kernels/moe.py --experts 16 --no-decode --prefill-tokens 2048,8192 --no-reference \
+    --variants dot,pf-grouped --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/moe_grouped.log" | grep -E "^T=|failed|Error"
+  timeout 100 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 2 --prefill 2048 \
+    --no-graphs --top 20 --kv-cache-memory 8589934592 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
+    > "$OUT/profile-e16-p2048.log"
+  sed -n '/prefill chunk/,/total/p' "$OUT/profile-e16-p2048.log"
+  timeout ${PF_TIMEOUT:-300} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 \
+    --max-model-len 8448 --decode-steps 5 --num-prompts 4 --input-len 512 --output-len 8 --hf-prefill 8192 \
+    --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
+    | grep -E "prefill|batch 1|error|Error" | tail -8
+fi
+if [[ $what == twentieth5 ]]; then  # after twentieth4's launch cut: the MoE's GPU tests (the sort's BLOCKS switch, the
+  # combine's GATHER) and the tiny models on the grouped body
+  timeout 260 python3 -m pytest tests/ops/test_moe.py tests/ops/test_moe_grouped.py -q -p no:cacheprovider \
+    -o addopts="" 2>&1 | tee "$OUT/moe_tests.log" | grep -E "^E |passed|failed" | tail -6
+  timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -s -k "grouped" 2>&1 \
+    | tee "$OUT/gpu_grouped.log" | grep -E "argmax|passed|failed|^E " | tail -6
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

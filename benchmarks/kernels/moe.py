@@ -132,6 +132,9 @@ VARIANTS = {
     },
     "prefill": {
         "default": lambda t: None,
+        "dot": lambda t: mk.PREFILL,
+        # bf16 copies of the experts and torch's grouped GEMM (moe_grouped.py; over its scratch budget: dot)
+        "pf-grouped": lambda t: mk.PREFILL_CONFIGS["grouped"],
         "bits": lambda t: replace(mk.PREFILL, dequant="bits"),
         "m128k128s2": lambda t: mk.MoeConfig(128, G(128, 128, 8, 2), G(128, 128, 8, 2), group_m=8),
         "m64n128k64": lambda t: mk.MoeConfig(64, G(128, 64, 4, 3), G(128, 64, 4, 3), group_m=8),
@@ -229,6 +232,16 @@ def time_prefill(ex, t: int, fn, **kw) -> float:
 
 def kernel(cfg: mk.MoeConfig | None):
     return lambda x, ex, w, i: mk.experts_forward(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE, cfg)
+
+
+def grouped_dequant(ex: moe.ExpertWeights) -> None:
+    """The grouped body's bf16 copies of W1, W3 and W2 (moe_grouped.py), alone: bytes = FP4 read + bf16 written."""
+    from v4serve.ops.kernels import moe_grouped as mg
+
+    w13 = torch.empty(E, 2 * I, D, dtype=torch.bfloat16, device="cuda")
+    mg.dequantize_into(ex.w1, ex.s1, w13[:, :I])
+    mg.dequantize_into(ex.w3, ex.s3, w13[:, I:])
+    mg.dequantize_into(ex.w2, ex.s2, torch.empty(E, D, I, dtype=torch.bfloat16, device="cuda"))
 
 
 def reference(x, ex, w, i):
@@ -329,6 +342,8 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=E, help="routed experts (16: the e16 presets, every expert hit)")
     ap.add_argument("--tokens", default=None, help="comma-separated decode token counts (default 1,8,32,64)")
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--no-decode", action="store_true")
+    ap.add_argument("--prefill-tokens", default=None, help="comma-separated prefill token counts (default 8192)")
     ap.add_argument("--model", default=None, help="a preset's MoE geometry: dim, expert width, routed experts (unless "
                     "--experts is given), top-k, activation group (v41-flash: 5120, 2304, 384, 6, 1 x 32)")
     a = ap.parse_args()
@@ -343,7 +358,9 @@ def main() -> None:
     else:
         E = a.experts
     DECODE = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else DECODE
+    PREFILL = tuple(int(t) for t in a.prefill_tokens.split(",")) if a.prefill_tokens else PREFILL
     PREFILL = () if a.no_prefill else PREFILL
+    DECODE = () if a.no_decode else DECODE
     if a.compile_only:
         global CONFIG_DEVICE
         CONFIG_DEVICE = None
@@ -352,7 +369,7 @@ def main() -> None:
     hbm, fp8 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"]
     print(common.describe(ceil), flush=True)
     ex = make_experts()
-    checks = {f"T={t}": validate(ex, t) for t in (1, 8) + PREFILL}  # T=1 takes the split-K path
+    checks = {f"T={t}": validate(ex, t) for t in (1, 8) + PREFILL[-1:]}  # T=1 takes the split-K path
     print(f"relative error vs reference (max abs diff / max abs ref): {checks}", flush=True)
 
     rows = []
@@ -394,6 +411,9 @@ def main() -> None:
                     print(f"T={t:>5} {name:<16} failed: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
                     continue
                 add(t, name, ms, nbytes, flops, cfg or auto(t), err)
+            if regime == "prefill" and t == sizes[0] and "pf-grouped" in variants:  # its per-call weight copies
+                add(t, "grouped dequant", time_prefill(ex, t, lambda *_: grouped_dequant(ex)), E * EXPERT_BYTES
+                    + 3 * E * D * I * 2, None)
             if t == sizes[0] or t == 64:  # the align kernel alone: the sort's share of a call
                 ids = inputs(t, seed=0)[2].reshape(-1)
                 bm = auto(t).block_m

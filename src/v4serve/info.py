@@ -125,7 +125,7 @@ def parallel_info(c: ModelConfig, layout: Layout, gpu_memory: int = H200_BYTES, 
             host += b  # each host holds the whole tables (their rows travel per step, not the tables)
         else:
             per_gpu += b * rank_fraction(spec, c, layout, rules)
-    reserve = activation_reserve(c, step_tokens)
+    reserve = activation_reserve(c, step_tokens, (c.n_routed_experts // layout.expert_ranks, c.moe_inter_dim))
     kv = int(utilization * gpu_memory - per_gpu - reserve)
     out: dict[str, Any] = {"layout": layout.describe(), "gpus": layout.gpus, "gpu_memory_bytes": gpu_memory,
                            "weight_bytes_per_gpu": int(per_gpu), "host_weight_bytes": int(host),

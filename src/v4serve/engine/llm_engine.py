@@ -222,7 +222,7 @@ class LLMEngine:
     def _activation_reserve(self) -> int:
         """Activation memory of the largest step, kept out of the KV budget (engine/memory.py)."""
         toks = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len or DEFAULT_MAX_MODEL_LEN)
-        return activation_reserve(self.loaded.config, toks)
+        return activation_reserve(self.loaded.config, toks, footprint.fp4_routed_experts(self.loaded.model))
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (if any); the engine cannot step afterwards."""

@@ -72,6 +72,17 @@ def held_bytes(model: nn.Module) -> dict[str, int]:
     return out
 
 
+def fp4_routed_experts(model: nn.Module) -> tuple[int, int]:
+    """(count, width) of one layer's routed experts as this rank holds them in FP4 (their prefill takes bf16 copies:
+    engine/memory.py), or (0, 0) where they are held otherwise."""
+    from .v4.moe import Experts
+
+    for m in model.modules():
+        if isinstance(m, Experts) and isinstance(m.w1, torch.Tensor) and m.w1.dtype == torch.uint8:
+            return m.w1.shape[0], m.w1.shape[1]
+    return 0, 0
+
+
 def describe(model: nn.Module, c: ModelConfig, include_mtp: bool, storage: str = "fp8") -> str:
     held = held_bytes(model)
     ck = sum(checkpoint_bytes(c, include_mtp, storage).values())

@@ -220,14 +220,16 @@ def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x
                      stride_xq,
                      BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                      QUANT_X: tl.constexpr, G: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
-                     PDL: tl.constexpr = False, xs_ptr=None, X8: tl.constexpr = False):
+                     PDL: tl.constexpr = False, xs_ptr=None, X8: tl.constexpr = False,
+                     BLOCKS: tl.constexpr = True):
     """Program 0 sorts; programs 1.. (QUANT_X) FP8-simulate x, one [BR, BC] tile each (one launch for both: a tile per
     program, so that a decode row's D is spread over programs rather than walked by one, a memory latency a chunk);
-    X8 (the fp8 decode body): as e4m3 bytes in the K32 order into xq [T, D] and float32 scales xs [T, D / G]."""
+    X8 (the fp8 decode body): as e4m3 bytes in the K32 order into xq [T, D] and float32 scales xs [T, D / G].
+    BLOCKS=False (moe_grouped.py, BM=1): no block_expert; the cursors end as each expert's run end."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid = tl.program_id(0)
     if pid == 0:
-        _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, BM, E_PAD, CHUNK)
+        _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, BM, E_PAD, CHUNK, BLOCKS)
     elif QUANT_X:
         n_chunks = tl.cdiv(D, BC)
         rows = ((pid - 1) // n_chunks) * BR + tl.arange(0, BR)
@@ -243,7 +245,7 @@ def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x
 
 @triton.jit
 def _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB,
-           BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr):
+           BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCKS: tl.constexpr = True):
     """sorted[pos] = assignment index (t * k + slot) at padded position pos, M on padding; block_expert[b] = expert of
     rows [b*BM, (b+1)*BM), -1 past the padded total. Positions inside an expert's run are taken with atomics (their
     order may vary between runs; the results do not: every row is computed on its own and combined by slot)."""
@@ -262,13 +264,13 @@ def _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB,
     r = tl.arange(0, BM)
     tl.store(sorted_ptr + starts[:, None] + counts[:, None] + r[None, :], M,
              mask=r[None, :] < (padded - counts)[:, None])
-    # each used block starts at a multiple of BM inside one expert's run
-    nblk = padded // BM
-    for j in range(tl.max(nblk, 0)):
-        tl.store(block_expert_ptr + starts // BM + j, experts, mask=j < nblk)
-    for b0 in range(0, NB, CHUNK):
-        b = b0 + offs
-        tl.store(block_expert_ptr + b, -1, mask=(b < NB) & (b * BM >= total))
+    if BLOCKS:  # each used block starts at a multiple of BM inside one expert's run
+        nblk = padded // BM
+        for j in range(tl.max(nblk, 0)):
+            tl.store(block_expert_ptr + starts // BM + j, experts, mask=j < nblk)
+        for b0 in range(0, NB, CHUNK):
+            b = b0 + offs
+            tl.store(block_expert_ptr + b, -1, mask=(b < NB) & (b * BM >= total))
     tl.debug_barrier()  # the cursors are in place for every thread's atomics
     for c0 in range(0, M, CHUNK):
         idx = c0 + offs
@@ -464,18 +466,23 @@ def _combine_tile(y_ptr, rw_ptr, add_ptr, out_ptr, cols, T, D, stride_y, stride_
 @triton.jit
 def _combine_rows(y_ptr, rw_ptr, add_ptr, out_ptr, t, cols, T, D, stride_y, stride_ys, stride_add, stride_out, TOPK,
                   SPLIT: tl.constexpr, APPLY_W: tl.constexpr, ADD: tl.constexpr, DT: tl.constexpr,
-                  ACC: tl.constexpr):
+                  ACC: tl.constexpr, pos_ptr=None, GATHER: tl.constexpr = False):
     """out[t, cols] = sum over slots, in slot order, of y[t*k + s] (its split-K partials summed first and rounded to
     x's dtype, like the reference's per-expert output) (* weight[t, s]), then + add[t] (the shared expert's output,
     widened): deterministic; stored in out's dtype. Rows are read past L1 (the fused combine reads rows that programs
-    on other SMs wrote)."""
+    on other SMs wrote). GATHER: y's row of assignment t*k + s is pos[t*k + s] (rows sorted by expert,
+    moe_grouped.py)."""
     tmask = t < T
     m = tmask[:, None] & (cols < D)[None, :]
     rows_t = t.to(tl.int64)[:, None]
     acc = tl.zeros([t.shape[0], cols.shape[0]], dtype=ACC)
     for s in range(TOPK):
         y = tl.zeros([t.shape[0], cols.shape[0]], dtype=ACC)
-        rows = (rows_t * TOPK + s) * stride_y + cols[None, :]
+        if GATHER:
+            row = tl.load(pos_ptr + t * TOPK + s, mask=tmask, other=0).to(tl.int64)[:, None]
+        else:
+            row = rows_t * TOPK + s
+        rows = row * stride_y + cols[None, :]
         for j in range(SPLIT):
             y += tl.load(y_ptr + j * stride_ys + rows, mask=m, other=0.0, cache_modifier=".cg").to(ACC)
         y = y.to(DT).to(ACC)
@@ -500,12 +507,13 @@ def _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM: tl.
 @step_jit
 def _combine_kernel(y_ptr, rw_ptr, add_ptr, out_ptr, T, D, TOPK, stride_y, stride_ys, stride_add, stride_out,
                     BD: tl.constexpr, SPLIT: tl.constexpr, APPLY_W: tl.constexpr, DT: tl.constexpr,
-                    ACC: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr = False):
+                    ACC: tl.constexpr, ADD: tl.constexpr, PDL: tl.constexpr = False, pos_ptr=None,
+                    GATHER: tl.constexpr = False):
     """`_combine_rows` of one token (program 0) over BD columns (program 1)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     _combine_rows(y_ptr, rw_ptr, add_ptr, out_ptr, tl.program_id(0) + tl.arange(0, 1),
                   tl.program_id(1) * BD + tl.arange(0, BD), T, D, stride_y, stride_ys, stride_add, stride_out, TOPK,
-                  SPLIT, APPLY_W, ADD, DT, ACC)
+                  SPLIT, APPLY_W, ADD, DT, ACC, pos_ptr, GATHER)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -521,7 +529,7 @@ class GemmConfig:
     split_k: int = 1  # K shares per tile (float partials summed in order): CTAs for the few-expert decode steps
 
 
-BODIES = ("dot", "swap", "fma", "fp8")
+BODIES = ("dot", "swap", "fma", "fp8", "grouped")
 FINISHES = ("launch", "kernel")
 FOLDS = {"": 0, "tile": 1, "group": 2}  # MoeConfig.fold -> the kernels' FOLD
 _COUNTERS = ArrivalCounters()  # gate-up split-K tiles finished in the kernel (kernels/split_grid.py)
@@ -537,7 +545,8 @@ class MoeConfig:
     group_m: int = 1
     dequant: str = "auto"  # "bits" (portable), "asm" (bf16 on CUDA, PTX), "auto" = asm where it applies
     # the K-tile product: "dot" (x @ W^T), or moe_decode.py's "swap" (W @ x^T), "fma" (no tensor cores), "fp8" (W4A8 on
-    # FP8 tensor cores; where the activations are not FP8-simulated per 32-multiple groups: swap)
+    # FP8 tensor cores; where the activations are not FP8-simulated per 32-multiple groups: swap), or
+    # moe_grouped.py's "grouped" (prefill: bf16 weight copies and torch's grouped GEMM; where it does not apply: dot)
     body: str = "dot"
     # gate-up split-K partials summed by `_swiglu_kernel` ("launch") or by each tile's last program to arrive
     # ("kernel": one launch fewer; H200, E=256 k=6: T=1 69.1 -> 66.1 us, T=8..64 the same)
@@ -593,11 +602,13 @@ def _decode_body() -> str:
     return _env_choice(DECODE_BODY_ENV, ("dot", "swap", "fp8"))
 
 
-PREFILL_ENV = "V4SERVE_MOE_PREFILL"  # the prefill config by name (PREFILL_CONFIGS; unset: dot), an A/B switch
+PREFILL_ENV = "V4SERVE_MOE_PREFILL"  # the prefill config by name (PREFILL_CONFIGS; unset: by rows), an A/B switch
 # The fp8 body's fold on 64-row blocks (128-row ones spill ~0.8 KB a thread in the gate-up, sm_90 ptxas): candidates
 # for the prefill, not timed on a GPU yet. Where the fp8 body does not apply, the swap body runs instead.
 PREFILL_CONFIGS = {
     "dot": PREFILL,
+    # the experts dequantized to bf16 once per call, then torch's grouped GEMM (moe_grouped.py)
+    "grouped": replace(PREFILL, body="grouped"),
     "fp8-tile": MoeConfig(64, GemmConfig(128, 128, 8, 3), GemmConfig(128, 128, 8, 3), group_m=8, body="fp8",
                           fold="tile"),
     "fp8-group": MoeConfig(64, GemmConfig(128, 128, 8, 3), GemmConfig(128, 128, 8, 3), group_m=8, body="fp8",
@@ -607,7 +618,15 @@ PREFILL_CONFIGS = {
 }
 
 
-def _prefill_config() -> MoeConfig:
+# Rows an expert from which the grouped body is the default (its weight copies cost a fixed ~0.3 ms a layer at 16
+# V4-Flash experts). H200, benchmarks/kernels/moe.py --experts 16 (twentieth session): 384 rows an expert (1K tokens)
+# grouped 1.48 ms = dot 1.49; 768 rows 1.96 against 2.73; 3,072 rows (8K) 4.56 against 10.15 (543 TFLOP/s).
+GROUPED_MIN_ROWS = 512
+
+
+def _prefill_config(per_expert: float) -> MoeConfig:
+    if not env_get(PREFILL_ENV):
+        return PREFILL_CONFIGS["grouped"] if per_expert >= GROUPED_MIN_ROWS else PREFILL
     return PREFILL_CONFIGS[_env_choice(PREFILL_ENV, PREFILL_CONFIGS)]
 
 
@@ -615,11 +634,12 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
                   device: torch.device | None = None, body: str | None = None) -> MoeConfig:
     """By the mean rows per expert hit (rows = T * k), plus split-K when few experts are hit (T = 1, 2): static given
     the shapes, so graph-capture safe. The decode configs take `body` (default: $V4SERVE_MOE_DECODE_BODY, or dot), the
-    prefill config $V4SERVE_MOE_PREFILL's (PREFILL_CONFIGS; default: dot)."""
+    prefill config $V4SERVE_MOE_PREFILL's (PREFILL_CONFIGS; default: grouped from GROUPED_MIN_ROWS rows an expert,
+    else dot)."""
     hit = max(1, min(num_experts, rows))
     per_expert = rows / hit
     if per_expert > 96:
-        return _prefill_config()
+        return _prefill_config(per_expert)
     if per_expert > 24:
         return MID
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
@@ -770,6 +790,12 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
             join()
         return out.copy_(shared) if shared is not None else out.zero_()
     cfg = config or select_config(M, E, D, I, x.device)
+    if cfg.body == "grouped":
+        from . import moe_grouped
+        if moe_grouped.applies(x, experts, act_group):
+            return moe_grouped.experts_forward(x, experts, weights, ids, limit, act_group, weight_before_w2,
+                                               shared=shared, out_dtype=out_dtype, join=join)
+        cfg = replace(cfg, body="dot")
     G, BM = act_group, cfg.block_m
     use_asm = cfg.dequant == "asm" or (cfg.dequant == "auto" and x.dtype == torch.bfloat16 and x.is_cuda
                                        and not interpreting())
