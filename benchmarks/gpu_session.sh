@@ -1132,6 +1132,24 @@ if [[ $what == twentieth5 ]]; then  # after twentieth4's launch cut: the MoE's G
   timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -s -k "grouped" 2>&1 \
     | tee "$OUT/gpu_grouped.log" | grep -E "argmax|passed|failed|^E " | tail -6
 fi
+if [[ $what == twentyfirst1 ]]; then  # prepared in the twentieth session: the AgentX-style target with the grouped MoE
+  # prefill as the default (mixed steps' 2,048-token chunks on 16 experts take it: 768 rows an expert; its working set
+  # now comes out of the KV budget), the server's defaults
+  AGX_CONC=4,16 AGX_LINES=4 AGX_TIMEOUT=${AGX_TIMEOUT:-400} agentx_run "defaults|"
+fi
+if [[ $what == twentyfirst2 ]]; then  # prepared in the twentieth session: what the engine's 2,048-token chunks still
+  # spend outside the attention: the GEMMs below cuBLAS's 2^36 threshold on the Triton kernel (32 of 232 ms a chunk:
+  # wq_a + wkv, the shared expert, the W8A16 wo_a, the indexer's) at 2K and 8K rows beside cuBLAS bf16; the mHC at
+  # 768 / 1,024 tokens on the prefill grid's form with 16-token blocks (twentieth1: hc_post_pre 299 -> 181 us at 1,024);
+  # the MoE tests after the fp8 decode body's GPU tolerance fix
+  timeout 200 python3 benchmarks/kernels/fp8_gemm.py --prefill-only --prefill-rows 2048,8192 --shapes \
+    "wq_a,wkv,wo_a(grouped),shared_w1,shared_w2,idx_wq_b" --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/fp8_gemm_2k.log" | tail -40
+  timeout 90 python3 benchmarks/kernels/mhc.py --sweep --tokens 768,1024 --variants default,a-x3p-bt16-s4,\
+a-x3p-bt16-d64-s4 2>&1 | grep -v Warning | tee "$OUT/mhc_1k.log" | grep -E "hc_pre|failed"
+  timeout 150 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" -k "default_config" 2>&1 \
+    | tee "$OUT/moe_tests.log" | grep -E "^E |passed|failed" | tail -4
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

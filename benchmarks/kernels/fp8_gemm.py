@@ -261,6 +261,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="default configs only")
     ap.add_argument("--decode-only", action="store_true", help="decode rows only (M <= 64), every tile variant")
     ap.add_argument("--prefill-only", action="store_true", help="prefill rows only (M >= 4096)")
+    ap.add_argument("--prefill-rows", default=None, help="comma-separated prefill row counts (default 4096,8192,16384)")
     ap.add_argument("--shapes", default=None, help="comma-separated shape names (default: all, or QUICK)")
     ap.add_argument("--variants", default=None, help="comma-separated decode/prefill variant names (default: all)")
     ap.add_argument("--rows", default=None, help="comma-separated decode row counts (default: 1,8,32,64)")
@@ -297,6 +298,8 @@ def main() -> None:
         decode_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else DECODE_M
         if args.prefill_only:
             decode_m, prefill = (), PREFILL_M
+        if args.prefill_rows and prefill:
+            prefill = tuple(int(m) for m in args.prefill_rows.split(","))
         for M in (decode_m + prefill) if not args.quick else (1, 32, 64) + prefill[1:2]:
             decode = M <= 64
             x = torch.randn(M, G, K, device="cuda", dtype=torch.bfloat16)

@@ -190,6 +190,8 @@ PRE_VARIANTS = {
     "a-ieee": {"block_t": 16, "block_d": 64, "split_d": 4, "block_dc": 256, "bf16x3": False, "post_apart": True},
     "a-x3p-bt16-s4": {"block_t": 16, "block_d": 128, "split_d": 4, "block_dc": 256, "bf16x3": True, "promote": True,
                       "post_apart": True},
+    "a-x3p-bt16-d64-s4": {"block_t": 16, "block_d": 64, "split_d": 4, "block_dc": 256, "bf16x3": True,
+                          "promote": True, "post_apart": True},
     "a-x3-bt32-s4": {"block_t": 32, "block_d": 128, "split_d": 4, "block_dc": 128, "bf16x3": True, "post_apart": True},
     "a-x3p-bt32-s4": {"block_t": 32, "block_d": 128, "split_d": 4, "block_dc": 128, "bf16x3": True, "promote": True,
                       "post_apart": True},

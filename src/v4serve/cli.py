@@ -33,7 +33,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64)
     g.add_argument("--max-num-batched-tokens", type=int, default=8192)
     g.add_argument("--long-prefill-token-threshold", type=int, default=0,
-                   help="max prefill tokens per request per step (0 = max-num-batched-tokens / 4)")
+                   help="max prefill tokens per request per step (0 = max-num-batched-tokens / 4, or the "
+                        "whole budget for a request alone in the engine)")
     g.add_argument("--prefill-budget-with-decodes", type=int, default=0,
                    help="max prefill tokens in a step that also decodes (0 = no cap): keeps running requests' "
                         "inter-token latency while new prompts arrive, at the cost of their time to first token")

@@ -147,3 +147,25 @@ def test_decode_rows_are_never_starved_by_a_long_prefill() -> None:
         if eng.requests[short].is_finished or len(eng.requests[short].output_token_ids) >= 40:
             break
     assert produced and all(n == 1 for n in produced), "the decoding request must advance every step"
+
+
+def test_a_request_alone_takes_the_whole_budget_others_the_quarter_cap() -> None:
+    """Without --long-prefill-token-threshold a prompt is capped at a quarter of the budget per step so that it cannot
+    hold back other requests; alone in the engine it takes the whole budget (nothing to hold back). Given the
+    threshold, it is the cap either way. (Chunk ends land on 32-position block boundaries here: window checkpoints;
+    a prompt's last chunk stops at its last boundary first.)"""
+    preset = "tiny-v4-flash"
+    sp = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    eng = LLMEngine(preset, _cfg(max_num_seqs=4, max_num_batched_tokens=96, kv_cache_memory=pool_bytes(preset, 100, 8)))
+    alone = eng.add_request(list(range(1000, 1090)), sp)[0]
+    out = eng.scheduler.schedule()
+    assert [(r.request.request_id, r.num_tokens) for r in out.rows] == [(alone, 64)]  # 90 to its last boundary
+    eng.abort(alone)  # (scheduled, not run: its blocks go back)
+    a = eng.add_request(list(range(2000, 2090)), sp)[0]
+    b = eng.add_request(list(range(3000, 3090)), sp)[0]
+    out = eng.scheduler.schedule()
+    assert [(r.request.request_id, r.num_tokens) for r in out.rows] == [(a, 24), (b, 24)]
+    capped = LLMEngine(preset, _cfg(max_num_seqs=4, max_num_batched_tokens=96, long_prefill_token_threshold=40,
+                                    kv_cache_memory=pool_bytes(preset, 100, 8)))
+    one = capped.add_request(list(range(1000, 1090)), sp)[0]
+    assert [(r.request.request_id, r.num_tokens) for r in capped.scheduler.schedule().rows] == [(one, 32)]  # 40

@@ -126,6 +126,13 @@ class EngineConfig:
     def prefill_chunk(self) -> int:
         return self.long_prefill_token_threshold or max(1, self.max_num_batched_tokens // 4)
 
+    @property
+    def lone_prefill_chunk(self) -> int:
+        """A prompt's tokens per step when its request is the engine's only one: the whole budget unless a threshold
+        was given (the quarter cap keeps a long prompt from holding back others; alone, it only costs per-step work:
+        H200, an 8K prompt on v4-flash-e16 took 4 x 232 ms of GPU in 2K chunks, ~790 ms in one)."""
+        return self.long_prefill_token_threshold or self.max_num_batched_tokens
+
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}

@@ -164,7 +164,8 @@ class LLMEngine:
                                                                   minimum=cfg.block_size),
                                      prefill_gate=PrefillGate(gate_steps(cfg.decode_steps_between_prefills,
                                                                          self._graphed_decode()),
-                                                              cfg.max_prefill_delay_ms))
+                                                              cfg.max_prefill_delay_ms),
+                                     lone_chunk=cfg.lone_prefill_chunk)
                            for kv in self.kvs]
         self.kv, self.scheduler = self.kvs[0], self.schedulers[0]
         self.router = None

@@ -3,8 +3,9 @@
 Policy:
 * decode rows first, in arrival order: a running request is never starved by prefills;
 * then running prefills, then waiting requests (FIFO), each capped at `prefill_chunk` tokens per step so a cold
-  100K-token prompt cannot stall warm short turns; with window checkpoints, chunk ends land on block boundaries
-  (checkpoints and prefix hits live there);
+  100K-token prompt cannot stall warm short turns (a request alone in the engine takes `lone_chunk`, by default the
+  whole budget); with window checkpoints, chunk ends land on block boundaries (checkpoints and prefix hits live
+  there);
 * in a step with decode rows, prefill tokens are capped by `PrefillBudget` (engine/itl_budget.py: a fixed cap or one
   derived from an inter-token-latency target), so running requests keep their pace while new prompts arrive, and
   `PrefillGate` may hold them back for a few decode-only steps so that turns arriving close together share one
@@ -49,13 +50,15 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int, prefill_chunk: int,
                  block_size: int, window: int, align_chunks: bool, decoder_trim: bool,
-                 prefill_budget: PrefillBudget | None = None, prefill_gate: PrefillGate | None = None):
+                 prefill_budget: PrefillBudget | None = None, prefill_gate: PrefillGate | None = None,
+                 lone_chunk: int | None = None):
         self.kv = kv
         self.prefill_budget = prefill_budget or PrefillBudget()
         self.prefill_gate = prefill_gate or PrefillGate()
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.prefill_chunk = prefill_chunk
+        self.lone_chunk = lone_chunk or prefill_chunk  # a request alone in the engine: nothing to hold back
         self.block_size = block_size
         self.window = window
         self.align_chunks = align_chunks
@@ -93,7 +96,8 @@ class Scheduler:
         last chunk of a prompt stops at the prompt's last boundary first, so the window state there (where the
         session's next turn will resume) can be snapshotted."""
         remaining = req.num_tokens - req.num_computed
-        n = min(remaining, budget, self.prefill_chunk if remaining > 1 else 1)
+        chunk = self.lone_chunk if self.num_unfinished == 1 else self.prefill_chunk
+        n = min(remaining, budget, chunk if remaining > 1 else 1)
         if self.align_chunks and n > 1:
             end = req.num_computed + n
             boundary = (end - 1 if n == remaining else end) // self.block_size * self.block_size
