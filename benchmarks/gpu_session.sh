@@ -1141,7 +1141,12 @@ if [[ $what == twentyfirst2 ]]; then  # prepared in the twentieth session: what 
   # spend outside the attention: the GEMMs below cuBLAS's 2^36 threshold on the Triton kernel (32 of 232 ms a chunk:
   # wq_a + wkv, the shared expert, the W8A16 wo_a, the indexer's) at 2K and 8K rows beside cuBLAS bf16; the mHC at
   # 768 / 1,024 tokens on the prefill grid's form with 16-token blocks (twentieth1: hc_post_pre 299 -> 181 us at 1,024);
-  # the MoE tests after the fp8 decode body's GPU tolerance fix
+  # the MoE tests after the fp8 decode body's GPU tolerance fix; first, the 8K prompt alone now in one step
+  # (EngineConfig.lone_prefill_chunk; twentieth4: 930.7 ms in four 2,048-token steps; transformers 6,653.7 ms)
+  timeout 200 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 \
+    --max-model-len 8448 --decode-steps 5 --num-prompts 4 --input-len 512 --output-len 8 --hf-prefill 8192 \
+    --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/prefill8k.log" | grep -E "prefill|batch 1|error|Error" | tail -4
   timeout 200 python3 benchmarks/kernels/fp8_gemm.py --prefill-only --prefill-rows 2048,8192 --shapes \
     "wq_a,wkv,wo_a(grouped),shared_w1,shared_w2,idx_wq_b" --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/fp8_gemm_2k.log" | tail -40
