@@ -34,6 +34,8 @@ from ..env import get as env_get
 from ..linear import scale_bytes
 from . import cdiv, next_pow2, step_jit
 from .moe import _TL, _combine_kernel, _fp4_groups, _fp4_scales, _fp8_sim, _prologue_kernel, _swiglu_store
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 
 SCRATCH_ENV = "V4SERVE_MOE_GROUPED_SCRATCH"
 DEFAULT_SCRATCH = 4 << 30
@@ -41,9 +43,10 @@ DEFAULT_SCRATCH = 4 << 30
 
 @triton.jit
 def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_we, stride_wn, stride_se, stride_sn, stride_oe, stride_on,
-                    BN: tl.constexpr, BK: tl.constexpr):
+                    BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
     """One expert's FP4 rows [BN] x K columns [BK] (packed bytes + e8m0 bytes) -> out's dtype in natural K order:
     byte j of a 32-group holds K elements 2j (low nibble) and 2j + 1 (high)."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     e = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     k0 = tl.program_id(2) * BK
@@ -64,15 +67,17 @@ def dequantize_into(w: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> torc
     bn, bk = 32, min(256, next_pow2(K))
     _dequant_kernel[(E, cdiv(N, bn), cdiv(K, bk))](
         w, s, out, N, K, w.stride(0), w.stride(1), s.stride(0), s.stride(1), out.stride(0), out.stride(1),
-        BN=bn, BK=bk, num_warps=4)
+        BN=bn, BK=bk, num_warps=4, **pdl_launch(out))
     return out
 
 
 @step_jit
 def _gather_kernel(x_ptr, xs_ptr, sorted_ptr, pos_ptr, M, D, TOPK, stride_x, stride_xs,
-                   BR: tl.constexpr, BC: tl.constexpr, G: tl.constexpr, QUANT: tl.constexpr):
+                   BR: tl.constexpr, BC: tl.constexpr, G: tl.constexpr, QUANT: tl.constexpr,
+                   PDL: tl.constexpr = False):
     """Sorted rows [BR] x columns [BC]: xs[r] = x[token of assignment sorted[r]] (FP8-simulated per 1 x G: BC holds
     whole groups), and the first column block records pos[sorted[r]] = r."""
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     ok = rows < M
     a = tl.load(sorted_ptr + rows, mask=ok, other=0)
@@ -89,9 +94,10 @@ def _gather_kernel(x_ptr, xs_ptr, sorted_ptr, pos_ptr, M, D, TOPK, stride_x, str
 @step_jit
 def _swiglu_kernel(gu_ptr, h_ptr, rw_ptr, order_ptr, M, I, limit, stride_gu, stride_h,
                    BM: tl.constexpr, BN: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr,
-                   WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr):
+                   WEIGHT_H: tl.constexpr, CLAMP: tl.constexpr, PDL: tl.constexpr = False):
     """Sorted rows [BM] of [g | u] (bf16) -> h's columns [BN] (moe._swiglu_store: clamp, SwiGLU, routing weight,
     FP8 simulation per 1 x G). h has whole BM blocks of rows (the store writes every row of the block)."""
+    pdl_enter(PDL)
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     valid = rows < M
     a_idx = tl.load(order_ptr + rows, mask=valid, other=0)
@@ -152,13 +158,15 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     big = M > 4096
     _prologue_kernel[(1,)](ids.contiguous().view(-1), order, order, cursor, M, M, None, None, 0, 0, 0, 0, BM=1,
                            E_PAD=cursor.shape[0], CHUNK=max(16, min(1024 if big else 128, next_pow2(M))),
-                           QUANT_X=False, G=1, BR=16, BC=128, BLOCKS=False, num_warps=8 if big else 4)
+                           QUANT_X=False, G=1, BR=16, BC=128, BLOCKS=False, num_warps=8 if big else 4,
+                           **pdl_launch(x))
     offs = cursor[:E]
     pos = torch.empty(M, dtype=torch.int32, device=dev)
     xs = torch.empty(M, D, dtype=x.dtype, device=dev)
     br, bc = 16, max(256, G)
     _gather_kernel[(cdiv(M, br), cdiv(D, bc))](x, xs, order, pos, M, D, k, x.stride(0), xs.stride(0), BR=br, BC=bc,
-                                               G=max(G, 1), QUANT=G > 0, num_warps=4)
+                                               G=max(G, 1), QUANT=G > 0, num_warps=4,
+                                               **pdl_launch(x))
 
     w13 = torch.empty(E, 2 * I, D, dtype=x.dtype, device=dev)
     dequantize_into(experts.w1, scale_bytes(experts.s1), w13[:, :I])
@@ -171,7 +179,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     rw = weights.to(torch.float32).contiguous().view(-1)
     _swiglu_kernel[(cdiv(M, bm), cdiv(I, bn))](
         gu, h, rw, order, M, I, float(limit), gu.stride(0), h.stride(0), BM=bm, BN=bn, G=max(G, 1),
-        QUANT_H=G > 0, WEIGHT_H=weight_before_w2, CLAMP=limit > 0, num_warps=4)
+        QUANT_H=G > 0, WEIGHT_H=weight_before_w2, CLAMP=limit > 0, num_warps=4, **pdl_launch(x))
     del gu
 
     w2 = torch.empty(E, D, I, dtype=x.dtype, device=dev)
@@ -186,5 +194,6 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     bd = min(1024, next_pow2(D))
     _combine_kernel[(T, cdiv(D, bd))](y, rw, add, out, T, D, k, y.stride(0), 0, add.stride(0), out.stride(0),
                                       BD=bd, SPLIT=1, APPLY_W=not weight_before_w2, DT=_TL[x.dtype],
-                                      ACC=tl.float32, ADD=shared is not None, pos_ptr=pos, GATHER=True, num_warps=4)
+                                      ACC=tl.float32, ADD=shared is not None, pos_ptr=pos, GATHER=True, num_warps=4,
+                                      **pdl_launch(x))
     return out
