@@ -1141,7 +1141,7 @@ if [[ $what == twentyfirst2 ]]; then  # prepared in the twentieth session: what 
   # spend outside the attention: the GEMMs below cuBLAS's 2^36 threshold on the Triton kernel (32 of 232 ms a chunk:
   # wq_a + wkv, the shared expert, the W8A16 wo_a, the indexer's) at 2K and 8K rows beside cuBLAS bf16; the mHC at
   # 768 / 1,024 tokens on the prefill grid's form with 16-token blocks (twentieth1: hc_post_pre 299 -> 181 us at 1,024);
-  # the MoE tests after the fp8 decode body's GPU tolerance fix; first, the 8K prompt alone now in one step
+  # the MoE tests after the fp8 decode body's GPU tolerance fix and the grouped body's PDL launches; first, the 8K prompt alone now in one step
   # (EngineConfig.lone_prefill_chunk; twentieth4: 930.7 ms in four 2,048-token steps; transformers 6,653.7 ms)
   timeout 200 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 \
     --max-model-len 8448 --decode-steps 5 --num-prompts 4 --input-len 512 --output-len 8 --hf-prefill 8192 \
@@ -1152,8 +1152,8 @@ if [[ $what == twentyfirst2 ]]; then  # prepared in the twentieth session: what 
     | tee "$OUT/fp8_gemm_2k.log" | tail -40
   timeout 90 python3 benchmarks/kernels/mhc.py --sweep --tokens 768,1024 --variants default,a-x3p-bt16-s4,\
 a-x3p-bt16-d64-s4 2>&1 | grep -v Warning | tee "$OUT/mhc_1k.log" | grep -E "hc_pre|failed"
-  timeout 150 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" -k "default_config" 2>&1 \
-    | tee "$OUT/moe_tests.log" | grep -E "^E |passed|failed" | tail -4
+  timeout 150 python3 -m pytest tests/ops/test_moe_grouped.py tests/ops/test_moe.py -q -p no:cacheprovider \
+    -o addopts="" -k "grouped or default_config" 2>&1 | tee "$OUT/moe_tests.log" | grep -E "^E |passed|failed" | tail -4
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
