@@ -721,6 +721,13 @@ def _num_blocks(M: int, num_experts: int, block_m: int) -> int:
     return cdiv(M + min(num_experts, M) * (block_m - 1), block_m)
 
 
+def sort_launch(M: int, cursor: torch.Tensor) -> dict:
+    """The sort's launch parameters for M assignments (`_align` in program 0; moe_grouped.py launches it too)."""
+    big = M > 4096
+    return {"E_PAD": cursor.shape[0], "CHUNK": max(16, min(1024 if big else 128, next_pow2(M))),
+            "num_warps": 8 if big else 4}
+
+
 def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor | None = None,
               act_group: int = 0, x8: bool = False
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -730,9 +737,7 @@ def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor
     NB = _num_blocks(M, num_experts, block_m)
     sorted_ids = _empty((NB * block_m,), torch.int32, ids.device)
     block_expert = _empty((NB,), torch.int32, ids.device)
-    big = M > 4096
-    e_pad = max(16, next_pow2(num_experts))
-    cursor = _empty((e_pad,), torch.int32, ids.device)
+    cursor = _empty((max(16, next_pow2(num_experts)),), torch.int32, ids.device)
     xq, xs, T, D, br, bc, grid = None, None, 0, 0, 16, 128, 1
     if x is not None and act_group:
         T, D = x.shape
@@ -742,8 +747,7 @@ def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor
         grid += cdiv(T, br) * cdiv(D, bc)
     _prologue_kernel[(grid,)](ids, sorted_ids, block_expert, cursor, M, NB, None if xq is None else x, xq, T, D,
                               0 if xq is None else x.stride(0), 0 if xq is None else xq.stride(0), BM=block_m,
-                              E_PAD=e_pad, CHUNK=max(16, min(1024 if big else 128, next_pow2(M))),
-                              QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, num_warps=8 if big else 4,
+                              QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, **sort_launch(M, cursor),
                               **pdl_launch(ids), **({"xs_ptr": xs, "X8": True} if xs is not None else {}))
     return sorted_ids, block_expert, xq, xs
 

@@ -33,7 +33,8 @@ import triton.language as tl
 from ..env import get as env_get
 from ..linear import scale_bytes
 from . import cdiv, next_pow2, step_jit
-from .moe import _TL, _combine_kernel, _fp4_groups, _fp4_scales, _fp8_sim, _prologue_kernel, _swiglu_store
+from .moe import (_TL, _combine_kernel, _fp4_groups, _fp4_scales, _fp8_sim, _prologue_kernel, _swiglu_store,
+                  sort_launch)
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
@@ -155,10 +156,8 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
     # runs' ends, the grouped GEMM's offsets); then x's rows gathered in that order, FP8-simulated, and `pos`
     order = torch.empty(M, dtype=torch.int32, device=dev)
     cursor = torch.empty(max(16, next_pow2(E)), dtype=torch.int32, device=dev)
-    big = M > 4096
     _prologue_kernel[(1,)](ids.contiguous().view(-1), order, order, cursor, M, M, None, None, 0, 0, 0, 0, BM=1,
-                           E_PAD=cursor.shape[0], CHUNK=max(16, min(1024 if big else 128, next_pow2(M))),
-                           QUANT_X=False, G=1, BR=16, BC=128, BLOCKS=False, num_warps=8 if big else 4,
+                           QUANT_X=False, G=1, BR=16, BC=128, BLOCKS=False, **sort_launch(M, cursor),
                            **pdl_launch(x))
     offs = cursor[:E]
     pos = torch.empty(M, dtype=torch.int32, device=dev)
