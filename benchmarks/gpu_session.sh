@@ -1155,6 +1155,47 @@ a-x3p-bt16-d64-s4 2>&1 | grep -v Warning | tee "$OUT/mhc_1k.log" | grep -E "hc_p
   timeout 150 python3 -m pytest tests/ops/test_moe_grouped.py tests/ops/test_moe.py -q -p no:cacheprovider \
     -o addopts="" -k "grouped or default_config" 2>&1 | tee "$OUT/moe_tests.log" | grep -E "^E |passed|failed" | tail -4
 fi
+if [[ $what == twentyfirst3 ]]; then  # twenty-first session: the attention's flash mode with output halves (64 heads on
+  # wgmma, no spills: dsplit 2) on the 4K prefill chunk beside the engine's flash default; the grouped wo_a as one
+  # cuBLAS batched GEMM over the widened weight (fp8_gemm "bmm") beside the Triton kernel, prefill timing now graphed
+  timeout 200 python3 -m pytest tests/ops/test_attention.py tests/ops/test_fp8_widen.py tests/ops/test_linear.py -q \
+    -p no:cacheprovider -o addopts="" -k "halves or flash or widen or batched_gemm or grouped" 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "^E |passed|failed" | tail -6
+  (cd benchmarks/kernels && timeout 240 python3 attention.py --format bf16 --prefill-only --variants default f32r32w8p \
+    f64r16w8h f64r16w8hp f64r32w8hp f64r32w8h f64r64w8h --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
+  (cd benchmarks/kernels && timeout 150 python3 fp8_gemm.py --prefill-only --prefill-rows 512,2048,8192 --shapes \
+    "wo_a(grouped),wq_a,shared_w1" --variants default,bmm,bf16dot-bn256,triton --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/fp8_gemm.log" | grep -E "M=|failed|ceilings")
+fi
+if [[ $what == twentyfirst4 ]]; then  # twenty-first session: the flash prefill variants with more programs or warps an SM
+  # (16 heads on 4 warps, 16 warps, 64-row tiles), the best (CSA + HCA time) then in the engine's 8K prompt beside the
+  # default (both with the grouped wo_a on cuBLAS's batched GEMM: fp8_gemm.BMM_MIN_ROWS)
+  (cd benchmarks/kernels && timeout 200 python3 attention.py --format bf16 --prefill-only --variants default \
+    f32r64w8p f32r32w16p f32r64w16p f16r32w4 f16r32w4p f64r64w8h --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
+  best=$(python3 - "$OUT/attention-bf16.json" <<'PY'
+import json, sys
+sys.path.insert(0, "benchmarks/kernels")
+from attention import VARIANTS
+rows = json.load(open(sys.argv[1]))["rows"]
+tot = {}
+for r in rows:
+    tot.setdefault(r["variant"], {})[r["layer"]] = r["ms"]
+tot = {k: v["csa"] + v["hca"] for k, v in tot.items() if len(v) == 2}
+name = min(tot, key=tot.get)
+c = VARIANTS[name]
+print(f"{c.heads},{c.rows},{c.num_warps},{c.prefetch},{int(c.dsplit == 2)}" if c is not None and c.mode == "flash" else "")
+PY
+)
+  echo "best prefill variant: '${best}'"
+  for spec in "" $best; do
+    V4SERVE_ATTN_PREFILL=$spec timeout 170 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
+      --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
+      --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${spec//,/_}" \
+      2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

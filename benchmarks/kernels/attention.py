@@ -40,9 +40,11 @@ VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": ker
 
 
 def flash(heads: int, rows: int, warps: int, stages: int = 1, splits: int = 0, dchunk: int = 128,
-          prefetch: int = 0) -> kernel.Config:
-    """A "flash" mode config (split-KV flash decoding over all heads); splits 0 = by the grid size."""
-    return kernel.Config(heads, rows, 1, warps, stages, splits, mode="flash", dchunk=dchunk, prefetch=prefetch)
+          prefetch: int = 0, halves: bool = False) -> kernel.Config:
+    """A "flash" mode config (split-KV flash decoding over all heads); splits 0 = by the grid size; halves: two
+    programs per token and head block, each owning half of D's outputs (one KV split)."""
+    return kernel.Config(heads, rows, 2 if halves else 1, warps, stages, splits, mode="flash", dchunk=dchunk,
+                         prefetch=prefetch)
 
 
 # Flash variants, named f<heads>r<rows>w<warps>[c<dchunk>][s<stages>][k<splits>][p = L2 prefetch]. `--ptxas` (no GPU)
@@ -60,6 +62,22 @@ FLASH_VARIANTS = {
     "f32r32w8pk4": flash(32, 32, 8, prefetch=1, splits=4), "f32r32w8pk8": flash(32, 32, 8, prefetch=1, splits=8),
     "f32r32w8pk16": flash(32, 32, 8, prefetch=1, splits=16), "f32r16w4pk8": flash(32, 16, 4, prefetch=1, splits=8),
     "f32r16w8pk8": flash(32, 16, 8, prefetch=1, splits=8),
+    # output halves (suffix h: dsplit 2, _flash_tile_half): 64 heads on wgmma with half the accumulators. `--ptxas`
+    # at bf16 CSA (twenty-first session): r16 236 registers, no spills; r32 255 + 48 B; r64 255 + 488 B; c256 r32
+    # 255 + 244 B
+    "f64r16w8h": flash(64, 16, 8, halves=True), "f64r32w8h": flash(64, 32, 8, halves=True),
+    "f64r16w8hp": flash(64, 16, 8, prefetch=1, halves=True), "f64r32w8hp": flash(64, 32, 8, prefetch=1, halves=True),
+    "f64r64w8h": flash(64, 64, 8, halves=True), "f64r16w8hc256": flash(64, 16, 8, dchunk=256, halves=True),
+    # 16 heads a program on 4 warps (mma.sync): a quarter of the registers, several programs an SM to overlap the
+    # gathers' latency, for each record read by four head blocks (from L2 after the first)
+    "f16r32w4": flash(16, 32, 4), "f16r64w4": flash(16, 64, 4), "f16r32w4p": flash(16, 32, 4, prefetch=1),
+    "f16r64w4p": flash(16, 64, 4, prefetch=1), "f16r32w4s2": flash(16, 32, 4, stages=2),
+    "f16r32w4c256": flash(16, 32, 4, dchunk=256), "f16r32w4c512": flash(16, 32, 4, dchunk=512),
+    "f32r32w4p": flash(32, 32, 4, prefetch=1), "f32r64w8p": flash(32, 64, 8, prefetch=1),
+    # 16 warps on one program: more of the gathers in flight per SM, 128 registers a thread at most
+    "f32r32w16p": flash(32, 32, 16, prefetch=1), "f32r64w16p": flash(32, 64, 16, prefetch=1),
+    "f64r32w16hp": flash(64, 32, 16, prefetch=1, halves=True), "f64r64w16hp": flash(64, 64, 16, prefetch=1, halves=True),
+    "f64r64w16h": flash(64, 64, 16, halves=True),
 }
 VARIANTS.update(FLASH_VARIANTS)
 
@@ -91,7 +109,9 @@ def ptxas_report(variants: dict, fmt: str = "v4_fp8", cmode: int = kernel.PICKED
         if cfg is None or cfg.mode != "flash":
             continue
         dc = cfg.dchunk or D
-        consts = {"D": D, "RD": RD, "W": W, "BH": cfg.heads, "BN": cfg.rows, "DC": dc, "NSPLIT": nsplit,
+        ds = 2 if cfg.dsplit == 2 and D // dc in (2, 4) else 1
+        consts = {"D": D, "RD": RD, "W": W, "BH": cfg.heads, "BN": cfg.rows, "DC": dc, "DS": ds,
+                  "NSPLIT": 1 if ds == 2 else nsplit,
                   "WFMT": kernel.FORMATS[fmt], "CFMT": kernel.FORMATS[fmt], "CMODE": cmode, "QNORM": True,
                   "DT": tl.bfloat16, "ACC": tl.float32, "HALF": True, "INTERPRET": False,
                   "PREFETCH": bool(cfg.prefetch), "WNL": kernel._lines(record), "CNL": kernel._lines(record),
@@ -176,6 +196,7 @@ def main() -> None:
     ap.add_argument("--format", choices=sorted(FORMATS), action="append",
                     help="record formats to time (default: all; a CUDA fault ends the process, so the session script "
                          "runs one format per process)")
+    ap.add_argument("--prefill-only", action="store_true", help="only the 4K prefill chunk (implies --flash-prefill)")
     ap.add_argument("--ptxas", action="store_true",
                     help="no GPU: compile the chosen flash variants for sm_90a and print registers / spills / smem")
     args = ap.parse_args()
@@ -185,13 +206,15 @@ def main() -> None:
     elif args.variants:
         chosen = {k: v for k, v in VARIANTS.items() if any(k.startswith(p) for p in args.variants)}
     if args.ptxas:
-        ptxas_report(chosen)
+        ptxas_report(chosen, FORMATS[args.format[0]][1] if args.format else "v4_fp8")
         return
     ceil = measure_ceilings()
     print(describe(ceil), flush=True)
     hbm, bf16 = ceil["hbm_bytes_per_s"], ceil["bf16_flops"]
     rows = []
     shapes = [("decode", 1, 1), ("decode", 32, 1), ("decode", 64, 1), ("prefill", 1, 4096)]
+    if args.prefill_only:
+        shapes, args.flash_prefill = shapes[-1:], True
     flash_only = all(v is not None and v.mode == "flash" for v in chosen.values())
     for fname, (wkind, ckind) in FORMATS.items():
         if args.format and fname not in args.format:

@@ -66,8 +66,9 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
 # prefill: "default" = the dispatch (cuBLAS's block-scaled recipe for 128-block W8A8, ops/kernels/scaled_mm.py, where
 # it applies), "triton" = fp8_gemm's kernel with its default tiles
 # "bf16dot": the W8A8 values through the bf16 dot (x FP8-simulated, the weight widened per tile; no per-block
-# rescale: V4.1's 32-wide blocks)
-PREFILL_VARIANTS = {"default": None, "triton": {}, "bf16dot": {"a_fp8": False},
+# rescale: V4.1's 32-wide blocks); "bmm": the weight widened to bf16 per call (kernels/fp8_widen.py) and cuBLAS's
+# (batched) bf16 GEMM, the dispatch for grouped rows from fp8_gemm.BMM_MIN_ROWS
+PREFILL_VARIANTS = {"default": None, "triton": {}, "bf16dot": {"a_fp8": False}, "bmm": {"bmm": True},
                     "bf16dot-bn256": {"a_fp8": False, "BN": 256, "num_warps": 8, "num_stages": 3}, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
 
@@ -83,10 +84,15 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(make, graph: bool, copies) -> float:
-    """Decode: one graph of calls over rotating weight copies (in-step cost, weights from HBM); prefill: eager."""
+    """Decode: one graph of calls over rotating weight copies (in-step cost, weights from HBM); prefill: a graph of
+    calls over up to four copies too (eager timing of 2K-row calls measured the host's launches: ~120 us for any
+    shape, twenty-first session), eager where a path cannot be captured."""
     if graph:
         return bench_graph_many([make(qc, sc) for qc, sc in copies])
-    return bench_ms(make(*copies[0]))
+    try:
+        return bench_graph_many([make(qc, sc) for qc, sc in copies[:4]])
+    except Exception:  # noqa: BLE001 - not capturable: eager
+        return bench_ms(make(*copies[0]))
 
 
 # name: (D, I, block) of the shared expert; paired-kernel tile variants beside fp8_gemv's config
@@ -312,8 +318,9 @@ def main() -> None:
             if args.variants:
                 variants = {k: v for k, v in variants.items() if k in args.variants.split(",")}
             xb = x.view(M, G * K) if G == 1 else x[:, 0].contiguous()
-            cublas = run(lambda wb, _: (lambda: xb @ wb[:N].t() if G > 1 else xb @ wb.t()), decode,
-                         [(wb, None) for wb in wbs])
+            xg = x.transpose(0, 1)  # grouped: all G products in one batched GEMM (bf16 weights)
+            cublas = run(lambda wb, _: (lambda: torch.bmm(xg, wb.view(G, N, K).transpose(1, 2)) if G > 1
+                                        else xb @ wb.t()), decode, [(wb, None) for wb in wbs])
             gemv_ok = fp8_gemv.supports(x, q, block, act)
             for vname, cfg in variants.items():
                 if decode and gemv_ok and cfg != "general":

@@ -194,11 +194,11 @@ def test_flash_configs_agree(heads: int, rows: int, splits: int, dchunk: int, mo
     assert _rel(got, ref) < TOL
 
 
-@pytest.mark.parametrize("cfg", [kernel.Config(16, 16, 2, 1, 1, 0, mode="flash"),
-                                 kernel.Config(16, 16, 2, 1, 1, 0, mode="flash", dchunk=64)],
+@pytest.mark.parametrize("cfg", [kernel.Config(16, 16, 1, 1, 1, 0, mode="flash"),
+                                 kernel.Config(16, 16, 1, 1, 1, 0, mode="flash", dchunk=64)],
                          ids=["auto", "auto-chunked"])
 def test_flash_mode_reads_each_token_rows_in_one_launch(cfg) -> None:
-    """kv_splits 0 picks the splits from the grid (1 here: few rows per token) and dsplit is ignored."""
+    """kv_splits 0 picks the splits from the grid (1 here: few rows per token)."""
     got, ref = _run(_case("fp8_b32", "nvfp4", "picks", EXACT, seed=14), None, cfg)
     assert _rel(got, ref) < TOL
 
@@ -225,6 +225,24 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers
 
 
+def test_prefill_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$V4SERVE_ATTN_PREFILL (A/B runs) names the prefill chunks' flash config; decode rows keep theirs; a malformed
+    value is an error that says the form."""
+    window, entries = _case("plain", "plain", "picks", EXACT, seed=16)[6:]
+    monkeypatch.setenv(kernel.PREFILL_ENV, "64,32,8,1,1")
+    cfg = kernel.gpu_config(4096, window, entries)
+    assert (cfg.heads, cfg.rows, cfg.num_warps, cfg.prefetch, cfg.dsplit, cfg.mode) == (64, 32, 8, 1, 2, "flash")
+    assert kernel.gpu_config(32, window, entries) is kernel.FLASH_DECODE_CONFIG
+    monkeypatch.setenv(kernel.PREFILL_ENV, "16,32,4")
+    assert kernel.gpu_config(4096, window, entries).dsplit == 1
+    for bad in ("64,32", "64,x,8", "48,32,8", "64,32,8,1,1,1"):
+        monkeypatch.setenv(kernel.PREFILL_ENV, bad)
+        with pytest.raises(ValueError, match="V4SERVE_ATTN_PREFILL"):
+            kernel.gpu_config(4096, window, entries)
+    monkeypatch.delenv(kernel.PREFILL_ENV)
+    assert kernel.gpu_config(4096, window, entries) is kernel.FLASH_DECODE_CONFIG
+
+
 def test_computed_split_counts_are_powers_of_two() -> None:
     # NSPLIT is a constexpr: a count per token count was a kernel variant per step size, compiled while serving
     counts = {kernel._kv_splits(kernel.GPU_CONFIG, programs, rows) for programs in range(1, 300)
@@ -234,3 +252,19 @@ def test_computed_split_counts_are_powers_of_two() -> None:
     assert counts <= {1, 2, 4, 8, 16} and len(counts) >= 4, counts
     explicit = dataclasses.replace(kernel.GPU_CONFIG, kv_splits=3)
     assert kernel._kv_splits(explicit, 8, 4096) == 3  # an explicit count is taken as given
+
+
+@pytest.mark.parametrize("chunks", [2, 4])
+@pytest.mark.parametrize("wkind,ckind,mode", [("plain", "plain", "picks"), ("plain", "plain", "dense"),
+                                              ("v4_fp8", "v4_fp8", "picks"), ("fp8_b32", "nvfp4", "dense")])
+def test_flash_output_halves_equal_the_whole(chunks: int, wkind: str, ckind: str, mode: str) -> None:
+    """dsplit = 2 in flash mode: two programs per token, each keeping one half of D for P.V over the same scores (QK^T
+    in the same chunk order). Bit for bit the one-program result, and the reference's within the tolerance."""
+    heads, rows = (64, 16) if ON_GPU else (4, 4)
+    whole = kernel.Config(heads, rows, 1, 8 if ON_GPU else 1, 1, 1, mode="flash", dchunk=_D // chunks)
+    halves = dataclasses.replace(whole, dsplit=2, kv_splits=0)
+    args = _case(wkind, ckind, mode, EXACT, seed=15 + chunks, rows_tokens=(3, (1, 4, 1)))
+    got, ref = _run(args, 1e-6, halves)
+    one, _ = _run(args, 1e-6, whole)
+    assert torch.equal(got, one)
+    assert _rel(got, ref) < TOL

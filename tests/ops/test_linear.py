@@ -231,6 +231,24 @@ def test_grouped_linear_matches_reference(block: int) -> None:
     assert rel(out, grouped_linear_reference(x, q, s, block, 0)) < F32_TOL
 
 
+@pytest.mark.parametrize("block,act", [(32, 0), (128, 128), (32, 32)])
+def test_grouped_prefill_rows_as_one_batched_gemm(block: int, act: int) -> None:
+    """Grouped prefill rows (G > 1, from BMM_MIN_ROWS on the GPU): the weight widened exactly, x FP8-simulated, the G
+    products in one batched GEMM written in place: the reference's own computation (its einsum is the same bmm)."""
+    g = torch.Generator().manual_seed(12)
+    G, N, K = 4, 48, 256
+    q, s = fp8_weight(G * N, K, block, g)
+    x = torch.randn(40, G, K, generator=g).to(DEV, torch.bfloat16)
+    assert fp8_gemm._takes_bmm(x[:1].expand(fp8_gemm.BMM_MIN_ROWS, G, K), q, s, None) == GPU
+    assert not fp8_gemm._takes_bmm(x, q, s, None)
+    assert not fp8_gemm._takes_bmm(x, q, s, {"BN": 64}) and not fp8_gemm._takes_bmm(x.float(), q, s, {"bmm": True})
+    got = fp8_gemm.general(x, q, s, block, act, torch.bfloat16, cfg={"bmm": True})
+    ref = grouped_linear_reference(x, q, s, block, act)
+    assert got.shape == (40, G, N) and got.is_contiguous() and got.dtype == torch.bfloat16
+    assert rel(got, ref) < (1e-2 if GPU else 1e-6)
+    assert rel(got, fp8_gemm.general(x, q, s, block, act, torch.bfloat16, cfg={"BM": 16})) < 1e-2
+
+
 @pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])
 def test_plain_float_weight_with_wider_activations(wdtype: torch.dtype) -> None:
     """The LM head and the compressors: a bf16 weight read as stored under float32 math (no upcast copy)."""

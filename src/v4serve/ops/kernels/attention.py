@@ -43,6 +43,7 @@ decides):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -50,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env import get as env_get
 from ..precision import hi_lo
 from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
@@ -69,7 +71,7 @@ class Config:
     heads: int  # BH: query heads per program (the M of both dots)
     rows: int  # BN: KV rows per tile
     dsplit: int  # programs per (token, head block), each owning D / dsplit output dims (also the QK chunk width);
-    # "heads" mode only
+    # "flash" mode: 2 = two programs each owning a half of D (one KV split; _flash_tile_half), else 1
     num_warps: int
     num_stages: int
     kv_splits: int = 0  # programs per token's KV rows (0 = by the grid size; the partials combine in the last)
@@ -97,6 +99,7 @@ FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # re
 # 5.86 ms and HCA 17.36 -> 5.44 ms against GPU_CONFIG, the same error against the reference (each record decoded once
 # per 32 heads instead of once per 16 heads and D half). One KV split at these sizes (_flash_splits).
 FLASH_PREFILL_FORMATS = {"plain": ("picks", "dense")}
+PREFILL_ENV = "V4SERVE_ATTN_PREFILL"  # A/B switch: the prefill chunks' flash config, "heads,rows,warps[,prefetch[,halves]]"
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
 _SMS = 132  # H200 multiprocessors
 _COUNTERS = ArrivalCounters()
@@ -396,6 +399,51 @@ def _flash_tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, m_i, 
 
 
 @triton.jit
+def _flash_tile_half(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, pd, m_i, l_i, acc0, acc1,
+                     u8_ptr, h16_ptr, val_ptr, stride, scale_hi, scale_lo,
+                     FMT: tl.constexpr, FRESH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, DC: tl.constexpr,
+                     BH: tl.constexpr, BN: tl.constexpr, ACC: tl.constexpr, DT: tl.constexpr, HALF: tl.constexpr,
+                     INTERPRET: tl.constexpr):
+    """_flash_tile for a program that owns output half pd of D (two programs per token and head block): QK^T runs
+    over all NCH = D / DC chunks (2 or 4) in _flash_tile's order (the same scores, bit for bit), and only the own
+    half's chunks (1 or 2, into acc0 / acc1) are kept for P.V. Half the accumulator registers let 64 heads (wgmma's
+    M) fit without spilling, for twice the QK^T and record reads of a token."""
+    NCH: tl.constexpr = D // DC
+    cd = tl.arange(0, DC)
+    k0 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
+                  DC, D, RD, DT)
+    s = _dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
+    k1 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                  FRESH, DC, D, RD, DT)
+    s += _dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
+    if NCH > 2:
+        k2 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                      FRESH, DC, D, RD, DT)
+        s += _dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
+                  INTERPRET)
+        k3 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                      FRESH, DC, D, RD, DT)
+        s += _dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
+                  INTERPRET)
+        own0 = tl.where(pd == 0, k0, k2)
+        own1 = tl.where(pd == 0, k1, k3)
+    else:
+        own0 = tl.where(pd == 0, k0, k1)
+        own1 = own0
+    s = s * scale_hi + s * scale_lo
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    p = p.to(DT)
+    acc0 = acc0 * alpha[:, None] + _dot(p, own0, ACC, HALF, INTERPRET)
+    if NCH > 2:
+        acc1 = acc1 * alpha[:, None] + _dot(p, own1, ACC, HALF, INTERPRET)
+    return m_new, l_i, acc0, acc1
+
+
+@triton.jit
 def _win_src(t, k0, end, W, win_src_ptr, win_ok_ptr, BN: tl.constexpr):
     """Stage 1 of a window tile's addresses: the sources (ring slot or fresh row) of window positions [k0, k0 + BN)
     below `end`, and which count."""
@@ -458,15 +506,18 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
                   DC: tl.constexpr, NSPLIT: tl.constexpr, WFMT: tl.constexpr, CFMT: tl.constexpr,
                   CMODE: tl.constexpr, QNORM: tl.constexpr, DT: tl.constexpr, ACC: tl.constexpr,
                   HALF: tl.constexpr, INTERPRET: tl.constexpr, PREFETCH: tl.constexpr, WNL: tl.constexpr,
-                  CNL: tl.constexpr, WAL: tl.constexpr, CAL: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (head blocks, kv splits, tokens): head blocks fastest, so that when BH < H the programs reading the same
-    records run side by side (the second read hits L2)."""
+                  CNL: tl.constexpr, WAL: tl.constexpr, CAL: tl.constexpr, DS: tl.constexpr = 1,
+                  PDL: tl.constexpr = False):
+    """Grid (head blocks x DS output halves, kv splits, tokens): head blocks and halves fastest, so that the programs
+    reading the same records run side by side (the second read hits L2). DS = 2 (one KV split only): each program
+    owns half of the D output dims (_flash_tile_half)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     # the pools' row strides are multiples of WAL / CAL (V4's 584-B record: 8): said so, the record loads vectorise
     # (Triton only infers divisibility by 16 for integer arguments; else every byte is its own load)
     w_stride = (w_stride // WAL) * WAL
     c_stride = (c_stride // CAL) * CAL
-    hb = tl.program_id(0)
+    hb = tl.program_id(0) // DS
+    pd = tl.program_id(0) % DS
     pid_s = tl.program_id(1)
     t = tl.program_id(2).to(tl.int64)
     h = hb * BH + tl.arange(0, BH)
@@ -499,10 +550,11 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
     m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink, counted once (split 0)
     l_i = tl.full((BH,), 1.0, ACC) * (pid_s == 0).to(ACC)
     NCH: tl.constexpr = D // DC  # 1, 2 or 4 output chunks, each with its accumulator (see _flash_tile)
+    NOWN: tl.constexpr = NCH // DS  # the accumulators this program keeps (DS = 2: its half's)
     acc0 = tl.zeros((BH, DC), ACC)
-    acc1 = tl.zeros((BH, DC) if NCH > 1 else (1, 1), ACC)
-    acc2 = tl.zeros((BH, DC) if NCH > 2 else (1, 1), ACC)
-    acc3 = tl.zeros((BH, DC) if NCH > 2 else (1, 1), ACC)
+    acc1 = tl.zeros((BH, DC) if NOWN > 1 else (1, 1), ACC)
+    acc2 = tl.zeros((BH, DC) if NOWN > 2 else (1, 1), ACC)
+    acc3 = tl.zeros((BH, DC) if NOWN > 2 else (1, 1), ACC)
     # --- window tiles. The gather chain is software-pipelined over tiles i (records decoded and multiplied now),
     # i+1 (pool rows known: optionally L2-prefetched), i+2 (ring rows loading) and i+3 (sources loading): each load's
     # result is first used one tile after it was issued, so the dependent loads overlap the current tile's work
@@ -517,10 +569,16 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
         row2, ring2 = _win_rows(src2, ok2, ring_ptr, RW)
         if PREFETCH:
             _prefetch(wval_ptr, row1, w_row_bytes, WNL)
-        m_i, l_i, acc0, acc1, acc2, acc3 = _flash_tile(
-            qp, h_ok, row0, ok0, ring0, fresh_ptr, stride_ft, src0 - RW, m_i, l_i, acc0, acc1, acc2, acc3,
-                                    wu8_ptr, wh16_ptr, wval_ptr, w_stride, scale_hi, scale_lo, WFMT, True, D, RD, DC,
-                                    BH, BN, ACC, DT, HALF, INTERPRET)
+        if DS == 2:
+            m_i, l_i, acc0, acc1 = _flash_tile_half(
+                qp, h_ok, row0, ok0, ring0, fresh_ptr, stride_ft, src0 - RW, pd, m_i, l_i, acc0, acc1, wu8_ptr,
+                wh16_ptr, wval_ptr, w_stride, scale_hi, scale_lo, WFMT, True, D, RD, DC, BH, BN, ACC, DT, HALF,
+                INTERPRET)
+        else:
+            m_i, l_i, acc0, acc1, acc2, acc3 = _flash_tile(
+                qp, h_ok, row0, ok0, ring0, fresh_ptr, stride_ft, src0 - RW, m_i, l_i, acc0, acc1, acc2, acc3,
+                wu8_ptr, wh16_ptr, wval_ptr, w_stride, scale_hi, scale_lo, WFMT, True, D, RD, DC, BH, BN, ACC, DT,
+                HALF, INTERPRET)
         src0, ok0, row0, ring0 = src1, ok1, row1, ring1
         src1, ok1, row1, ring1 = src2, ok2, row2, ring2
         src2, ok2 = src3, ok3
@@ -540,10 +598,16 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
             rowj2 = _entry_rows(j2_, okj2, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
             if PREFETCH:
                 _prefetch(cval_ptr, rowj1, c_row_bytes, CNL)
-            m_i, l_i, acc0, acc1, acc2, acc3 = _flash_tile(
-                qp, h_ok, rowj0, okj0, okj0, fresh_ptr, stride_ft, j0_, m_i, l_i, acc0, acc1, acc2, acc3,
-                                        cu8_ptr, ch16_ptr, cval_ptr, c_stride, scale_hi, scale_lo, CFMT, False, D, RD,
-                                        DC, BH, BN, ACC, DT, HALF, INTERPRET)
+            if DS == 2:
+                m_i, l_i, acc0, acc1 = _flash_tile_half(
+                    qp, h_ok, rowj0, okj0, okj0, fresh_ptr, stride_ft, j0_, pd, m_i, l_i, acc0, acc1, cu8_ptr,
+                    ch16_ptr, cval_ptr, c_stride, scale_hi, scale_lo, CFMT, False, D, RD, DC, BH, BN, ACC, DT, HALF,
+                    INTERPRET)
+            else:
+                m_i, l_i, acc0, acc1, acc2, acc3 = _flash_tile(
+                    qp, h_ok, rowj0, okj0, okj0, fresh_ptr, stride_ft, j0_, m_i, l_i, acc0, acc1, acc2, acc3,
+                    cu8_ptr, ch16_ptr, cval_ptr, c_stride, scale_hi, scale_lo, CFMT, False, D, RD, DC, BH, BN, ACC,
+                    DT, HALF, INTERPRET)
             j0_, okj0, rowj0 = j1_, okj1, rowj1
             j1_, okj1, rowj1 = j2_, okj2, rowj2
             j2_, okj2 = j3_, okj3
@@ -579,6 +643,12 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
                 _finish(acc_c, l_i, cos_ptr, sin_ptr, t, stride_ct, ci, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
                         D, RD, DC, BH, RT)
             tl.store(cnt_ptr + slot, 0)  # ready for the next launch / graph replay
+    elif DS == 2:  # this program's half: chunks pd * NOWN ..
+        _finish(acc0, l_i, cos_ptr, sin_ptr, t, stride_ct, pd * NOWN, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D,
+                RD, DC, BH, RT)
+        if NOWN > 1:
+            _finish(acc1, l_i, cos_ptr, sin_ptr, t, stride_ct, pd * NOWN + 1, out_ptr, stride_ot, stride_oh, h, h_ok,
+                    QT, D, RD, DC, BH, RT)
     else:
         _finish(acc0, l_i, cos_ptr, sin_ptr, t, stride_ct, 0, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD, DC, BH,
                 RT)
@@ -635,6 +705,24 @@ def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) ->
     return n if head_blocks <= N_COUNTERS else 1
 
 
+@functools.lru_cache(maxsize=8)
+def _parse_prefill(spec: str) -> Config:
+    try:
+        heads, rows, warps, *rest = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise ValueError(f"{PREFILL_ENV}={spec!r}: expected heads,rows,warps[,prefetch[,halves]] (integers)") from None
+    if len(rest) > 2 or heads not in (16, 32, 64) or rows not in (16, 32, 64) or warps not in (4, 8, 16):
+        raise ValueError(f"{PREFILL_ENV}={spec!r}: heads and rows in 16/32/64, warps in 4/8/16, at most 5 fields")
+    prefetch, halves = (rest + [0, 0])[:2]
+    return Config(heads, rows, 2 if halves else 1, warps, 1, mode=FLASH, dchunk=128, prefetch=int(bool(prefetch)))
+
+
+def prefill_config() -> Config:
+    """Prefill chunks' flash config: FLASH_DECODE_CONFIG's, or $V4SERVE_ATTN_PREFILL's."""
+    spec = env_get(PREFILL_ENV)
+    return _parse_prefill(spec) if spec else FLASH_DECODE_CONFIG
+
+
 def gpu_config(tokens: int, window, entries) -> Config:
     """The measured choice on the GPU: flash mode over compressed entries where it was timed — batched decode
     (FLASH_DECODE_FORMATS: CSA picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records)
@@ -644,7 +732,9 @@ def gpu_config(tokens: int, window, entries) -> Config:
         return GPU_CONFIG
     kind = "picks" if entries.picks is not None else "dense"
     timed = FLASH_DECODE_FORMATS if tokens <= hi else FLASH_PREFILL_FORMATS
-    return FLASH_DECODE_CONFIG if kind in timed.get(entries.pool.codec.kind, ()) else GPU_CONFIG
+    if kind not in timed.get(entries.pool.codec.kind, ()):
+        return GPU_CONFIG
+    return FLASH_DECODE_CONFIG if tokens <= hi else prefill_config()
 
 
 def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:
@@ -704,7 +794,8 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     if cfg.mode == FLASH:
         dc = cfg.dchunk if cfg.dchunk and cfg.dchunk % 2 == 0 and D % cfg.dchunk == 0 and D // cfg.dchunk in (1, 2, 4) \
             else D
-        nsplit = _flash_splits(cfg, T, HB, W + (n_picks if cmode == PICKED else 4 * cfg.rows))
+        ds = 2 if cfg.dsplit == 2 and D // dc in (2, 4) else 1  # output halves per program (one KV split)
+        nsplit = 1 if ds == 2 else _flash_splits(cfg, T, HB, W + (n_picks if cmode == PICKED else 4 * cfg.rows))
         chunk = TOKEN_CHUNK
         if nsplit > 1:  # the combine's counters and a bounded partials workspace
             chunk = max(1, min(TOKEN_CHUNK, N_COUNTERS // HB, PART_BUDGET // (HB * nsplit * cfg.heads * (D + 2))))
@@ -716,13 +807,13 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
             qp = torch.empty_like(qc)
             part = (torch.empty((hi - lo) * HB * nsplit * cfg.heads * (D + 2), dtype=acc, device=q.device)
                     if nsplit > 1 else out)
-            _flash_kernel[(HB, nsplit, hi - lo)](
+            _flash_kernel[(HB * ds, nsplit, hi - lo)](
                 *row_args(lo, hi, qc, qp, part, cnt), w_bytes, c_bytes,
                 D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=dc, NSPLIT=nsplit, WFMT=FORMATS[wkind],
                 CFMT=FORMATS[ckind], CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
                 HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
                 PREFETCH=bool(cfg.prefetch) and not interpreting(), WNL=_lines(w_bytes), CNL=_lines(c_bytes),
-                WAL=math.gcd(wdata.stride(0), 16), CAL=math.gcd(cdata.stride(0), 16),
+                WAL=math.gcd(wdata.stride(0), 16), CAL=math.gcd(cdata.stride(0), 16), DS=ds,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))
         return out
     nsplit = _kv_splits(cfg, min(T, TOKEN_CHUNK) * HB * dsplit, W + (n_picks if cmode == PICKED else 4 * cfg.rows))

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ..quant import Quantized
-from . import cdiv, fp8_gemv, interpreting, next_pow2, scaled_mm, step_jit
+from . import cdiv, fp8_gemv, fp8_widen, interpreting, next_pow2, scaled_mm, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import act_quant, act_simulate
@@ -29,6 +29,10 @@ from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 _DOT_FP8, _DOT_HALF, _DOT_F32, _DOT_F64 = 0, 1, 2, 3
 _SMS = 132  # H200 multiprocessors: decode splits K until about two waves of programs stream the weight
 _COUNTERS = ArrivalCounters()  # split-K tiles finished in the kernel at decode (kernels/split_grid.py)
+# Grouped (G > 1: V4's wo_a) prefill rows from which the weight is widened to bf16 per call and the G projections run
+# as one cuBLAS batched GEMM (_grouped_bmm). H200, wo_a (G 8, K 4096, N 1024): the block-scaled kernel's best tiles
+# 367 us at 2,048 rows and 1.41 ms at 8,192 (25-26% of the FP8 peak, 50% of bf16's).
+BMM_MIN_ROWS = 512
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -198,6 +202,8 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         return torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     w_fp8 = weight.dtype == torch.float8_e4m3fn
     half = x3.dtype in (torch.bfloat16, torch.float16)
+    if xs is None and _takes_bmm(x3, weight, scale, cfg):
+        return _grouped_bmm(x3, weight, scale, block, act_group, out_dtype)
     # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} runs the
     # same values as W8A16 instead (x FP8-simulated in bf16, exact, against the widened weight on the bf16 tensor
     # cores: no per-block rescale of the accumulator, the candidate for V4.1's 32-wide blocks on prefill)
@@ -239,6 +245,30 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         _sum_splits_kernel[(cdiv(total, 1024),)](part, y, total, SPLITS=splits, BLOCK=1024,
                                                            **pdl_launch(y))
     return y
+
+
+def _takes_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, cfg: dict | None) -> bool:
+    """Grouped prefill rows of an FP8 weight on the GPU (BMM_MIN_ROWS); cfg {"bmm": True} forces it (benchmarks,
+    tests), any other cfg keeps the Triton kernel."""
+    if not fp8_widen.supports(weight, scale) or x3.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if cfg is not None:
+        return bool(cfg.get("bmm"))
+    return x3.is_cuda and x3.shape[1] > 1 and x3.shape[0] >= BMM_MIN_ROWS
+
+
+def _grouped_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """x3 [M, G, K] against W [G*N, K] as the reference computes it: x FP8-simulated in its dtype (act_group), W
+    widened exactly to that dtype, G products in one batched GEMM (cuBLAS: fp32 accumulation), written in place."""
+    M, G, K = x3.shape
+    N = weight.shape[0] // G
+    if act_group:
+        x3 = act_simulate(x3, act_group)
+    w = fp8_widen.widen(weight, scale, block, x3.dtype).view(G, N, K)
+    y = torch.empty(M, G, N, dtype=x3.dtype, device=x3.device)
+    torch.bmm(x3.transpose(0, 1), w.transpose(1, 2), out=y.transpose(0, 1))
+    return y if out_dtype == x3.dtype else y.to(out_dtype)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
