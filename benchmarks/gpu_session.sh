@@ -1196,6 +1196,36 @@ PY
       2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
   done
 fi
+if [[ $what == twentyfirst5 ]]; then  # twenty-first session: around the new prefill default (FLASH_PREFILL_CONFIG, 32 heads x 64
+  # rows): no prefetch, 128-row tiles, 16 heads on 8 / 4 warps; the best in the engine's 8K prompt beside the default;
+  # first the fast-path model tests on the GPU with the new defaults
+  timeout 200 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k "fast_path or chunked" \
+    2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^E |passed|failed" | tail -4
+  (cd benchmarks/kernels && timeout 200 python3 attention.py --format bf16 --prefill-only --variants default \
+    f32r64w8 f32r128w8p f16r64w8 f16r128w8 f32r64w8c256p f16r64w4 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
+  best=$(python3 - "$OUT/attention-bf16.json" <<'PY'
+import json, sys
+sys.path.insert(0, "benchmarks/kernels")
+from attention import VARIANTS
+rows = json.load(open(sys.argv[1]))["rows"]
+tot = {}
+for r in rows:
+    tot.setdefault(r["variant"], {})[r["layer"]] = r["ms"]
+tot = {k: v["csa"] + v["hca"] for k, v in tot.items() if len(v) == 2}
+name = min(tot, key=tot.get)
+c = VARIANTS[name]
+print(f"{c.heads},{c.rows},{c.num_warps},{c.prefetch},{int(c.dsplit == 2)}" if c is not None and c.mode == "flash" else "")
+PY
+)
+  echo "best prefill variant: '${best}'"
+  for spec in "" $best; do
+    V4SERVE_ATTN_PREFILL=$spec timeout 170 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
+      --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
+      --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${spec//,/_}" \
+      2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -78,6 +78,9 @@ FLASH_VARIANTS = {
     "f32r32w16p": flash(32, 32, 16, prefetch=1), "f32r64w16p": flash(32, 64, 16, prefetch=1),
     "f64r32w16hp": flash(64, 32, 16, prefetch=1, halves=True), "f64r64w16hp": flash(64, 64, 16, prefetch=1, halves=True),
     "f64r64w16h": flash(64, 64, 16, halves=True),
+    # around the prefill default (FLASH_PREFILL_CONFIG = f32r64w8p): no prefetch, 128-row tiles, 16 heads on 8 warps
+    "f32r64w8": flash(32, 64, 8), "f32r128w8p": flash(32, 128, 8, prefetch=1), "f16r64w8": flash(16, 64, 8),
+    "f16r128w8": flash(16, 128, 8), "f32r64w8c256p": flash(32, 64, 8, dchunk=256, prefetch=1),
 }
 VARIANTS.update(FLASH_VARIANTS)
 

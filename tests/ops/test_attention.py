@@ -219,8 +219,9 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(64, *refs("v4_fp8", picks=False)) is heads  # HCA over V4's records: not timed
     assert kernel.gpu_config(32, *refs("nvfp4", "fp8_b32")) is heads  # V4.1's formats
     assert kernel.gpu_config(1, *refs("plain")) is heads and kernel.gpu_config(15, *refs("plain")) is heads
-    assert kernel.gpu_config(4096, *refs("plain")) is flash  # prefill over bf16 records: CSA and HCA
-    assert kernel.gpu_config(129, *refs("plain", picks=False)) is flash
+    prefill = kernel.FLASH_PREFILL_CONFIG  # prefill over bf16 records: CSA and HCA
+    assert kernel.gpu_config(4096, *refs("plain")) is prefill
+    assert kernel.gpu_config(129, *refs("plain", picks=False)) is prefill
     assert kernel.gpu_config(4096, *refs("v4_fp8")) is heads  # prefill over V4's records: not timed
     assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers
 
@@ -240,7 +241,7 @@ def test_prefill_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ValueError, match="V4SERVE_ATTN_PREFILL"):
             kernel.gpu_config(4096, window, entries)
     monkeypatch.delenv(kernel.PREFILL_ENV)
-    assert kernel.gpu_config(4096, window, entries) is kernel.FLASH_DECODE_CONFIG
+    assert kernel.gpu_config(4096, window, entries) is kernel.FLASH_PREFILL_CONFIG
 
 
 def test_computed_split_counts_are_powers_of_two() -> None:

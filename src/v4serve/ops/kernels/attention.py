@@ -94,10 +94,14 @@ FLASH_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stage
                              prefetch=1)
 FLASH_DECODE_TOKENS = (16, 128)
 FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # record format -> entry kinds timed
-# Prefill chunks (more than 128 query tokens) take the same config where timed: over bf16 records at 64K context, a
-# 4K-token chunk (benchmarks/kernels/attention.py --format bf16 --flash-prefill, H200, thirteenth session) CSA 18.36 ->
-# 5.86 ms and HCA 17.36 -> 5.44 ms against GPU_CONFIG, the same error against the reference (each record decoded once
-# per 32 heads instead of once per 16 heads and D half). One KV split at these sizes (_flash_splits).
+# Prefill chunks (more than 128 query tokens) take flash mode where timed: over bf16 records at 64K context, a 4K-token
+# chunk (benchmarks/kernels/attention.py --format bf16 --prefill-only, H200): the decode config took CSA 18.36 -> 5.86
+# ms and HCA 17.36 -> 5.44 against GPU_CONFIG (thirteenth session); 64-row tiles take them to 4.35 and 4.05 ms
+# (twenty-first session: the tile loop is bound by its gathers' latency at one program an SM, so more rows a tile
+# amortise it; 16 heads on 4 warps 4.86 / 4.29, the output halves on 64 heads 6.35+ / 5.18+, 16 warps slower). One KV
+# split at these sizes (_flash_splits).
+FLASH_PREFILL_CONFIG = Config(heads=32, rows=64, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128,
+                              prefetch=1)
 FLASH_PREFILL_FORMATS = {"plain": ("picks", "dense")}
 PREFILL_ENV = "V4SERVE_ATTN_PREFILL"  # A/B switch: the prefill chunks' flash config, "heads,rows,warps[,prefetch[,halves]]"
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
@@ -718,9 +722,9 @@ def _parse_prefill(spec: str) -> Config:
 
 
 def prefill_config() -> Config:
-    """Prefill chunks' flash config: FLASH_DECODE_CONFIG's, or $V4SERVE_ATTN_PREFILL's."""
+    """Prefill chunks' flash config: FLASH_PREFILL_CONFIG, or $V4SERVE_ATTN_PREFILL's."""
     spec = env_get(PREFILL_ENV)
-    return _parse_prefill(spec) if spec else FLASH_DECODE_CONFIG
+    return _parse_prefill(spec) if spec else FLASH_PREFILL_CONFIG
 
 
 def gpu_config(tokens: int, window, entries) -> Config:
