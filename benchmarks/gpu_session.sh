@@ -1226,6 +1226,12 @@ PY
       2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
   done
 fi
+if [[ $what == twentyfirst6 ]]; then  # the committed prefill default (f32r64w8) in the engine's 8K prompt
+  timeout 200 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 --max-model-len 8448 \
+    --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 --hf-prefill 8192 --hf-max-batch 0 \
+    --skip-transformers --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
+    | grep -E "batch 1|error|Error" | tail -2
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

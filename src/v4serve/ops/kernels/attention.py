@@ -96,12 +96,12 @@ FLASH_DECODE_TOKENS = (16, 128)
 FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # record format -> entry kinds timed
 # Prefill chunks (more than 128 query tokens) take flash mode where timed: over bf16 records at 64K context, a 4K-token
 # chunk (benchmarks/kernels/attention.py --format bf16 --prefill-only, H200): the decode config took CSA 18.36 -> 5.86
-# ms and HCA 17.36 -> 5.44 against GPU_CONFIG (thirteenth session); 64-row tiles take them to 4.35 and 4.05 ms
-# (twenty-first session: the tile loop is bound by its gathers' latency at one program an SM, so more rows a tile
-# amortise it; 16 heads on 4 warps 4.86 / 4.29, the output halves on 64 heads 6.35+ / 5.18+, 16 warps slower). One KV
-# split at these sizes (_flash_splits).
-FLASH_PREFILL_CONFIG = Config(heads=32, rows=64, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128,
-                              prefetch=1)
+# ms and HCA 17.36 -> 5.44 against GPU_CONFIG (thirteenth session); 64-row tiles without the L2 prefetch take them to
+# 3.60 and 3.43 ms (twenty-first session: the tile loop is bound by its gathers' latency at one program an SM, so more
+# rows a tile amortise it, and at prefill the records are L2-resident, where the prefetch only costs issue slots:
+# with it 4.37 / 4.05; 128-row tiles 4.68 / 3.57; 16 heads on 4 warps 4.36 / 4.04; the output halves on 64 heads
+# 6.35+ / 5.18+; 16 warps slower). One KV split at these sizes (_flash_splits).
+FLASH_PREFILL_CONFIG = Config(heads=32, rows=64, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128)
 FLASH_PREFILL_FORMATS = {"plain": ("picks", "dense")}
 PREFILL_ENV = "V4SERVE_ATTN_PREFILL"  # A/B switch: the prefill chunks' flash config, "heads,rows,warps[,prefetch[,halves]]"
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
