@@ -1232,6 +1232,37 @@ if [[ $what == twentyfirst6 ]]; then  # the committed prefill default (f32r64w8)
     --skip-transformers --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
     | grep -E "batch 1|error|Error" | tail -2
 fi
+if [[ $what == twentysecond1 ]]; then  # prepared in the twenty-first session: the twopass attention (scores, softmax,
+  # P.V over a scratch: attention_twopass.py, no spills, wgmma everywhere by sm_90a compiles) on the 4K prefill chunk
+  # beside the flash default (f32r64w8: CSA 3.60 / HCA 3.43 ms), its GPU tests first; the best in the engine's 8K
+  # prompt beside the default (615 ms there, twenty-first session)
+  timeout 200 python3 -m pytest tests/ops/test_attention.py -q -p no:cacheprovider -o addopts="" -k "twopass" 2>&1 \
+    | tee "$OUT/tests.log" | grep -E "^E |passed|failed" | tail -4
+  (cd benchmarks/kernels && timeout 240 python3 attention.py --format bf16 --prefill-only --variants default \
+    t64c128w4 t64c128w8 t32c128w4 t64c256w8 t128c128w8 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
+  best=$(python3 - "$OUT/attention-bf16.json" <<'PY'
+import json, sys
+sys.path.insert(0, "benchmarks/kernels")
+from attention import VARIANTS
+rows = json.load(open(sys.argv[1]))["rows"]
+tot = {}
+for r in rows:
+    tot.setdefault(r["variant"], {})[r["layer"]] = r["ms"]
+tot = {k: v["csa"] + v["hca"] for k, v in tot.items() if len(v) == 2}
+c = VARIANTS[min(tot, key=tot.get)]
+print("" if c is None else f"twopass,{c.rows},{c.num_warps},{c.dchunk}" if c.mode == "twopass" else
+      f"{c.heads},{c.rows},{c.num_warps},{c.prefetch},{int(c.dsplit == 2)}")
+PY
+)
+  echo "best prefill variant: '${best}'"
+  for spec in "" $best; do
+    V4SERVE_ATTN_PREFILL=$spec timeout 170 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
+      --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
+      --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${spec//,/_}" \
+      2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
+  done
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -236,7 +236,10 @@ def test_prefill_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert kernel.gpu_config(32, window, entries) is kernel.FLASH_DECODE_CONFIG
     monkeypatch.setenv(kernel.PREFILL_ENV, "16,32,4")
     assert kernel.gpu_config(4096, window, entries).dsplit == 1
-    for bad in ("64,32", "64,x,8", "48,32,8", "64,32,8,1,1,1"):
+    monkeypatch.setenv(kernel.PREFILL_ENV, "twopass,64,8,128")
+    cfg = kernel.gpu_config(4096, window, entries)
+    assert (cfg.mode, cfg.rows, cfg.num_warps, cfg.dchunk) == ("twopass", 64, 8, 128)
+    for bad in ("64,32", "64,x,8", "48,32,8", "64,32,8,1,1,1", "twopass,64,8", "twopass,48,8,128"):
         monkeypatch.setenv(kernel.PREFILL_ENV, bad)
         with pytest.raises(ValueError, match="V4SERVE_ATTN_PREFILL"):
             kernel.gpu_config(4096, window, entries)
@@ -269,3 +272,36 @@ def test_flash_output_halves_equal_the_whole(chunks: int, wkind: str, ckind: str
     one, _ = _run(args, 1e-6, whole)
     assert torch.equal(got, one)
     assert _rel(got, ref) < TOL
+
+
+# twopass mode (attention_twopass.py): row tiles that divide the window (16 on the CPU), P.V's output in D chunks
+TWOPASS = [(16, 128), (64, 256)] if ON_GPU else [(4, 32), (8, 64), (16, 128)]
+
+
+@pytest.mark.parametrize("rows,dchunk", TWOPASS)
+@pytest.mark.parametrize("wkind,ckind,mode", [("plain", "plain", "picks"), ("plain", "plain", "dense"),
+                                              ("v4_fp8", "v4_fp8", "picks"), ("fp8_b32", "nvfp4", "dense"),
+                                              ("plain", None, "none")])
+def test_twopass_equals_reference(rows: int, dchunk: int, wkind: str, ckind: str | None, mode: str) -> None:
+    """Scores, softmax and P.V as three launches over every format, CSA picks, HCA's per-token visible counts and
+    window-only layers, with the query norm: the reference's attention."""
+    cfg = kernel.Config(64 if ON_GPU else 4, rows, 1, 4, 1, mode="twopass", dchunk=dchunk)
+    args = _case(wkind, ckind, mode, EXACT, seed=20 + rows, rows_tokens=(3, (1, 4, 1)))
+    got, ref = _run(args, 1e-6, cfg)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    assert _rel(got, ref) < TOL
+
+
+def test_twopass_token_that_sees_nothing_and_scratch_bounded_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the sink in the denominator: zeros. A scratch budget of one token a launch: the same bits as one launch."""
+    cfg = kernel.Config(4, 8, 1, 4, 1, mode="twopass", dchunk=64)
+    q, cos, sin, fresh, sink, scale, window, entries = _case("plain", "plain", "picks", EXACT, seed=21)
+    whole = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg)
+    from v4serve.ops.kernels import attention_twopass
+
+    monkeypatch.setattr(attention_twopass, "SCRATCH_BYTES", 1)
+    assert torch.equal(kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg), whole)
+    window.valid[:] = False
+    entries.picks[:] = -1
+    got = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg)
+    assert torch.equal(got, torch.zeros_like(got))

@@ -53,7 +53,9 @@ import triton.language as tl
 
 from ..env import get as env_get
 from ..precision import hi_lo
-from . import cdiv, interpreting, next_pow2, step_jit
+from . import attention_twopass, cdiv, interpreting, next_pow2, step_jit
+from .attention_rows import (decode, dot, entry_idx, entry_rows, finish, pair_cos_sin, prepare_queries,
+                             rotate, rows_kv, win_rows, win_src)
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, last_to_arrive
@@ -63,7 +65,7 @@ FORMATS = {"plain": PLAIN, "v4_fp8": V4_FP8, "fp8_b32": FP8_B32, "nvfp4": NVFP4}
 NO_ENTRIES, PICKED, DENSE = 0, 1, 2
 
 
-HEADS, FLASH = "heads", "flash"
+HEADS, FLASH, TWOPASS = "heads", "flash", "twopass"
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,9 @@ class Config:
     num_warps: int
     num_stages: int
     kv_splits: int = 0  # programs per token's KV rows (0 = by the grid size; the partials combine in the last)
-    mode: str = HEADS  # "heads": the kernel above; "flash": split-KV flash decoding over all heads (_flash_kernel)
+    mode: str = HEADS  # "heads": the kernel above; "flash": split-KV flash decoding over all heads (_flash_kernel);
+    # "twopass": scores, softmax and P.V as separate launches over a scratch (attention_twopass.py; rows = its tiles,
+    # dchunk = P.V's output chunk; heads: all of them)
     dchunk: int = 0  # "flash" mode: D / dchunk (1, 2 or 4; else D) chunks of the decode, the dots' D dims and the
     # output accumulators (0 = D: one full-width chunk)
     prefetch: int = 0  # "flash" mode on the GPU: 1 = L2-prefetch the next tile's records while this tile computes
@@ -103,61 +107,12 @@ FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # re
 # 6.35+ / 5.18+; 16 warps slower). One KV split at these sizes (_flash_splits).
 FLASH_PREFILL_CONFIG = Config(heads=32, rows=64, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128)
 FLASH_PREFILL_FORMATS = {"plain": ("picks", "dense")}
-PREFILL_ENV = "V4SERVE_ATTN_PREFILL"  # A/B switch: the prefill chunks' flash config, "heads,rows,warps[,prefetch[,halves]]"
+# A/B switch: the prefill chunks' config, flash "heads,rows,warps[,prefetch[,halves]]" or "twopass,rows,warps,dchunk"
+PREFILL_ENV = "V4SERVE_ATTN_PREFILL"
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
 _SMS = 132  # H200 multiprocessors
 _COUNTERS = ArrivalCounters()
 TOKEN_CHUNK = 2048  # tokens per launch: bounds the prepared-query scratch of long prefills
-
-
-@triton.jit
-def _e8m0(b):
-    """e8m0 bytes -> float32 2^(b-127) (b = 0 is the subnormal 2^-127)."""
-    b = b.to(tl.int32)
-    return tl.where(b == 0, 0x400000, b << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _decode(rows, ok, col0, u8_ptr, h16_ptr, val_ptr, stride, FMT: tl.constexpr, WIDTH: tl.constexpr,
-            D: tl.constexpr, RD: tl.constexpr, DT: tl.constexpr):
-    """Dims [col0, col0 + WIDTH) of the stored records at pool rows [BN] (ok: which are read) -> [BN, WIDTH] in DT,
-    exactly for every format."""
-    c = col0 + tl.arange(0, WIDTH)[None, :]
-    m = ok[:, None]
-    base = rows.to(tl.int64)[:, None] * stride
-    if FMT == 0:  # plain values
-        v = tl.load(val_ptr + base + c, mask=m, other=0.0).to(DT)
-    elif FMT == 1:  # V4: FP8 nope dims with one e8m0 scale per 64, BF16 rope dims, scales, pad
-        NOPE: tl.constexpr = D - RD
-        nope = c < NOPE
-        q = tl.load(u8_ptr + base + c, mask=m & nope, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        s = _e8m0(tl.load(u8_ptr + base + NOPE + 2 * RD + c // 64, mask=m & nope, other=127))
-        r = tl.load(h16_ptr + rows.to(tl.int64)[:, None] * (stride // 2) + NOPE // 2 + (c - NOPE),
-                    mask=m & (c >= NOPE), other=0.0).to(tl.float32)
-        v = tl.where(nope, q * s, r).to(DT)
-    elif FMT == 2:  # V4.1 window: FP8 with one e8m0 scale per 32
-        q = tl.load(u8_ptr + base + c, mask=m, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        v = (q * _e8m0(tl.load(u8_ptr + base + D + c // 32, mask=m, other=127))).to(DT)
-    else:  # NVFP4: e2m1 codes two per byte (low nibble = even dim), one E4M3 scale per 16
-        byte = tl.load(u8_ptr + base + c // 2, mask=m, other=0).to(tl.int32)
-        code = (byte >> ((c & 1) * 4)) & 0xF
-        # the 3 magnitude bits at float32 bits 22..24 read as value * 2^-126; the sign moves to bit 31
-        mag = (((code & 7) << 22) | ((code & 8) << 28)).to(tl.float32, bitcast=True) * 8.507059173023462e37
-        s = tl.load(u8_ptr + base + D // 2 + c // 16, mask=m, other=0).to(tl.float8e4nv, bitcast=True)
-        v = (mag * s.to(tl.float32)).to(DT)
-    return v
-
-
-@triton.jit
-def _dot(a, b, ACC: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr):
-    """a [M, K] @ b [K, N] accumulated in ACC."""
-    if HALF and INTERPRET:  # the interpreter's bf16 tl.dot is wrong; bf16 values are exact in fp32
-        r = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    elif HALF:
-        r = tl.dot(a, b)
-    else:
-        r = tl.dot(a, b, input_precision="ieee", out_dtype=ACC)
-    return r.to(ACC)
 
 
 @triton.jit
@@ -173,13 +128,13 @@ def _tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, pid_d, m_i,
     own = tl.zeros((BN, DC), DT)
     cd = tl.arange(0, DC)
     for ci in tl.static_range(D // DC):
-        kv = _decode(rows, ok & ring, ci * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT, DC, D, RD, DT)
+        kv = decode(rows, ok & ring, ci * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT, DC, D, RD, DT)
         if FRESH:
             f = tl.load(fresh_ptr + fresh_row.to(tl.int64)[:, None] * stride_ft + ci * DC + cd[None, :],
                         mask=(ok & ~ring)[:, None], other=0.0).to(DT)
             kv = tl.where(ring[:, None], kv, f)
         q = tl.load(qp + ci * DC + cd[None, :], mask=h_ok[:, None], other=0.0)
-        s += _dot(q, tl.trans(kv), ACC, HALF, INTERPRET)
+        s += dot(q, tl.trans(kv), ACC, HALF, INTERPRET)
         own = tl.where(pid_d == ci, kv, own)
     s = s * scale_hi + s * scale_lo  # the scale as two fp32 halves: fp64 runs need its full precision
     s = tl.where(ok[None, :], s, float("-inf"))
@@ -187,30 +142,8 @@ def _tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, pid_d, m_i,
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + _dot(p.to(DT), own, ACC, HALF, INTERPRET)
+    acc = acc * alpha[:, None] + dot(p.to(DT), own, ACC, HALF, INTERPRET)
     return m_new, l_i, acc
-
-
-@triton.jit
-def _rotate(x, cos, sin, INVERSE: tl.constexpr, BH: tl.constexpr, W: tl.constexpr):
-    """Interleaved-pair rotation of x [BH, W] by per-pair cos/sin [W/2] (1 and 0 on the nope pairs)."""
-    a, b = tl.split(tl.reshape(x, (BH, W // 2, 2)))
-    c, s = cos[None, :], sin[None, :]
-    if INVERSE:
-        s = -s
-    return tl.reshape(tl.join(a * c - b * s, a * s + b * c), (BH, W))
-
-
-@triton.jit
-def _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, pair0, NPAIRS: tl.constexpr, D: tl.constexpr, RD: tl.constexpr,
-                  RT: tl.constexpr):
-    """cos/sin of pairs pair0 .. pair0 + NPAIRS - 1 of a token (1 / 0 on the nope pairs)."""
-    pair = pair0 + tl.arange(0, NPAIRS)
-    rope = pair >= (D - RD) // 2
-    ri = tl.where(rope, pair - (D - RD) // 2, 0)
-    cos = tl.where(rope, tl.load(cos_ptr + t * stride_ct + ri, mask=rope, other=1.0), 1.0)
-    sin = tl.where(rope, tl.load(sin_ptr + t * stride_ct + ri, mask=rope, other=0.0), 0.0)
-    return cos.to(RT), sin.to(RT)
 
 
 @triton.jit
@@ -258,8 +191,8 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
     if QNORM:
         qf = q.to(ACC)
         q = (qf / tl.sqrt(tl.sum(qf * qf, 1) / D + eps)[:, None]).to(QT)
-    cos, sin = _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, 0, D // 2, D, RD, RT)
-    q = _rotate(q.to(RT), cos, sin, False, BH, D).to(QT).to(DT)
+    cos, sin = pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, 0, D // 2, D, RD, RT)
+    q = rotate(q.to(RT), cos, sin, False, BH, D).to(QT).to(DT)
     qp = qp_ptr + t * stride_qt + h[:, None] * stride_qh
     tl.store(qp + c[None, :], q, mask=h_ok[:, None])
     tl.debug_barrier()  # the scratch row is complete before any thread reads it back
@@ -322,39 +255,15 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
                 w = tl.exp(tl.reshape(tl.load(p + DC, cache_modifier=".cg"), (BH,)) - m_all)
                 l_i += tl.reshape(tl.load(p + DC + 1, cache_modifier=".cg"), (BH,)) * w
                 acc += tl.load(p + cd[None, :], cache_modifier=".cg") * w[:, None]
-            _finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
+            finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
                     D, RD, DC, BH, RT)
             tl.store(cnt_ptr + slot, 0)  # ready for the next launch / graph replay
     else:
-        _finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
+        finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
                 D, RD, DC, BH, RT)
 
 
-@triton.jit
-def _finish(acc, l_i, cos_ptr, sin_ptr, t, stride_ct, pid_d, out_ptr, stride_ot, stride_oh, h, h_ok, QT: tl.constexpr,
-            D: tl.constexpr, RD: tl.constexpr, DC: tl.constexpr, BH: tl.constexpr, RT: tl.constexpr):
-    """Normalise, rotate back (inverse RoPE) and store this program's D chunk in the query dtype."""
-    cos, sin = _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, pid_d * (DC // 2), DC // 2, D, RD, RT)
-    o = _rotate((acc / l_i[:, None]).to(QT).to(RT), cos, sin, True, BH, DC)
-    cd = pid_d * DC + tl.arange(0, DC)
-    tl.store(out_ptr + t * stride_ot + h[:, None] * stride_oh + cd[None, :], o.to(QT), mask=h_ok[:, None])
-
-
 # --- "flash" mode: split-KV flash decoding over all heads ------------------------------------------------------------
-
-
-@triton.jit
-def _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, col0, u8_ptr, h16_ptr, val_ptr, stride,
-             FMT: tl.constexpr, FRESH: tl.constexpr, WIDTH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr,
-             DT: tl.constexpr):
-    """Dims [col0, col0 + WIDTH) of a tile's rows -> [BN, WIDTH] in DT: the stored records at pool rows `rows`, or
-    (FRESH) this step's fresh rows where `ring` is false; zeros where `ok` is false."""
-    kv = _decode(rows, ok & ring, col0, u8_ptr, h16_ptr, val_ptr, stride, FMT, WIDTH, D, RD, DT)
-    if FRESH:
-        f = tl.load(fresh_ptr + fresh_row.to(tl.int64)[:, None] * stride_ft + col0 + tl.arange(0, WIDTH)[None, :],
-                    mask=(ok & ~ring)[:, None], other=0.0).to(DT)
-        kv = tl.where(ring[:, None], kv, f)
-    return kv
 
 
 @triton.jit
@@ -370,21 +279,21 @@ def _flash_tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, m_i, 
     Chunking bounds the decode's fp32 transients to [BN, DC]; all of acc0..3 together cover the D output dims."""
     NCH: tl.constexpr = D // DC
     cd = tl.arange(0, DC)
-    k0 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
+    k0 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
                   DC, D, RD, DT)
-    s = _dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
+    s = dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
     if NCH > 1:
-        k1 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+        k1 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
                       FRESH, DC, D, RD, DT)
-        s += _dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
+        s += dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
     if NCH > 2:
-        k2 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+        k2 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
                       FRESH, DC, D, RD, DT)
-        s += _dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
+        s += dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
                   INTERPRET)
-        k3 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+        k3 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
                       FRESH, DC, D, RD, DT)
-        s += _dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
+        s += dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
                   INTERPRET)
     s = s * scale_hi + s * scale_lo
     s = tl.where(ok[None, :], s, float("-inf"))
@@ -393,12 +302,12 @@ def _flash_tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, m_i, 
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     p = p.to(DT)
-    acc0 = acc0 * alpha[:, None] + _dot(p, k0, ACC, HALF, INTERPRET)
+    acc0 = acc0 * alpha[:, None] + dot(p, k0, ACC, HALF, INTERPRET)
     if NCH > 1:
-        acc1 = acc1 * alpha[:, None] + _dot(p, k1, ACC, HALF, INTERPRET)
+        acc1 = acc1 * alpha[:, None] + dot(p, k1, ACC, HALF, INTERPRET)
     if NCH > 2:
-        acc2 = acc2 * alpha[:, None] + _dot(p, k2, ACC, HALF, INTERPRET)
-        acc3 = acc3 * alpha[:, None] + _dot(p, k3, ACC, HALF, INTERPRET)
+        acc2 = acc2 * alpha[:, None] + dot(p, k2, ACC, HALF, INTERPRET)
+        acc3 = acc3 * alpha[:, None] + dot(p, k3, ACC, HALF, INTERPRET)
     return m_new, l_i, acc0, acc1, acc2, acc3
 
 
@@ -414,20 +323,20 @@ def _flash_tile_half(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 
     M) fit without spilling, for twice the QK^T and record reads of a token."""
     NCH: tl.constexpr = D // DC
     cd = tl.arange(0, DC)
-    k0 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
+    k0 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
                   DC, D, RD, DT)
-    s = _dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
-    k1 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+    s = dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
+    k1 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
                   FRESH, DC, D, RD, DT)
-    s += _dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
+    s += dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
     if NCH > 2:
-        k2 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+        k2 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
                       FRESH, DC, D, RD, DT)
-        s += _dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
+        s += dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
                   INTERPRET)
-        k3 = _rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+        k3 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
                       FRESH, DC, D, RD, DT)
-        s += _dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
+        s += dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
                   INTERPRET)
         own0 = tl.where(pd == 0, k0, k2)
         own1 = tl.where(pd == 0, k1, k3)
@@ -441,51 +350,10 @@ def _flash_tile_half(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     p = p.to(DT)
-    acc0 = acc0 * alpha[:, None] + _dot(p, own0, ACC, HALF, INTERPRET)
+    acc0 = acc0 * alpha[:, None] + dot(p, own0, ACC, HALF, INTERPRET)
     if NCH > 2:
-        acc1 = acc1 * alpha[:, None] + _dot(p, own1, ACC, HALF, INTERPRET)
+        acc1 = acc1 * alpha[:, None] + dot(p, own1, ACC, HALF, INTERPRET)
     return m_new, l_i, acc0, acc1
-
-
-@triton.jit
-def _win_src(t, k0, end, W, win_src_ptr, win_ok_ptr, BN: tl.constexpr):
-    """Stage 1 of a window tile's addresses: the sources (ring slot or fresh row) of window positions [k0, k0 + BN)
-    below `end`, and which count."""
-    k = k0 + tl.arange(0, BN)
-    k_in = k < end
-    src = tl.load(win_src_ptr + t * W + k, mask=k_in, other=0).to(tl.int32)  # int32 addresses: fewer registers
-    ok = (tl.load(win_ok_ptr + t * W + k, mask=k_in, other=0) != 0) & k_in
-    return src, ok
-
-
-@triton.jit
-def _win_rows(src, ok, ring_ptr, RW):
-    """Stage 2: the pool rows of the ring slots (ring: which sources are stored rows, not fresh ones)."""
-    ring = src < RW
-    return tl.load(ring_ptr + src, mask=ok & ring, other=0).to(tl.int32), ring
-
-
-@triton.jit
-def _entry_idx(t, j0, end, pick_ptr, pick_stride, CMODE: tl.constexpr, BN: tl.constexpr):
-    """Stage 1 of a compressed tile's addresses: entry indices [j0, j0 + BN) of the token's list below `end` (the
-    CSA picks, -1 = none; HCA: the indices themselves), and which count."""
-    jj = j0 + tl.arange(0, BN)
-    j_in = jj < end
-    if CMODE == 1:
-        j = tl.load(pick_ptr + t * pick_stride + jj, mask=j_in, other=-1)
-        ok = j >= 0
-    else:
-        j = jj
-        ok = j_in
-    return tl.where(ok, j, 0).to(tl.int32), ok
-
-
-@triton.jit
-def _entry_rows(j, ok, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block):
-    """Stage 2: the entries' pool rows through the token's block table (unallocated blocks read the trash block)."""
-    blk = tl.load(bt_ptr + r * bt_stride + (j * ratio) // block_size, mask=ok, other=-1).to(tl.int32)
-    blk = tl.where(blk < 0, trash_block, blk)
-    return blk * epb + j % epb  # pool rows < 2^31 (the byte offsets are formed in int64 by _decode)
 
 
 @triton.jit
@@ -529,25 +397,9 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
     cd = tl.arange(0, DC)
     RT = tl.float64 if ACC == tl.float64 else tl.float32
     QT: tl.constexpr = q_ptr.dtype.element_ty
-    # --- queries, DC dims at a time: (per-head RMS norm,) RoPE, rounded to the model dtype as the reference does;
-    # written to a scratch row that the tiles read back (all splits of a token write the same bits)
-    qrow = q_ptr + t * stride_qt + h[:, None] * stride_qh
-    qp = qp_ptr + t * stride_qt + h[:, None] * stride_qh
-    rms = tl.full((BH,), 1.0, ACC)
-    if QNORM:
-        ss = tl.zeros((BH,), ACC)
-        for ci in tl.static_range(D // DC):
-            qf = tl.load(qrow + ci * DC + cd[None, :], mask=h_ok[:, None], other=0.0).to(ACC)
-            ss += tl.sum(qf * qf, 1)
-        rms = tl.sqrt(ss / D + eps)
-    for ci in tl.static_range(D // DC):
-        qc = tl.load(qrow + ci * DC + cd[None, :], mask=h_ok[:, None], other=0.0)
-        if QNORM:
-            qc = (qc.to(ACC) / rms[:, None]).to(QT)
-        cos, sin = _pair_cos_sin(cos_ptr, sin_ptr, t, stride_ct, ci * (DC // 2), DC // 2, D, RD, RT)
-        qc = _rotate(qc.to(RT), cos, sin, False, BH, DC).to(QT).to(DT)
-        tl.store(qp + ci * DC + cd[None, :], qc, mask=h_ok[:, None])
-    tl.debug_barrier()  # the scratch row is complete before any thread reads it back
+    # --- queries: written to a scratch row that the tiles read back (all splits of a token write the same bits)
+    qp = prepare_queries(q_ptr, qp_ptr, cos_ptr, sin_ptr, t, h, h_ok, stride_qt, stride_qh, stride_ct, eps, D, RD,
+                          DC, BH, QNORM, ACC, DT)
 
     # --- split pid_s of NSPLIT of the token's rows [window W | compressed n_c], in BN-aligned spans
     lo, hi = _split_rows(vis_ptr, t, n_picks, pid_s, W, CMODE, NSPLIT, BN)
@@ -563,14 +415,14 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
     # i+1 (pool rows known: optionally L2-prefetched), i+2 (ring rows loading) and i+3 (sources loading): each load's
     # result is first used one tile after it was issued, so the dependent loads overlap the current tile's work
     wend = tl.minimum(hi, W)
-    src0, ok0 = _win_src(t, lo, wend, W, win_src_ptr, win_ok_ptr, BN)
-    row0, ring0 = _win_rows(src0, ok0, ring_ptr, RW)
-    src1, ok1 = _win_src(t, lo + BN, wend, W, win_src_ptr, win_ok_ptr, BN)
-    row1, ring1 = _win_rows(src1, ok1, ring_ptr, RW)
-    src2, ok2 = _win_src(t, lo + 2 * BN, wend, W, win_src_ptr, win_ok_ptr, BN)
+    src0, ok0 = win_src(t, lo, wend, W, win_src_ptr, win_ok_ptr, BN)
+    row0, ring0 = win_rows(src0, ok0, ring_ptr, RW)
+    src1, ok1 = win_src(t, lo + BN, wend, W, win_src_ptr, win_ok_ptr, BN)
+    row1, ring1 = win_rows(src1, ok1, ring_ptr, RW)
+    src2, ok2 = win_src(t, lo + 2 * BN, wend, W, win_src_ptr, win_ok_ptr, BN)
     for k0 in range(lo, wend, BN):
-        src3, ok3 = _win_src(t, k0 + 3 * BN, wend, W, win_src_ptr, win_ok_ptr, BN)
-        row2, ring2 = _win_rows(src2, ok2, ring_ptr, RW)
+        src3, ok3 = win_src(t, k0 + 3 * BN, wend, W, win_src_ptr, win_ok_ptr, BN)
+        row2, ring2 = win_rows(src2, ok2, ring_ptr, RW)
         if PREFETCH:
             _prefetch(wval_ptr, row1, w_row_bytes, WNL)
         if DS == 2:
@@ -592,14 +444,14 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
         r = tl.load(tok_row_ptr + t)
         j_lo = tl.maximum(lo, W) - W
         j_hi = hi - W
-        j0_, okj0 = _entry_idx(t, j_lo, j_hi, pick_ptr, pick_stride, CMODE, BN)
-        rowj0 = _entry_rows(j0_, okj0, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
-        j1_, okj1 = _entry_idx(t, j_lo + BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
-        rowj1 = _entry_rows(j1_, okj1, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
-        j2_, okj2 = _entry_idx(t, j_lo + 2 * BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
+        j0_, okj0 = entry_idx(t, j_lo, j_hi, pick_ptr, pick_stride, CMODE, BN)
+        rowj0 = entry_rows(j0_, okj0, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
+        j1_, okj1 = entry_idx(t, j_lo + BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
+        rowj1 = entry_rows(j1_, okj1, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
+        j2_, okj2 = entry_idx(t, j_lo + 2 * BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
         for j0 in range(j_lo, j_hi, BN):
-            j3_, okj3 = _entry_idx(t, j0 + 3 * BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
-            rowj2 = _entry_rows(j2_, okj2, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
+            j3_, okj3 = entry_idx(t, j0 + 3 * BN, j_hi, pick_ptr, pick_stride, CMODE, BN)
+            rowj2 = entry_rows(j2_, okj2, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
             if PREFETCH:
                 _prefetch(cval_ptr, rowj1, c_row_bytes, CNL)
             if DS == 2:
@@ -644,25 +496,25 @@ def _flash_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr,
                     p = base + sp * (BH * (D + 2)) + rows
                     w = tl.exp(tl.reshape(tl.load(p + D, cache_modifier=".cg"), (BH,)) - m_all)
                     acc_c += tl.load(p + ci * DC + cd[None, :], cache_modifier=".cg") * w[:, None]
-                _finish(acc_c, l_i, cos_ptr, sin_ptr, t, stride_ct, ci, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
+                finish(acc_c, l_i, cos_ptr, sin_ptr, t, stride_ct, ci, out_ptr, stride_ot, stride_oh, h, h_ok, QT,
                         D, RD, DC, BH, RT)
             tl.store(cnt_ptr + slot, 0)  # ready for the next launch / graph replay
     elif DS == 2:  # this program's half: chunks pd * NOWN ..
-        _finish(acc0, l_i, cos_ptr, sin_ptr, t, stride_ct, pd * NOWN, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D,
+        finish(acc0, l_i, cos_ptr, sin_ptr, t, stride_ct, pd * NOWN, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D,
                 RD, DC, BH, RT)
         if NOWN > 1:
-            _finish(acc1, l_i, cos_ptr, sin_ptr, t, stride_ct, pd * NOWN + 1, out_ptr, stride_ot, stride_oh, h, h_ok,
+            finish(acc1, l_i, cos_ptr, sin_ptr, t, stride_ct, pd * NOWN + 1, out_ptr, stride_ot, stride_oh, h, h_ok,
                     QT, D, RD, DC, BH, RT)
     else:
-        _finish(acc0, l_i, cos_ptr, sin_ptr, t, stride_ct, 0, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD, DC, BH,
+        finish(acc0, l_i, cos_ptr, sin_ptr, t, stride_ct, 0, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD, DC, BH,
                 RT)
         if NCH > 1:
-            _finish(acc1, l_i, cos_ptr, sin_ptr, t, stride_ct, 1, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
+            finish(acc1, l_i, cos_ptr, sin_ptr, t, stride_ct, 1, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
                     DC, BH, RT)
         if NCH > 2:
-            _finish(acc2, l_i, cos_ptr, sin_ptr, t, stride_ct, 2, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
+            finish(acc2, l_i, cos_ptr, sin_ptr, t, stride_ct, 2, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
                     DC, BH, RT)
-            _finish(acc3, l_i, cos_ptr, sin_ptr, t, stride_ct, 3, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
+            finish(acc3, l_i, cos_ptr, sin_ptr, t, stride_ct, 3, out_ptr, stride_ot, stride_oh, h, h_ok, QT, D, RD,
                     DC, BH, RT)
 
 
@@ -711,6 +563,14 @@ def _flash_splits(cfg: Config, tokens: int, head_blocks: int, rows_hint: int) ->
 
 @functools.lru_cache(maxsize=8)
 def _parse_prefill(spec: str) -> Config:
+    if spec.startswith("twopass,"):
+        try:
+            rows, warps, dchunk = (int(v) for v in spec.split(",")[1:])
+        except ValueError:
+            raise ValueError(f"{PREFILL_ENV}={spec!r}: expected twopass,rows,warps,dchunk (integers)") from None
+        if rows not in (16, 32, 64, 128) or warps not in (4, 8) or dchunk not in (64, 128, 256):
+            raise ValueError(f"{PREFILL_ENV}={spec!r}: rows in 16-128, warps 4 or 8, dchunk 64/128/256")
+        return Config(64, rows, 1, warps, 1, mode=TWOPASS, dchunk=dchunk)
     try:
         heads, rows, warps, *rest = (int(v) for v in spec.split(","))
     except ValueError:
@@ -783,17 +643,29 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
     per_token = picks.dim() > 1
     HB = cdiv(H, cfg.heads)
 
+    def rows_for(lo: int, hi: int) -> dict:
+        """Tokens [lo, hi)'s window addressing, pools, compressed entries and sizes, in the kernels' order."""
+        return {"window": (window.src[lo:hi], window.valid[lo:hi], ring),
+                "pools": (wu8, wh16, wval, wdata.stride(0), cu8, ch16, cval, cdata.stride(0)),
+                "entries": (bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
+                            picks[lo:hi] if per_token or cmode == DENSE else picks,
+                            picks.stride(0) if per_token else 0, vis[lo:hi] if cmode == DENSE else vis),
+                "sizes": (ring.shape[0], n_picks, ratio, block_size, epb, trash)}
+
     def row_args(lo: int, hi: int, qc: torch.Tensor, qp: torch.Tensor, part: torch.Tensor, cnt: torch.Tensor) -> tuple:
         """The arguments both kernels take for tokens [lo, hi), in their order."""
-        return (qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi], part, cnt,
-                window.src[lo:hi], window.valid[lo:hi], ring, wu8, wh16, wval, wdata.stride(0),
-                cu8, ch16, cval, cdata.stride(0),
-                bt, bt.stride(0), tok_row[lo:hi] if entries is not None else tok_row,
-                picks[lo:hi] if per_token or cmode == DENSE else picks, picks.stride(0) if per_token else 0,
-                vis[lo:hi] if cmode == DENSE else vis,
-                H, ring.shape[0], n_picks, ratio, block_size, epb, trash,
-                s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
+        a = rows_for(lo, hi)
+        return (qc, qp, cos[lo:hi], sin[lo:hi], fresh, sink, out[lo:hi], part, cnt, *a["window"], *a["pools"],
+                *a["entries"], H, *a["sizes"], s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
                 qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1))
+
+    if cfg.mode == TWOPASS and attention_twopass.supports(W, cfg.rows, D, cfg.dchunk or D):
+        return attention_twopass.attend(
+            q, cos, sin, fresh, sink, q_norm_eps, window, entries, cfg.rows, cfg.dchunk or D, cfg.num_warps,
+            {"dt": dt, "acc": acc, "n_picks": n_picks, "cmode": cmode, "RD": RD, "DT": TL_DTYPES[dt],
+             "ACC": TL_DTYPES[acc], "WFMT": FORMATS[wkind], "CFMT": FORMATS[ckind],
+             "HALF": dt in (torch.bfloat16, torch.float16), "WAL": math.gcd(wdata.stride(0), 16),
+             "CAL": math.gcd(cdata.stride(0), 16), "s_hi": s_hi, "s_lo": s_lo, "rows_for": rows_for})
 
     if cfg.mode == FLASH:
         dc = cfg.dchunk if cfg.dchunk and cfg.dchunk % 2 == 0 and D % cfg.dchunk == 0 and D // cfg.dchunk in (1, 2, 4) \
