@@ -44,6 +44,20 @@ agentx_run() {  # the AgentX-style target (v4-flash-l8-e16, 4 and 16 sessions, g
   done
   tar -czf "$OUT/agentx.tgz" -C $W .
 }
+prefill8k() {  # the engine's 8K prompt alone (v4-flash-e16, batch 1, one step), $1 = V4SERVE_ATTN_PREFILL ("": default)
+  V4SERVE_ATTN_PREFILL=$1 timeout ${P8K_TIMEOUT:-170} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
+    --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
+    --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${1//,/_}" \
+    2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${1:-default}] /"
+}
+attention_ab() {  # the attention variants "$@" on the 4K prefill chunk (bf16 records), then the fastest (CSA + HCA) in
+  # the engine's 8K prompt beside the default
+  (cd benchmarks/kernels && timeout 240 python3 attention.py --format bf16 --prefill-only --variants default "$@" \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
+  local best; best=$(cd benchmarks/kernels && python3 attention_best.py "$OUT/attention-bf16.json")
+  echo "best prefill variant: '${best}'"
+  for spec in "" $best; do prefill8k "$spec"; done
+}
 rc=0
 if [[ $what == tests || $what == all ]]; then
   timeout 300 python3 -m pytest tests/gpu -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
@@ -1171,66 +1185,17 @@ fi
 if [[ $what == twentyfirst4 ]]; then  # twenty-first session: the flash prefill variants with more programs or warps an SM
   # (16 heads on 4 warps, 16 warps, 64-row tiles), the best (CSA + HCA time) then in the engine's 8K prompt beside the
   # default (both with the grouped wo_a on cuBLAS's batched GEMM: fp8_gemm.BMM_MIN_ROWS)
-  (cd benchmarks/kernels && timeout 200 python3 attention.py --format bf16 --prefill-only --variants default \
-    f32r64w8p f32r32w16p f32r64w16p f16r32w4 f16r32w4p f64r64w8h --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
-  best=$(python3 - "$OUT/attention-bf16.json" <<'PY'
-import json, sys
-sys.path.insert(0, "benchmarks/kernels")
-from attention import VARIANTS
-rows = json.load(open(sys.argv[1]))["rows"]
-tot = {}
-for r in rows:
-    tot.setdefault(r["variant"], {})[r["layer"]] = r["ms"]
-tot = {k: v["csa"] + v["hca"] for k, v in tot.items() if len(v) == 2}
-name = min(tot, key=tot.get)
-c = VARIANTS[name]
-print(f"{c.heads},{c.rows},{c.num_warps},{c.prefetch},{int(c.dsplit == 2)}" if c is not None and c.mode == "flash" else "")
-PY
-)
-  echo "best prefill variant: '${best}'"
-  for spec in "" $best; do
-    V4SERVE_ATTN_PREFILL=$spec timeout 170 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
-      --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
-      --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${spec//,/_}" \
-      2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
-  done
+  attention_ab f32r64w8p f32r32w16p f32r64w16p f16r32w4 f16r32w4p f64r64w8h
 fi
 if [[ $what == twentyfirst5 ]]; then  # twenty-first session: around the new prefill default (FLASH_PREFILL_CONFIG, 32 heads x 64
   # rows): no prefetch, 128-row tiles, 16 heads on 8 / 4 warps; the best in the engine's 8K prompt beside the default;
   # first the fast-path model tests on the GPU with the new defaults
   timeout 200 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k "fast_path or chunked" \
     2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^E |passed|failed" | tail -4
-  (cd benchmarks/kernels && timeout 200 python3 attention.py --format bf16 --prefill-only --variants default \
-    f32r64w8 f32r128w8p f16r64w8 f16r128w8 f32r64w8c256p f16r64w4 --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
-  best=$(python3 - "$OUT/attention-bf16.json" <<'PY'
-import json, sys
-sys.path.insert(0, "benchmarks/kernels")
-from attention import VARIANTS
-rows = json.load(open(sys.argv[1]))["rows"]
-tot = {}
-for r in rows:
-    tot.setdefault(r["variant"], {})[r["layer"]] = r["ms"]
-tot = {k: v["csa"] + v["hca"] for k, v in tot.items() if len(v) == 2}
-name = min(tot, key=tot.get)
-c = VARIANTS[name]
-print(f"{c.heads},{c.rows},{c.num_warps},{c.prefetch},{int(c.dsplit == 2)}" if c is not None and c.mode == "flash" else "")
-PY
-)
-  echo "best prefill variant: '${best}'"
-  for spec in "" $best; do
-    V4SERVE_ATTN_PREFILL=$spec timeout 170 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
-      --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
-      --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${spec//,/_}" \
-      2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
-  done
+  attention_ab f32r64w8 f32r128w8p f16r64w8 f16r128w8 f32r64w8c256p f16r64w4
 fi
 if [[ $what == twentyfirst6 ]]; then  # the committed prefill default (f32r64w8) in the engine's 8K prompt
-  timeout 200 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 --max-model-len 8448 \
-    --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 --hf-prefill 8192 --hf-max-batch 0 \
-    --skip-transformers --kv-cache-memory 8589934592 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
-    | grep -E "batch 1|error|Error" | tail -2
+  P8K_TIMEOUT=200 prefill8k ""
 fi
 if [[ $what == twentysecond1 ]]; then  # prepared in the twenty-first session: the twopass attention (scores, softmax,
   # P.V over a scratch: attention_twopass.py, no spills, wgmma everywhere by sm_90a compiles) on the 4K prefill chunk
@@ -1238,30 +1203,7 @@ if [[ $what == twentysecond1 ]]; then  # prepared in the twenty-first session: t
   # prompt beside the default (615 ms there, twenty-first session)
   timeout 200 python3 -m pytest tests/ops/test_attention.py -q -p no:cacheprovider -o addopts="" -k "twopass" 2>&1 \
     | tee "$OUT/tests.log" | grep -E "^E |passed|failed" | tail -4
-  (cd benchmarks/kernels && timeout 240 python3 attention.py --format bf16 --prefill-only --variants default \
-    t64c128w4 t64c128w8 t32c128w4 t64c256w8 t128c128w8 --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
-  best=$(python3 - "$OUT/attention-bf16.json" <<'PY'
-import json, sys
-sys.path.insert(0, "benchmarks/kernels")
-from attention import VARIANTS
-rows = json.load(open(sys.argv[1]))["rows"]
-tot = {}
-for r in rows:
-    tot.setdefault(r["variant"], {})[r["layer"]] = r["ms"]
-tot = {k: v["csa"] + v["hca"] for k, v in tot.items() if len(v) == 2}
-c = VARIANTS[min(tot, key=tot.get)]
-print("" if c is None else f"twopass,{c.rows},{c.num_warps},{c.dchunk}" if c.mode == "twopass" else
-      f"{c.heads},{c.rows},{c.num_warps},{c.prefetch},{int(c.dsplit == 2)}")
-PY
-)
-  echo "best prefill variant: '${best}'"
-  for spec in "" $best; do
-    V4SERVE_ATTN_PREFILL=$spec timeout 170 python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
-      --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
-      --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${spec//,/_}" \
-      2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${spec:-default}] /"
-  done
+  attention_ab t64c128w4 t64c128w8 t32c128w4 t64c256w8 t128c128w8
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

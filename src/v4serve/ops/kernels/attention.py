@@ -54,8 +54,8 @@ import triton.language as tl
 from ..env import get as env_get
 from ..precision import hi_lo
 from . import attention_twopass, cdiv, interpreting, next_pow2, step_jit
-from .attention_rows import (decode, dot, entry_idx, entry_rows, finish, pair_cos_sin, prepare_queries,
-                             rotate, rows_kv, win_rows, win_src)
+from .attention_rows import (dot, entry_count, entry_idx, entry_rows, finish, pair_cos_sin, prepare_queries, rotate,
+                             rows_kv, softmax_step, win_rows, win_src)
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, last_to_arrive
@@ -128,21 +128,13 @@ def _tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, pid_d, m_i,
     own = tl.zeros((BN, DC), DT)
     cd = tl.arange(0, DC)
     for ci in tl.static_range(D // DC):
-        kv = decode(rows, ok & ring, ci * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT, DC, D, RD, DT)
-        if FRESH:
-            f = tl.load(fresh_ptr + fresh_row.to(tl.int64)[:, None] * stride_ft + ci * DC + cd[None, :],
-                        mask=(ok & ~ring)[:, None], other=0.0).to(DT)
-            kv = tl.where(ring[:, None], kv, f)
+        kv = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, ci * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                     FRESH, DC, D, RD, DT)
         q = tl.load(qp + ci * DC + cd[None, :], mask=h_ok[:, None], other=0.0)
         s += dot(q, tl.trans(kv), ACC, HALF, INTERPRET)
         own = tl.where(pid_d == ci, kv, own)
-    s = s * scale_hi + s * scale_lo  # the scale as two fp32 halves: fp64 runs need its full precision
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + dot(p.to(DT), own, ACC, HALF, INTERPRET)
+    m_new, l_i, alpha, p = softmax_step(s, ok, m_i, l_i, scale_hi, scale_lo, DT)
+    acc = acc * alpha[:, None] + dot(p, own, ACC, HALF, INTERPRET)
     return m_new, l_i, acc
 
 
@@ -151,12 +143,7 @@ def _split_rows(vis_ptr, t, n_picks, pid_s, W: tl.constexpr, CMODE: tl.constexpr
                 BN: tl.constexpr):
     """Split pid_s's share [lo, hi) of token t's rows [window W | compressed n_c] (n_c: none, its picks, or its
     visible entries), in BN-aligned spans."""
-    if CMODE == 0:
-        n_c = 0
-    elif CMODE == 1:
-        n_c = n_picks
-    else:
-        n_c = tl.load(vis_ptr + t).to(tl.int32)
+    n_c = entry_count(vis_ptr, t, n_picks, CMODE)
     span = tl.cdiv(tl.cdiv(W + n_c, NSPLIT), BN) * BN
     lo = pid_s * span
     return lo, tl.minimum(lo + span, W + n_c)
@@ -203,15 +190,10 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
     m_i = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)  # the sink: a logit in the denominator only,
     l_i = tl.full((BH,), 1.0, ACC) * (pid_s == 0).to(ACC)  # counted once (split 0); m starts finite everywhere
     acc = tl.zeros((BH, DC), ACC)
-    n = tl.arange(0, BN)
     # --- window: the ring's stored rows before this step, or this step's fresh rows
     for k0 in range(lo, tl.minimum(hi, W), BN):
-        k = k0 + n
-        k_in = k < tl.minimum(hi, W)
-        src = tl.load(win_src_ptr + t * W + k, mask=k_in, other=0)
-        ok = (tl.load(win_ok_ptr + t * W + k, mask=k_in, other=0) != 0) & k_in
-        ring = src < RW
-        prow = tl.load(ring_ptr + src, mask=ok & ring, other=0)
+        src, ok = win_src(t, k0, tl.minimum(hi, W), W, win_src_ptr, win_ok_ptr, BN)
+        prow, ring = win_rows(src, ok, ring_ptr, RW)
         m_i, l_i, acc = _tile(qp, h_ok, prow, ok, ring, fresh_ptr, stride_ft, src - RW, pid_d, m_i, l_i, acc,
                               wu8_ptr, wh16_ptr, wval_ptr, w_stride, scale_hi, scale_lo, WFMT, True, D, RD, DC, BH,
                               BN, ACC, DT, HALF, INTERPRET)
@@ -219,18 +201,8 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
     if CMODE != 0:
         r = tl.load(tok_row_ptr + t)
         for j0 in range(tl.maximum(lo, W) - W, hi - W, BN):
-            jj = j0 + n
-            j_in = jj < hi - W
-            if CMODE == 1:
-                j = tl.load(pick_ptr + t * pick_stride + jj, mask=j_in, other=-1)
-                ok = j >= 0
-            else:
-                j = jj
-                ok = j_in
-            j = tl.where(ok, j, 0).to(tl.int64)
-            blk = tl.load(bt_ptr + r * bt_stride + (j * ratio) // block_size, mask=ok, other=-1)
-            blk = tl.where(blk < 0, trash_block, blk)
-            prow = blk * epb + j % epb
+            j, ok = entry_idx(t, j0, hi - W, pick_ptr, pick_stride, CMODE, BN)
+            prow = entry_rows(j, ok, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
             m_i, l_i, acc = _tile(qp, h_ok, prow, ok, ok, fresh_ptr, stride_ft, j, pid_d, m_i, l_i, acc,
                                   cu8_ptr, ch16_ptr, cval_ptr, c_stride, scale_hi, scale_lo, CFMT, False, D, RD, DC,
                                   BH, BN, ACC, DT, HALF, INTERPRET)
@@ -267,6 +239,34 @@ def _attend_kernel(q_ptr, qp_ptr, cos_ptr, sin_ptr, fresh_ptr, sink_ptr, out_ptr
 
 
 @triton.jit
+def _qk_chunks(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, u8_ptr, h16_ptr, val_ptr, stride,
+               FMT: tl.constexpr, FRESH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, DC: tl.constexpr,
+               ACC: tl.constexpr, DT: tl.constexpr, HALF: tl.constexpr, INTERPRET: tl.constexpr):
+    """A flash tile's raw scores S [BH, BN] = q' K^T, the tile decoded in NCH = D / DC chunks (1, 2 or 4) summed in
+    order, and the decoded chunks k0..k3 in DT for P.V (those past NCH repeat k0, unused)."""
+    NCH: tl.constexpr = D // DC
+    cd = tl.arange(0, DC)
+    k0 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
+                 DC, D, RD, DT)
+    s = dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
+    k1, k2, k3 = k0, k0, k0
+    if NCH > 1:
+        k1 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                     FRESH, DC, D, RD, DT)
+        s += dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
+    if NCH > 2:
+        k2 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                     FRESH, DC, D, RD, DT)
+        s += dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
+                 INTERPRET)
+        k3 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
+                     FRESH, DC, D, RD, DT)
+        s += dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
+                 INTERPRET)
+    return s, k0, k1, k2, k3
+
+
+@triton.jit
 def _flash_tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, m_i, l_i, acc0, acc1, acc2, acc3,
                 u8_ptr, h16_ptr, val_ptr, stride, scale_hi, scale_lo,
                 FMT: tl.constexpr, FRESH: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, DC: tl.constexpr,
@@ -278,30 +278,9 @@ def _flash_tile(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, m_i, 
     products, P.V updates the chunk's own accumulator acc<c> [BH, DC] (unused accumulators are [1, 1] placeholders).
     Chunking bounds the decode's fp32 transients to [BN, DC]; all of acc0..3 together cover the D output dims."""
     NCH: tl.constexpr = D // DC
-    cd = tl.arange(0, DC)
-    k0 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
-                  DC, D, RD, DT)
-    s = dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
-    if NCH > 1:
-        k1 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
-                      FRESH, DC, D, RD, DT)
-        s += dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
-    if NCH > 2:
-        k2 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
-                      FRESH, DC, D, RD, DT)
-        s += dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
-                  INTERPRET)
-        k3 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
-                      FRESH, DC, D, RD, DT)
-        s += dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
-                  INTERPRET)
-    s = s * scale_hi + s * scale_lo
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    p = p.to(DT)
+    s, k0, k1, k2, k3 = _qk_chunks(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, u8_ptr, h16_ptr,
+                                   val_ptr, stride, FMT, FRESH, D, RD, DC, ACC, DT, HALF, INTERPRET)
+    m_new, l_i, alpha, p = softmax_step(s, ok, m_i, l_i, scale_hi, scale_lo, DT)
     acc0 = acc0 * alpha[:, None] + dot(p, k0, ACC, HALF, INTERPRET)
     if NCH > 1:
         acc1 = acc1 * alpha[:, None] + dot(p, k1, ACC, HALF, INTERPRET)
@@ -322,34 +301,15 @@ def _flash_tile_half(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 
     half's chunks (1 or 2, into acc0 / acc1) are kept for P.V. Half the accumulator registers let 64 heads (wgmma's
     M) fit without spilling, for twice the QK^T and record reads of a token."""
     NCH: tl.constexpr = D // DC
-    cd = tl.arange(0, DC)
-    k0 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 0, u8_ptr, h16_ptr, val_ptr, stride, FMT, FRESH,
-                  DC, D, RD, DT)
-    s = dot(tl.load(qp + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k0), ACC, HALF, INTERPRET)
-    k1 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
-                  FRESH, DC, D, RD, DT)
-    s += dot(tl.load(qp + DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k1), ACC, HALF, INTERPRET)
+    s, k0, k1, k2, k3 = _qk_chunks(qp, h_ok, rows, ok, ring, fresh_ptr, stride_ft, fresh_row, u8_ptr, h16_ptr,
+                                   val_ptr, stride, FMT, FRESH, D, RD, DC, ACC, DT, HALF, INTERPRET)
     if NCH > 2:
-        k2 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 2 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
-                      FRESH, DC, D, RD, DT)
-        s += dot(tl.load(qp + 2 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k2), ACC, HALF,
-                  INTERPRET)
-        k3 = rows_kv(rows, ok, ring, fresh_ptr, stride_ft, fresh_row, 3 * DC, u8_ptr, h16_ptr, val_ptr, stride, FMT,
-                      FRESH, DC, D, RD, DT)
-        s += dot(tl.load(qp + 3 * DC + cd[None, :], mask=h_ok[:, None], other=0.0), tl.trans(k3), ACC, HALF,
-                  INTERPRET)
         own0 = tl.where(pd == 0, k0, k2)
         own1 = tl.where(pd == 0, k1, k3)
     else:
         own0 = tl.where(pd == 0, k0, k1)
         own1 = own0
-    s = s * scale_hi + s * scale_lo
-    s = tl.where(ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    p = p.to(DT)
+    m_new, l_i, alpha, p = softmax_step(s, ok, m_i, l_i, scale_hi, scale_lo, DT)
     acc0 = acc0 * alpha[:, None] + dot(p, own0, ACC, HALF, INTERPRET)
     if NCH > 2:
         acc1 = acc1 * alpha[:, None] + dot(p, own1, ACC, HALF, INTERPRET)

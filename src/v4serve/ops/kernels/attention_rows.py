@@ -174,3 +174,28 @@ def entry_rows(j, ok, bt_ptr, r, bt_stride, ratio, block_size, epb, trash_block)
     blk = tl.load(bt_ptr + r * bt_stride + (j * ratio) // block_size, mask=ok, other=-1).to(tl.int32)
     blk = tl.where(blk < 0, trash_block, blk)
     return blk * epb + j % epb  # pool rows < 2^31 (the byte offsets are formed in int64 by decode)
+
+
+@triton.jit
+def entry_count(vis_ptr, t, n_picks, CMODE: tl.constexpr):
+    """Token t's compressed rows: none (CMODE 0), its picks (1: a fixed width, -1 = none) or its visible entries (2)."""
+    if CMODE == 0:
+        n_c = 0
+    elif CMODE == 1:
+        n_c = n_picks
+    else:
+        n_c = tl.load(vis_ptr + t).to(tl.int32)
+    return n_c
+
+
+@triton.jit
+def softmax_step(s, ok, m_i, l_i, scale_hi, scale_lo, DT: tl.constexpr):
+    """One online-softmax step over a tile's raw scores s [BH, BN] (ok: the rows that count): the scale as two fp32
+    halves (fp64 runs need its full precision), the new running max and sum, the old sum's factor alpha and the
+    unnormalised probabilities in DT."""
+    s = s * scale_hi + s * scale_lo
+    s = tl.where(ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    return m_new, l_i * alpha + tl.sum(p, 1), alpha, p.to(DT)

@@ -25,23 +25,12 @@ import triton
 import triton.language as tl
 
 from . import cdiv, interpreting, next_pow2, step_jit
-from .attention_rows import dot, entry_idx, entry_rows, finish, prepare_queries, rows_kv, win_rows, win_src
+from .attention_rows import (dot, entry_count, entry_idx, entry_rows, finish, prepare_queries, rows_kv, win_rows,
+                             win_src)
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
 SCRATCH_BYTES = 1 << 30  # scores + probabilities per launch (long contexts' HCA rows: fewer tokens a launch)
-
-
-@triton.jit
-def _entries(vis_ptr, t, n_picks, CMODE: tl.constexpr):
-    """Token t's compressed rows: none, its picks (a fixed width, -1 = none), or its visible entries."""
-    if CMODE == 0:
-        n_c = 0
-    elif CMODE == 1:
-        n_c = n_picks
-    else:
-        n_c = tl.load(vis_ptr + t).to(tl.int32)
-    return n_c
 
 
 @step_jit
@@ -70,7 +59,7 @@ def _scores_kernel(qp_ptr, fresh_ptr, s_ptr, win_src_ptr, win_ok_ptr, ring_ptr, 
     c_stride = (c_stride // CAL) * CAL
     r0 = tl.program_id(0) * BR
     t = tl.program_id(1).to(tl.int64)
-    n_c = _entries(vis_ptr, t, n_picks, CMODE)
+    n_c = entry_count(vis_ptr, t, n_picks, CMODE)
     if r0 < W + n_c:
         h = tl.arange(0, BH)
         h_ok = h < H
@@ -109,7 +98,7 @@ def _softmax_kernel(s_ptr, p_ptr, sink_ptr, vis_ptr, H, n_picks, stride_st, stri
     t = tl.program_id(1).to(tl.int64)
     h = tl.program_id(0) * BH + tl.arange(0, BH)
     h_ok = h < H
-    n = W + _entries(vis_ptr, t, n_picks, CMODE)
+    n = W + entry_count(vis_ptr, t, n_picks, CMODE)
     srow = s_ptr + t * stride_st + h[:, None] * stride_sh
     prow = p_ptr + t * stride_pt + h[:, None] * stride_ph
     m = tl.load(sink_ptr + h, mask=h_ok, other=0.0).to(ACC)
@@ -145,7 +134,7 @@ def _pv_kernel(p_ptr, fresh_ptr, out_ptr, cos_ptr, sin_ptr, win_src_ptr, win_ok_
     RT = tl.float64 if ACC == tl.float64 else tl.float32
     h = tl.arange(0, BH)
     h_ok = h < H
-    n_c = _entries(vis_ptr, t, n_picks, CMODE)
+    n_c = entry_count(vis_ptr, t, n_picks, CMODE)
     n = W + n_c
     prow = p_ptr + t * stride_pt + h[:, None] * stride_ph
     acc = tl.zeros((BH, DC), ACC)

@@ -30,8 +30,9 @@ _DOT_FP8, _DOT_HALF, _DOT_F32, _DOT_F64 = 0, 1, 2, 3
 _SMS = 132  # H200 multiprocessors: decode splits K until about two waves of programs stream the weight
 _COUNTERS = ArrivalCounters()  # split-K tiles finished in the kernel at decode (kernels/split_grid.py)
 # Grouped (G > 1: V4's wo_a) prefill rows from which the weight is widened to bf16 per call and the G projections run
-# as one cuBLAS batched GEMM (_grouped_bmm). H200, wo_a (G 8, K 4096, N 1024): the block-scaled kernel's best tiles
-# 367 us at 2,048 rows and 1.41 ms at 8,192 (25-26% of the FP8 peak, 50% of bf16's).
+# as one cuBLAS batched GEMM (_grouped_bmm). H200, wo_a (G 8, K 4096, N 1024; benchmarks/kernels/fp8_gemm.py, graphed,
+# twenty-first session): at 512 / 2,048 / 8,192 rows 119 / 481 / 1,715 us on this kernel, 77 / 202 / 776 on the
+# batched GEMM (47% of the FP8 peak at 8K; the widening included).
 BMM_MIN_ROWS = 512
 
 
