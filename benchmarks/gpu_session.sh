@@ -1205,6 +1205,19 @@ if [[ $what == twentysecond1 ]]; then  # prepared in the twenty-first session: t
     | tee "$OUT/tests.log" | grep -E "^E |passed|failed" | tail -4
   attention_ab t64c128w4 t64c128w8 t32c128w4 t64c256w8 t128c128w8
 fi
+if [[ $what == twentysecond2 ]]; then  # prepared in the twenty-first session: the 43-layer 8K prefill by op family with
+  # this session's defaults (the grouped wo_a on cuBLAS, FLASH_PREFILL_CONFIG), beside the previous attention config
+  # (32 heads, 32 rows, prefetch); "before" for both is twentieth2's profile (same command: 789.7 ms GPU); then the
+  # FP8 -> bf16 widening alone
+  for spec in "" "32,32,8,1,0"; do
+    echo "== V4SERVE_ATTN_PREFILL=${spec:-default}"
+    V4SERVE_ATTN_PREFILL=$spec timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
+      --context 2048 --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-e16-p8k${spec//,/_}.log"
+    sed -n '/prefill chunk/,/total/p' "$OUT/profile-e16-p8k${spec//,/_}.log"
+  done
+  (cd benchmarks/kernels && timeout 60 python3 fp8_gemm.py --widen --out "$OUT" 2>&1 | grep -E "widen|ceilings")
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

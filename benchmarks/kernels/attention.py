@@ -117,8 +117,7 @@ def ptxas_report(variants: dict, fmt: str = "v4_fp8", cmode: int = kernel.PICKED
     for name, cfg in variants.items():
         if cfg is None or cfg.mode != "flash":
             continue
-        dc = cfg.dchunk or D
-        ds = 2 if cfg.dsplit == 2 and D // dc in (2, 4) else 1
+        dc, ds = kernel.flash_chunks(cfg, D)
         consts = {"D": D, "RD": RD, "W": W, "BH": cfg.heads, "BN": cfg.rows, "DC": dc, "DS": ds,
                   "NSPLIT": 1 if ds == 2 else nsplit,
                   "WFMT": kernel.FORMATS[fmt], "CFMT": kernel.FORMATS[fmt], "CMODE": cmode, "QNORM": True,

@@ -21,8 +21,9 @@ import torch
 from common import bench_graph_many, bench_ms, copies_past_l2, describe, measure_ceilings, write_json
 
 from v4serve.ops import backend, quant
-from v4serve.ops.kernels import fp8_gemm, fp8_gemv, fp8_swiglu
+from v4serve.ops.kernels import fp8_gemm, fp8_gemv, fp8_swiglu, fp8_widen
 from v4serve.ops.kernels import quant as kquant
+from v4serve.ops.linear import dequantize as linear_dequantize
 from v4serve.ops.linear import linear, linear_reference
 from v4serve.ops.moe import dense_mlp, swiglu
 
@@ -261,6 +262,24 @@ def wo_a_rows(hbm: float) -> list[dict]:
     return rows
 
 
+def widen_rows(hbm: float) -> list[dict]:
+    """kernels/fp8_widen.py alone (the grouped prefill's per-call bf16 copy): the FP8 weight and its scales read, the
+    bf16 copy written, against the HBM copy ceiling; checked against the reference's dequantization first."""
+    rows = []
+    for name, (N, K, G, block) in WO_A.items():
+        copies = [weight(G * N, K, block) for _ in range(4)]
+        q, s = copies[0]
+        assert torch.equal(fp8_widen.widen(q, s, block), linear_dequantize(q, s, block, torch.bfloat16))
+        outs = [torch.empty(G * N, K, device="cuda", dtype=torch.bfloat16) for _ in copies]
+        ms = bench_graph_many([lambda c=c, o=o: fp8_widen.widen(*c, block, out=o) for c, o in zip(copies, outs)])
+        nbytes = q.numel() * 3 + s.numel()
+        rows.append({"shape": f"widen_wo_a_{name}", "ms": ms, "gb_s": nbytes / ms / 1e6,
+                     "pct_hbm": nbytes / (ms * 1e-3) / hbm * 100})
+        print(f"widen wo_a {name} ({G * N} x {K}, block {block}): {ms * 1e3:6.1f} us  {rows[-1]['gb_s']:6.0f} GB/s "
+              f"({rows[-1]['pct_hbm']:5.1f}% HBM)", flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -274,6 +293,7 @@ def main() -> None:
     ap.add_argument("--shared-expert", action="store_true", help="only the shared expert's decode rows")
     ap.add_argument("--compressor", action="store_true", help="only the compressors' bf16 projections (f32 x)")
     ap.add_argument("--wo-a-quant", action="store_true", help="only wo_a with its output quantized for wo_b")
+    ap.add_argument("--widen", action="store_true", help="only the FP8 -> bf16 widening of the grouped wo_a")
     args = ap.parse_args()
     ceil = measure_ceilings()
     print(describe(ceil), flush=True)
@@ -285,6 +305,9 @@ def main() -> None:
         return
     if args.compressor:
         write_json(args.out, "fp8_gemm_compressor", {"ceilings": ceil, "rows": compressor_rows(hbm)})
+        return
+    if args.widen:
+        write_json(args.out, "fp8_gemm_widen", {"ceilings": ceil, "rows": widen_rows(hbm)})
         return
     if args.wo_a_quant:
         write_json(args.out, "fp8_gemm_wo_a_quant", {"ceilings": ceil, "rows": wo_a_rows(hbm)})

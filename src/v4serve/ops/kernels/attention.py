@@ -561,6 +561,14 @@ def gpu_config(tokens: int, window, entries) -> Config:
     return FLASH_DECODE_CONFIG if tokens <= hi else prefill_config()
 
 
+def flash_chunks(cfg: Config, D: int) -> tuple[int, int]:
+    """Flash mode's decode / dot chunk width DC (cfg.dchunk where it splits D in 1, 2 or 4 even parts, else D) and
+    its output halves per program DS (2 for dsplit 2 over 2 or 4 chunks: one KV split; else 1)."""
+    dc = cfg.dchunk if cfg.dchunk and cfg.dchunk % 2 == 0 and D % cfg.dchunk == 0 and D // cfg.dchunk in (1, 2, 4) \
+        else D
+    return dc, 2 if cfg.dsplit == 2 and D // dc in (2, 4) else 1
+
+
 def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:
     if any(k not in FORMATS for k in kinds):
         return False
@@ -619,18 +627,16 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
                 *a["entries"], H, *a["sizes"], s_hi, s_lo, q_norm_eps if q_norm_eps is not None else 0.0,
                 qc.stride(0), qc.stride(1), cos.stride(0), fresh.stride(0), out.stride(0), out.stride(1))
 
+    # every kernel's record formats, entry kind and precisions; the record strides' alignment (flash, twopass)
+    tiles = dict(WFMT=FORMATS[wkind], CFMT=FORMATS[ckind], CMODE=cmode, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
+                 HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting())
+    align = dict(WAL=math.gcd(wdata.stride(0), 16), CAL=math.gcd(cdata.stride(0), 16))
     if cfg.mode == TWOPASS and attention_twopass.supports(W, cfg.rows, D, cfg.dchunk or D):
-        return attention_twopass.attend(
-            q, cos, sin, fresh, sink, q_norm_eps, window, entries, cfg.rows, cfg.dchunk or D, cfg.num_warps,
-            {"dt": dt, "acc": acc, "n_picks": n_picks, "cmode": cmode, "RD": RD, "DT": TL_DTYPES[dt],
-             "ACC": TL_DTYPES[acc], "WFMT": FORMATS[wkind], "CFMT": FORMATS[ckind],
-             "HALF": dt in (torch.bfloat16, torch.float16), "WAL": math.gcd(wdata.stride(0), 16),
-             "CAL": math.gcd(cdata.stride(0), 16), "s_hi": s_hi, "s_lo": s_lo, "rows_for": rows_for})
+        return attention_twopass.attend(q, cos, sin, fresh, sink, q_norm_eps, window, entries, cfg, rows_for,
+                                        {**tiles, **align}, (s_hi, s_lo), n_picks, dt)
 
     if cfg.mode == FLASH:
-        dc = cfg.dchunk if cfg.dchunk and cfg.dchunk % 2 == 0 and D % cfg.dchunk == 0 and D // cfg.dchunk in (1, 2, 4) \
-            else D
-        ds = 2 if cfg.dsplit == 2 and D // dc in (2, 4) else 1  # output halves per program (one KV split)
+        dc, ds = flash_chunks(cfg, D)
         nsplit = 1 if ds == 2 else _flash_splits(cfg, T, HB, W + (n_picks if cmode == PICKED else 4 * cfg.rows))
         chunk = TOKEN_CHUNK
         if nsplit > 1:  # the combine's counters and a bounded partials workspace
@@ -645,12 +651,9 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
                     if nsplit > 1 else out)
             _flash_kernel[(HB * ds, nsplit, hi - lo)](
                 *row_args(lo, hi, qc, qp, part, cnt), w_bytes, c_bytes,
-                D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=dc, NSPLIT=nsplit, WFMT=FORMATS[wkind],
-                CFMT=FORMATS[ckind], CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
-                HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
-                PREFETCH=bool(cfg.prefetch) and not interpreting(), WNL=_lines(w_bytes), CNL=_lines(c_bytes),
-                WAL=math.gcd(wdata.stride(0), 16), CAL=math.gcd(cdata.stride(0), 16), DS=ds,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))
+                D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=dc, NSPLIT=nsplit, QNORM=q_norm_eps is not None,
+                PREFETCH=bool(cfg.prefetch) and not interpreting(), WNL=_lines(w_bytes), CNL=_lines(c_bytes), DS=ds,
+                **tiles, **align, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))
         return out
     nsplit = _kv_splits(cfg, min(T, TOKEN_CHUNK) * HB * dsplit, W + (n_picks if cmode == PICKED else 4 * cfg.rows))
     cnt = _COUNTERS.get(q.device) if nsplit > 1 else out
@@ -662,9 +665,6 @@ def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config:
                             device=q.device) if nsplit > 1 else out)
         _attend_kernel[(hi - lo, HB, dsplit * nsplit)](
             *row_args(lo, hi, qc, qp, part, cnt),
-            D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, NSPLIT=nsplit, WFMT=FORMATS[wkind],
-            CFMT=FORMATS[ckind],
-            CMODE=cmode, QNORM=q_norm_eps is not None, DT=TL_DTYPES[dt], ACC=TL_DTYPES[acc],
-            HALF=dt in (torch.bfloat16, torch.float16), INTERPRET=interpreting(),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))
+            D=D, RD=RD, W=W, BH=cfg.heads, BN=cfg.rows, DC=D // dsplit, NSPLIT=nsplit, QNORM=q_norm_eps is not None,
+            **tiles, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(q))
     return out

@@ -165,43 +165,43 @@ def supports(W: int, rows: int, D: int, dchunk: int) -> bool:
     return W % rows == 0 and D % dchunk == 0 and dchunk % 2 == 0
 
 
-def attend(q, cos, sin, fresh, sink, q_norm_eps, window, entries, rows: int, dchunk: int, num_warps: int,
-           args: dict) -> torch.Tensor:
-    """ops.attention.attend in three launches (see the module's docstring) over tokens in scratch-bounded groups.
-    `args`: the pools' views and addressing as kernels/attention.attend prepares them for its kernels."""
+def attend(q, cos, sin, fresh, sink, q_norm_eps, window, entries, cfg, rows_for, consts: dict,
+           scale: tuple[float, float], n_picks: int, dt: torch.dtype) -> torch.Tensor:
+    """ops.attention.attend in three launches (see the module's docstring) over tokens in scratch-bounded groups, as
+    kernels/attention.attend prepares them: cfg (rows a tile, dchunk = P.V's output chunk, warps), rows_for(lo, hi)
+    (tokens [lo, hi)'s window, pools, entries and sizes arguments), the kernels' record / precision constexprs, the
+    scale's two fp32 halves, the CSA picks' width and the dots' dtype."""
     T, H, D = q.shape
     out = torch.empty_like(q)
     W = window.src.shape[1]
     BH = next_pow2(H)
-    dt, acc = args["dt"], args["acc"]
-    n_c = args["n_picks"] if args["cmode"] == 1 else (entries.where.max_entries if args["cmode"] == 2 else 0)
+    rows, dchunk, cmode = cfg.rows, cfg.dchunk or D, consts["CMODE"]
+    n_c = n_picks if cmode == 1 else (entries.where.max_entries if cmode == 2 else 0)
     R = cdiv(W + n_c, rows) * rows
-    per_token = H * R * (4 + dt.itemsize)
-    chunk = max(1, min(T, SCRATCH_BYTES // per_token))
+    chunk = max(1, min(T, SCRATCH_BYTES // (H * R * (4 + dt.itemsize))))
     qp = torch.empty_like(q)
-    common = dict(D=D, RD=args["RD"], DT=args["DT"], ACC=args["ACC"])
+    shape = dict(D=D, RD=2 * cos.shape[-1], W=W, BH=BH, BR=rows, DC=dchunk)
     for lo in range(0, T, chunk):
         hi = min(T, lo + chunk)
         n = hi - lo
-        a = args["rows_for"](lo, hi)
-        prepare = dict(QNORM=q_norm_eps is not None, DC=dchunk, BH=min(BH, 16 if interpreting() else 64))
-        _prepare_kernel[(cdiv(H, prepare["BH"]), n)](
+        a = rows_for(lo, hi)
+        pbh = min(BH, 16 if interpreting() else 64)
+        _prepare_kernel[(cdiv(H, pbh), n)](
             q[lo:hi], qp[lo:hi], cos[lo:hi], sin[lo:hi], H, q.stride(0), q.stride(1), cos.stride(0),
-            q_norm_eps if q_norm_eps is not None else 0.0, **prepare, **common, **pdl_launch(q))
-        s = torch.empty(n, H, R, dtype=acc, device=q.device)
+            q_norm_eps if q_norm_eps is not None else 0.0, D=D, RD=shape["RD"], DC=dchunk, BH=pbh,
+            QNORM=q_norm_eps is not None, ACC=consts["ACC"], DT=consts["DT"], **pdl_launch(q))
+        s = torch.empty(n, H, R, dtype=torch.float64 if q.dtype == torch.float64 else torch.float32, device=q.device)
         p = torch.empty(n, H, R, dtype=dt, device=q.device)
-        tiles = dict(W=W, BH=BH, BR=rows, WFMT=args["WFMT"], CFMT=args["CFMT"], CMODE=args["cmode"],
-                     HALF=args["HALF"], INTERPRET=interpreting(), WAL=args["WAL"], CAL=args["CAL"])
         _scores_kernel[(R // rows, n)](
-            qp[lo:hi], fresh, s, *a["window"], *a["pools"], *a["entries"], H, *a["sizes"], args["s_hi"],
-            args["s_lo"], q.stride(0), q.stride(1), fresh.stride(0), s.stride(0), s.stride(1), DC=dchunk, **tiles,
-            **common, num_warps=num_warps, num_stages=1, **pdl_launch(q))
+            qp[lo:hi], fresh, s, *a["window"], *a["pools"], *a["entries"], H, *a["sizes"], *scale, q.stride(0),
+            q.stride(1), fresh.stride(0), s.stride(0), s.stride(1), **shape, **consts, num_warps=cfg.num_warps,
+            num_stages=1, **pdl_launch(q))
         sm_bh = min(BH, 16)
         _softmax_kernel[(cdiv(H, sm_bh), n)](
-            s, p, sink, a["entries"][5], H, args["n_picks"], s.stride(0), s.stride(1), p.stride(0), p.stride(1), W=W,
-            BH=sm_bh, BR=rows, CMODE=args["cmode"], ACC=args["ACC"], num_warps=4, **pdl_launch(q))
+            s, p, sink, a["entries"][5], H, n_picks, s.stride(0), s.stride(1), p.stride(0), p.stride(1), W=W,
+            BH=sm_bh, BR=rows, CMODE=cmode, ACC=consts["ACC"], num_warps=4, **pdl_launch(q))
         _pv_kernel[(D // dchunk, n)](
             p, fresh, out[lo:hi], cos[lo:hi], sin[lo:hi], *a["window"], *a["pools"], *a["entries"], H, *a["sizes"],
-            p.stride(0), p.stride(1), fresh.stride(0), cos.stride(0), out.stride(0), out.stride(1), DC=dchunk,
-            **tiles, **common, num_warps=num_warps, num_stages=1, **pdl_launch(q))
+            p.stride(0), p.stride(1), fresh.stride(0), cos.stride(0), out.stride(0), out.stride(1), **shape,
+            **consts, num_warps=cfg.num_warps, num_stages=1, **pdl_launch(q))
     return out
