@@ -50,6 +50,13 @@ prefill8k() {  # the engine's 8K prompt alone (v4-flash-e16, batch 1, one step),
     --hf-prefill 8192 --hf-max-batch 0 --skip-transformers --kv-cache-memory 8589934592 --out "$OUT/o${1//,/_}" \
     2>&1 | grep -v Warning | grep -E "batch 1|error|Error" | tail -2 | sed "s/^/[${1:-default}] /"
 }
+profile8k() {  # the 43-layer 8K prefill by op family with env $1=$2 ("": unset), the summary table printed
+  echo "== $1=${2:-default}"
+  env "$1=$2" timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 \
+    --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-e16-$3.log"
+  sed -n '/prefill chunk/,/total/p' "$OUT/profile-e16-$3.log"
+}
 attention_ab() {  # the attention variants "$@" on the 4K prefill chunk (bf16 records), then the fastest (CSA + HCA) in
   # the engine's 8K prompt beside the default
   (cd benchmarks/kernels && timeout 240 python3 attention.py --format bf16 --prefill-only --variants default "$@" \
@@ -1105,13 +1112,7 @@ if [[ $what == twentieth2 ]]; then  # the twentieth session: the MoE's prefill o
   timeout 90 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --no-decode --prefill-tokens 2048,8192 \
     --no-reference --variants dot,pf-grouped 2>&1 | grep -v Warning | tee -a "$OUT/moe_grouped.log" \
     | grep -E "^T=|failed|Error"
-  for v in ${PREFILLS:-grouped}; do
-    echo "== V4SERVE_MOE_PREFILL=$v"
-    V4SERVE_MOE_PREFILL=$v timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
-      --context 2048 --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 2>&1 \
-      | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-e16-$v.log"
-    sed -n '/prefill chunk/,/total/p' "$OUT/profile-e16-$v.log"
-  done
+  for v in ${PREFILLS:-grouped}; do profile8k V4SERVE_MOE_PREFILL "$v" "$v"; done
 fi
 if [[ $what == twentieth3 ]]; then  # the grouped MoE prefill as the default from 512 rows an expert: the whole tiny
   # models on it against the exact answer (CUDA tests), then the issue's 8K prefill against transformers (twelfth4)
@@ -1209,13 +1210,7 @@ if [[ $what == twentysecond2 ]]; then  # prepared in the twenty-first session: t
   # this session's defaults (the grouped wo_a on cuBLAS, FLASH_PREFILL_CONFIG), beside the previous attention config
   # (32 heads, 32 rows, prefetch); "before" for both is twentieth2's profile (same command: 789.7 ms GPU); then the
   # FP8 -> bf16 widening alone
-  for spec in "" "32,32,8,1,0"; do
-    echo "== V4SERVE_ATTN_PREFILL=${spec:-default}"
-    V4SERVE_ATTN_PREFILL=$spec timeout ${PROF_TIMEOUT:-170} python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 \
-      --context 2048 --steps 2 --prefill 8192 --no-graphs --top 30 --kv-cache-memory 8589934592 2>&1 \
-      | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-e16-p8k${spec//,/_}.log"
-    sed -n '/prefill chunk/,/total/p' "$OUT/profile-e16-p8k${spec//,/_}.log"
-  done
+  for spec in "" "32,32,8,1,0"; do profile8k V4SERVE_ATTN_PREFILL "$spec" "p8k${spec//,/_}"; done
   (cd benchmarks/kernels && timeout 60 python3 fp8_gemm.py --widen --out "$OUT" 2>&1 | grep -E "widen|ceilings")
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
