@@ -1213,6 +1213,58 @@ if [[ $what == twentysecond2 ]]; then  # prepared in the twenty-first session: t
   for spec in "" "32,32,8,1,0"; do profile8k V4SERVE_ATTN_PREFILL "$spec" "p8k${spec//,/_}"; done
   (cd benchmarks/kernels && timeout 60 python3 fp8_gemm.py --widen --out "$OUT" 2>&1 | grep -E "widen|ceilings")
 fi
+if [[ $what == twentysecond3 ]]; then  # twenty-second session: where V4.1's prefill goes (twelfth3's bounded replay: a
+  # 631-token hit turn 345 ms bounded / 500 ms exact at 16K, a cold 16K prompt 6.3 s): a 2,048-token chunk and a mixed
+  # step with a 640-token prompt by family and kernel (FP4 KV, as the replay); then the 8K prompt on v4-flash-e16
+  # against transformers' eager model in the same run (issue 11's ratio)
+  timeout ${PROF_TIMEOUT:-200} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  sed -n '/prefill chunk/,$p' "$OUT/profile-v41-p2048.log" | head -80
+  timeout ${PF_TIMEOUT:-300} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 --context 8192 \
+    --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 --hf-prefill 8192 \
+    --hf-max-batch 0 --kv-cache-memory 8589934592 --out "$OUT/o8k" 2>&1 | grep -v Warning | tee "$OUT/prefill8k.log" \
+    | grep -E "prefill|batch 1|transformers|error|Error" | tail -8
+fi
+if [[ $what == twentysecond4 ]]; then  # twenty-second session: prefill chunks over V4's and V4.1's records on the
+  # prefill config (flash) instead of the heads mode (twentysecond3: V4.1's 2,048-token chunk 365 of 553 ms in
+  # _attend_kernel): the fixed twopass test, the 4K chunk over V4.1's records (heads / flash / twopass), then the
+  # bounded replay at 16K
+  timeout 60 python3 -m pytest tests/ops/test_attention.py -q -p no:cacheprovider -o addopts="" -k \
+    "sees_nothing or gpu_config" 2>&1 | tee "$OUT/tests.log" | grep -E "^E |passed|failed" | tail -3
+  (cd benchmarks/kernels && timeout 80 python3 attention.py --format v41 --prefill-only --variants default heads \
+    t32c128w4 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention.log" | grep -E "prefill|failed|ceilings")
+  timeout ${BR_TIMEOUT:-170} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -4
+fi
+if [[ $what == twentythird1 ]]; then  # prepared in the twenty-second session: V4.1's prefill on its new defaults —
+  # chunks over V4's and V4.1's records take the prefill config (flash; the heads mode was 4.4x slower over V4.1's
+  # records, twentysecond4) and V4.1's 32-block linears the widened weight on cuBLAS from 512 rows (the Triton kernel:
+  # 106 of a 2K chunk's 553 ms): the model-level GPU tests, the linear tests, the GEMMs at V4.1's shapes, then the
+  # bounded-vs-exact table at 16K and 64K (twelfth3 on the old defaults: hit 345 / 358 ms bounded, cold 16K 6.3 s)
+  timeout 200 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+    "fast_path or chunked or v41" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^E |passed|failed" | tail -4
+  timeout 100 python3 -m pytest tests/ops/test_linear.py -q -p no:cacheprovider -o addopts="" -k \
+    "32_blocks or batched_gemm" 2>&1 | tee "$OUT/linear_tests.log" | grep -E "^E |passed|failed" | tail -4
+  (cd benchmarks/kernels && timeout 120 python3 fp8_gemm.py --prefill-only --prefill-rows 512,2048,8192 --shapes \
+    "v41_wq_a,v41_wo_b" --variants default,bmm,triton --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/fp8_gemm_v41.log" | grep -E "M=|failed|ceilings")
+  timeout ${BR_TIMEOUT:-330} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384,65536 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -4
+fi
+if [[ $what == twentythird2 ]]; then  # prepared in the twenty-second session: the twopass attention as the prefill
+  # default candidate (4K chunk: 8-19% faster than flash over bf16 and V4.1's records; the 8K prompt 604 vs 621 ms):
+  # the model-level GPU tests under it, V4.1's 2K chunk by family under it, and the bounded replay at 16K under it
+  export V4SERVE_ATTN_PREFILL=twopass,32,4,128
+  timeout 200 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+    "fast_path or chunked or v41" 2>&1 | tee "$OUT/gpu_tests_twopass.log" | grep -E "^E |passed|failed" | tail -4
+  timeout ${PROF_TIMEOUT:-150} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  sed -n '/prefill chunk/,$p' "$OUT/profile-v41-p2048.log" | head -30
+  timeout ${BR_TIMEOUT:-170} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -4
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

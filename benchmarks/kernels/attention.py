@@ -36,7 +36,8 @@ VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": ker
             # D halves, fewer programs to combine
             "hk2": kernel.Config(16, 32, 2, 8, 1, kv_splits=2), "hk4": kernel.Config(16, 32, 2, 8, 1, kv_splits=4),
             "hk8": kernel.Config(16, 32, 2, 8, 1, kv_splits=8), "hk32": kernel.Config(16, 32, 2, 8, 1, kv_splits=32),
-            "hd1k8": kernel.Config(16, 32, 1, 8, 1, kv_splits=8), "h32d1k8": kernel.Config(32, 32, 1, 8, 1, kv_splits=8)}
+            "hd1k8": kernel.Config(16, 32, 1, 8, 1, kv_splits=8), "h32d1k8": kernel.Config(32, 32, 1, 8, 1, kv_splits=8),
+            "heads": kernel.GPU_CONFIG}  # the "heads" mode's default (prefill over V4 / V4.1 records until 2026-12-04)
 
 
 def flash(heads: int, rows: int, warps: int, stages: int = 1, splits: int = 0, dchunk: int = 128,

@@ -29,7 +29,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _logits(name: str, device: str, dtype: torch.dtype, tokens: list[int], chunks: list[int] | None = None,
-            numerics: str = "deepseek", kernels: str = "auto") -> torch.Tensor:
+            numerics: str = "deepseek", kernels: str = "auto", kv_dtype: str = "auto") -> torch.Tensor:
     from v4serve.cache.pool import KVPools
     from v4serve.cache.spec import make_cache_spec
     from v4serve.models.factory import build_model
@@ -37,7 +37,7 @@ def _logits(name: str, device: str, dtype: torch.dtype, tokens: list[int], chunk
     from v4serve.models.v41.engine_hooks import engram_history
 
     lm = build_model(name, seed=0, numerics=numerics, dtype=dtype, device=device, with_mtp=False, kernels=kernels)
-    spec = make_cache_spec(lm.config, 64, "auto", None, dtype)
+    spec = make_cache_spec(lm.config, 64, kv_dtype, None, dtype)
     pools = KVPools(spec, 32, 2, device)
     outs, s = [], 0
     with torch.inference_mode():
@@ -104,6 +104,22 @@ def test_fast_path_model_matches_reference_model() -> None:
             print(f"\n[{name}] {dtype}: argmax agreement with float64 - Triton {a_fast:.3f}, reference bodies "
                   f"{a_ref:.3f}; with each other {agree(fast, ref):.3f}, max rel err {rel_err(fast, ref):.3g}")
             assert a_fast >= a_ref - 0.1, (name, dtype, a_fast, a_ref)
+
+
+@pytest.mark.parametrize("name,kv_dtype", [("tiny-v4-flash", "fp8"), ("tiny-v41-flash", "fp4")])
+def test_fast_path_prefill_chunk_over_stored_records(name: str, kv_dtype: str) -> None:
+    """A 600-token prompt in one chunk over the stored KV records (V4's 584-B FP8, V4.1's 528-B window rows and
+    NVFP4 entries): the attention's prefill config (more than 128 query tokens) and, from 512 rows, V4.1's 32-block
+    linears on the widened weight. As close to the exact answer as the reference bodies in bf16 (see above)."""
+    toks = _tokens(600, 5)
+    exact = _logits(name, "cuda", torch.float64, toks, kernels="reference", kv_dtype=kv_dtype)
+    fast = _logits(name, "cuda", torch.bfloat16, toks, kernels="triton", kv_dtype=kv_dtype)
+    ref = _logits(name, "cuda", torch.bfloat16, toks, kernels="reference", kv_dtype=kv_dtype)
+    a_fast = float((fast.argmax(-1) == exact.argmax(-1)).float().mean())
+    a_ref = float((ref.argmax(-1) == exact.argmax(-1)).float().mean())
+    print(f"\n[{name}, {kv_dtype} KV, 600 tokens] argmax agreement with float64: Triton {a_fast:.3f}, reference "
+          f"bodies {a_ref:.3f}")
+    assert a_fast >= a_ref - 0.1, (name, a_fast, a_ref)
 
 
 def test_fast_path_with_the_grouped_moe_prefill(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -205,8 +205,8 @@ def test_flash_mode_reads_each_token_rows_in_one_launch(cfg) -> None:
 
 def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     """Batched decode (16-128 query tokens) over CSA picks in V4's records or bf16, and over HCA's visible entries in
-    bf16, takes flash mode, as do prefill chunks over bf16 records; single rows, prefill chunks over V4's records,
-    window-only layers and the untimed cases keep GPU_CONFIG."""
+    bf16, takes flash mode; prefill chunks over compressed entries take the prefill config in every format; single
+    rows, window-only layers and the untimed decode cases keep GPU_CONFIG."""
     from types import SimpleNamespace as NS
 
     def refs(kind: str, wkind: str | None = None, picks: bool = True):
@@ -222,7 +222,9 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     prefill = kernel.FLASH_PREFILL_CONFIG  # prefill over bf16 records: CSA and HCA
     assert kernel.gpu_config(4096, *refs("plain")) is prefill
     assert kernel.gpu_config(129, *refs("plain", picks=False)) is prefill
-    assert kernel.gpu_config(4096, *refs("v4_fp8")) is heads  # prefill over V4's records: not timed
+    assert kernel.gpu_config(4096, *refs("v4_fp8")) is prefill  # prefill over V4's records
+    assert kernel.gpu_config(2048, *refs("nvfp4", "fp8_b32")) is prefill  # and V4.1's
+    assert kernel.gpu_config(129, *refs("nvfp4", "fp8_b32", picks=False)) is prefill
     assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers
 
 
@@ -294,7 +296,7 @@ def test_twopass_equals_reference(rows: int, dchunk: int, wkind: str, ckind: str
 
 def test_twopass_token_that_sees_nothing_and_scratch_bounded_launches(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the sink in the denominator: zeros. A scratch budget of one token a launch: the same bits as one launch."""
-    cfg = kernel.Config(4, 8, 1, 4, 1, mode="twopass", dchunk=64)
+    cfg = kernel.Config(4, 16 if ON_GPU else 8, 1, 4, 1, mode="twopass", dchunk=64)  # tensor-core dots: K >= 16
     q, cos, sin, fresh, sink, scale, window, entries = _case("plain", "plain", "picks", EXACT, seed=21)
     whole = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg)
     from v4serve.ops.kernels import attention_twopass

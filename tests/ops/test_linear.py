@@ -239,14 +239,40 @@ def test_grouped_prefill_rows_as_one_batched_gemm(block: int, act: int) -> None:
     G, N, K = 4, 48, 256
     q, s = fp8_weight(G * N, K, block, g)
     x = torch.randn(40, G, K, generator=g).to(DEV, torch.bfloat16)
-    assert fp8_gemm._takes_bmm(x[:1].expand(fp8_gemm.BMM_MIN_ROWS, G, K), q, s, None) == GPU
-    assert not fp8_gemm._takes_bmm(x, q, s, None)
-    assert not fp8_gemm._takes_bmm(x, q, s, {"BN": 64}) and not fp8_gemm._takes_bmm(x.float(), q, s, {"bmm": True})
+    bf16 = torch.bfloat16
+    assert fp8_gemm._takes_bmm(x[:1].expand(fp8_gemm.BMM_MIN_ROWS, G, K), q, s, block, None, bf16) == GPU
+    assert not fp8_gemm._takes_bmm(x, q, s, block, None, bf16)
+    assert not fp8_gemm._takes_bmm(x, q, s, block, {"BN": 64}, bf16)
+    assert not fp8_gemm._takes_bmm(x.float(), q, s, block, {"bmm": True}, torch.float32)
     got = fp8_gemm.general(x, q, s, block, act, torch.bfloat16, cfg={"bmm": True})
     ref = grouped_linear_reference(x, q, s, block, act)
     assert got.shape == (40, G, N) and got.is_contiguous() and got.dtype == torch.bfloat16
     assert rel(got, ref) < (1e-2 if GPU else 1e-6)
     assert rel(got, fp8_gemm.general(x, q, s, block, act, torch.bfloat16, cfg={"BM": 16})) < 1e-2
+
+
+@pytest.mark.parametrize("block,act", [(32, 32), (32, 0)])
+def test_prefill_rows_of_32_blocks_on_the_widened_weight(block: int, act: int) -> None:
+    """V4.1's plain linears (G = 1, 32 x 32 blocks: no cuBLAS FP8 recipe) take the widened weight from BMM_MIN_ROWS
+    on the GPU, V4's 128 x 128 ones keep the FP8 paths; the widened product is the reference's computation."""
+    g = torch.Generator().manual_seed(13)
+    N, K = 80, 256
+    q, s = fp8_weight(N, K, block, g)
+    x = torch.randn(33, K, generator=g).to(DEV, torch.bfloat16)
+    rows = x[:1].expand(fp8_gemm.BMM_MIN_ROWS, K).unsqueeze(1)
+    assert fp8_gemm._takes_bmm(rows, q, s, block, None, torch.bfloat16) == GPU
+    q128, s128 = fp8_weight(N, K, 128, g)
+    assert not fp8_gemm._takes_bmm(rows, q128, s128, 128, None, torch.bfloat16)
+    got = fp8_gemm.general(x.unsqueeze(1), q, s, block, act, torch.bfloat16, cfg={"bmm": True})
+    ref = linear_reference(x, q, s, block, act)
+    assert got.shape == (33, 1, N) and got.dtype == torch.bfloat16
+    assert rel(got[:, 0], ref) < (1e-2 if GPU else 1e-6)
+    assert rel(got[:, 0], fp8_gemm.linear(x, q, s, block, act)) < 1e-2
+    if act:  # rows quantized by their producer (the norm's fused quantization): the same values, the same product
+        xq, xs = kquant.act_quant(x, act)
+        fed = fp8_gemm.general(xq.unsqueeze(1), q, s, block, act, torch.bfloat16, cfg={"bmm": True},
+                               xs=xs.unsqueeze(1))
+        assert torch.equal(fed, got)
 
 
 @pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32])

@@ -106,7 +106,6 @@ FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # re
 # with it 4.37 / 4.05; 128-row tiles 4.68 / 3.57; 16 heads on 4 warps 4.36 / 4.04; the output halves on 64 heads
 # 6.35+ / 5.18+; 16 warps slower). One KV split at these sizes (_flash_splits).
 FLASH_PREFILL_CONFIG = Config(heads=32, rows=64, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128)
-FLASH_PREFILL_FORMATS = {"plain": ("picks", "dense")}
 # A/B switch: the prefill chunks' config, flash "heads,rows,warps[,prefetch[,halves]]" or "twopass,rows,warps,dchunk"
 PREFILL_ENV = "V4SERVE_ATTN_PREFILL"
 INTERPRETER_CONFIG = Config(heads=16, rows=16, dsplit=2, num_warps=1, num_stages=1, kv_splits=2)
@@ -548,17 +547,18 @@ def prefill_config() -> Config:
 
 
 def gpu_config(tokens: int, window, entries) -> Config:
-    """The measured choice on the GPU: flash mode over compressed entries where it was timed — batched decode
-    (FLASH_DECODE_FORMATS: CSA picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records)
-    and prefill chunks (FLASH_PREFILL_FORMATS: both over bf16 records) — GPU_CONFIG otherwise."""
+    """The measured choice on the GPU: prefill chunks over compressed entries take prefill_config() in every record
+    format; batched decode takes flash mode where it was timed (FLASH_DECODE_FORMATS: CSA picks over V4's 584-B
+    records; CSA picks and HCA's visible entries over bf16 records); GPU_CONFIG otherwise."""
     lo, hi = FLASH_DECODE_TOKENS
-    if entries is None or tokens < lo or window.pool.codec.kind != entries.pool.codec.kind:
+    if entries is None or tokens < lo:
+        return GPU_CONFIG
+    if tokens > hi:
+        return prefill_config()
+    if window.pool.codec.kind != entries.pool.codec.kind:
         return GPU_CONFIG
     kind = "picks" if entries.picks is not None else "dense"
-    timed = FLASH_DECODE_FORMATS if tokens <= hi else FLASH_PREFILL_FORMATS
-    if kind not in timed.get(entries.pool.codec.kind, ()):
-        return GPU_CONFIG
-    return FLASH_DECODE_CONFIG if tokens <= hi else prefill_config()
+    return FLASH_DECODE_CONFIG if kind in FLASH_DECODE_FORMATS.get(entries.pool.codec.kind, ()) else GPU_CONFIG
 
 
 def flash_chunks(cfg: Config, D: int) -> tuple[int, int]:

@@ -29,10 +29,13 @@ from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 _DOT_FP8, _DOT_HALF, _DOT_F32, _DOT_F64 = 0, 1, 2, 3
 _SMS = 132  # H200 multiprocessors: decode splits K until about two waves of programs stream the weight
 _COUNTERS = ArrivalCounters()  # split-K tiles finished in the kernel at decode (kernels/split_grid.py)
-# Grouped (G > 1: V4's wo_a) prefill rows from which the weight is widened to bf16 per call and the G projections run
-# as one cuBLAS batched GEMM (_grouped_bmm). H200, wo_a (G 8, K 4096, N 1024; benchmarks/kernels/fp8_gemm.py, graphed,
-# twenty-first session): at 512 / 2,048 / 8,192 rows 119 / 481 / 1,715 us on this kernel, 77 / 202 / 776 on the
-# batched GEMM (47% of the FP8 peak at 8K; the widening included).
+# Prefill rows from which the weight is widened to bf16 per call and the product runs on cuBLAS's bf16 GEMM
+# (_widened_bmm): grouped weights (G > 1: V4's wo_a, its G projections one batched GEMM) and plain linears whose
+# blocks cuBLAS's FP8 GEMM has no recipe for (V4.1's 32 x 32: this kernel rescales its accumulator every 32 of K).
+# H200, wo_a (G 8, K 4096, N 1024; benchmarks/kernels/fp8_gemm.py, graphed, twenty-first session): at 512 / 2,048 /
+# 8,192 rows 119 / 481 / 1,715 us on this kernel, 77 / 202 / 776 on the batched GEMM (47% of the FP8 peak at 8K; the
+# widening included). V4.1's linears on this kernel: 106 of a 2,048-token chunk's 553 ms, ~17% of the FP8 peak
+# (v41-flash-e16-engram1m, profile_step.py, twenty-second session).
 BMM_MIN_ROWS = 512
 
 
@@ -203,8 +206,10 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         return torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     w_fp8 = weight.dtype == torch.float8_e4m3fn
     half = x3.dtype in (torch.bfloat16, torch.float16)
-    if xs is None and _takes_bmm(x3, weight, scale, cfg):
-        return _grouped_bmm(x3, weight, scale, block, act_group, out_dtype)
+    if _takes_bmm(x3, weight, scale, block, cfg, out_dtype if xs is not None else x3.dtype):
+        if xs is not None:  # quantized by its producer (the norm): its values in x's dtype, what act_simulate gives
+            x3, act_group = _dequantized(x3, xs, block, out_dtype), 0
+        return _widened_bmm(x3, weight, scale, block, act_group, out_dtype)
     # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} runs the
     # same values as W8A16 instead (x FP8-simulated in bf16, exact, against the widened weight on the bf16 tensor
     # cores: no per-block rescale of the accumulator, the candidate for V4.1's 32-wide blocks on prefill)
@@ -248,17 +253,25 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     return y
 
 
-def _takes_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, cfg: dict | None) -> bool:
-    """Grouped prefill rows of an FP8 weight on the GPU (BMM_MIN_ROWS); cfg {"bmm": True} forces it (benchmarks,
-    tests), any other cfg keeps the Triton kernel."""
-    if not fp8_widen.supports(weight, scale) or x3.dtype not in (torch.bfloat16, torch.float16):
+def _takes_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
+               cfg: dict | None, dtype: torch.dtype) -> bool:
+    """Prefill rows of an FP8 weight on the GPU (BMM_MIN_ROWS) where the weight is grouped or its blocks are not
+    cuBLAS FP8's 128, for activations of a half dtype (given quantized: the dtype they stand for); cfg {"bmm": True}
+    forces it (benchmarks, tests), any other cfg keeps the Triton kernel."""
+    if not fp8_widen.supports(weight, scale) or dtype not in (torch.bfloat16, torch.float16):
         return False
     if cfg is not None:
         return bool(cfg.get("bmm"))
-    return x3.is_cuda and x3.shape[1] > 1 and x3.shape[0] >= BMM_MIN_ROWS
+    return x3.is_cuda and x3.shape[0] >= BMM_MIN_ROWS and (x3.shape[1] > 1 or block != scaled_mm.BLOCK)
 
 
-def _grouped_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
+def _dequantized(xq: torch.Tensor, xs: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """e4m3 rows [M, G, K] times their float32 scales [M, G, K / group], rounded to dtype."""
+    M, G, K = xq.shape
+    return (xq.float().view(M, G, K // group, group) * xs.unsqueeze(-1)).view(M, G, K).to(dtype)
+
+
+def _widened_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
                  out_dtype: torch.dtype) -> torch.Tensor:
     """x3 [M, G, K] against W [G*N, K] as the reference computes it: x FP8-simulated in its dtype (act_group), W
     widened exactly to that dtype, G products in one batched GEMM (cuBLAS: fp32 accumulation), written in place."""
