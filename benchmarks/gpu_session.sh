@@ -1264,6 +1264,10 @@ if [[ $what == twentythird2 ]]; then  # prepared in the twenty-second session: t
   sed -n '/prefill chunk/,$p' "$OUT/profile-v41-p2048.log" | head -30
   timeout ${BR_TIMEOUT:-170} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
     --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -4
+  # V4.1's eager steps are host bound (twentysecond3: the decode-only eager step 121.6 ms of wall at batch 1, a mixed
+  # step with a 640-token prompt 158.4 ms for 10.6 ms of GPU): where the host time goes
+  timeout 120 python3 benchmarks/host_profile.py v41-flash-e16-engram1m --batch 1 --context 4096 --mixed 640 \
+    --steps 3 --top 30 --out "$OUT" 2>&1 | grep -v Warning > "$OUT/host_v41.log"; head -60 "$OUT/host_v41.log"
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
