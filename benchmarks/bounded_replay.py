@@ -34,14 +34,16 @@ from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
 TARGETS_MS = {"hit": {16384: 80.0, 65536: 120.0}, "cold": {16384: 1500.0}}
 
 
-def ttft(eng: LLMEngine, prompt: list[int]) -> tuple[float, list[int], int]:
-    """(ms from add_request to the first generated token, the generated tokens, prompt tokens served from cache)."""
+def ttft(eng: LLMEngine, prompt: list[int]) -> tuple[float, list[int], int, list[float]]:
+    """(ms from add_request to the first generated token, the generated tokens, prompt tokens served from cache, the
+    wall ms of each engine step until then: how many steps a turn takes and which of them costs)."""
     sync = torch.cuda.synchronize if eng.device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     rid = eng.add_request(prompt, SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))[0]
-    first, out, cached = None, [], 0
+    first, out, cached, steps = None, [], 0, []
     while eng.has_unfinished():
+        ts = time.perf_counter()
         for d in eng.step():
             if d.request_id != rid:
                 continue
@@ -49,7 +51,8 @@ def ttft(eng: LLMEngine, prompt: list[int]) -> tuple[float, list[int], int]:
                 first = (time.perf_counter() - t0) * 1e3
             out += d.new_token_ids
             cached = max(cached, d.num_cached_tokens)
-    return first if first is not None else float("nan"), out, cached
+        steps.append((time.perf_counter() - ts) * 1e3)  # (max_tokens 1: the turn ends at its first token)
+    return first if first is not None else float("nan"), out, cached, steps
 
 
 def run_mode(args: argparse.Namespace, bounded: bool, contexts: list[int]) -> list[dict]:
@@ -67,14 +70,15 @@ def run_mode(args: argparse.Namespace, bounded: bool, contexts: list[int]) -> li
     rows = []
     for ctx in [min(contexts) // 4 or 64] + contexts:  # the first: warm-up, not reported
         prompt = tokens(ctx)
-        cold_ms, out, _ = ttft(eng, prompt)
+        cold_ms, out, _, cold_steps = ttft(eng, prompt)
         hits = []
         for _ in range(args.repeats):
-            hit_ms, _, cached = ttft(eng, prompt + out + tokens(args.new))
-            hits.append((hit_ms, cached))
+            hit_ms, _, cached, steps = ttft(eng, prompt + out + tokens(args.new))
+            hits.append((hit_ms, cached, steps))
         rows.append({"context": ctx, "mode": "bounded" if bounded else "exact", "cold_ms": cold_ms,
-                     "hit_ms": statistics.median(h for h, _ in hits), "hit_ms_all": [h for h, _ in hits],
-                     "cached_tokens": min(c for _, c in hits), "new_tokens": args.new + len(out)})
+                     "hit_ms": statistics.median(h[0] for h in hits), "hit_ms_all": [h[0] for h in hits],
+                     "cached_tokens": min(h[1] for h in hits), "new_tokens": args.new + len(out),
+                     "cold_step_ms": cold_steps, "hit_step_ms": [h[2] for h in hits]})
     del eng
     if args.device == "cuda":
         torch.cuda.empty_cache()
@@ -121,6 +125,10 @@ def main() -> int:
     lines = table(rows)
     print(f"{args.model}, {args.kv_cache_dtype} KV, follow-up turn of {args.new} new tokens, device {args.device}")
     print("\n".join(lines), flush=True)
+    for r in rows:  # a turn's engine steps: one eager prefill step per chunk, the first token from the last
+        print(f"{r['mode']} {r['context']}: cold steps {len(r['cold_step_ms'])} "
+              f"({', '.join(f'{t:.0f}' for t in r['cold_step_ms'][:6])} ms), hit steps "
+              f"{', '.join(f'{t:.1f}' for t in r['hit_step_ms'][0])} ms")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"bounded-replay-{args.model}.json"), "w") as f:
