@@ -213,9 +213,10 @@ if [[ $what == measure ]]; then  # the 43-layer step profile with its costliest 
   done
 fi
 if [[ $what == tp ]]; then  # TP, TP + EP and DP + EP engines over NCCL, eager and with decode CUDA graphs, and the
-  # one-shot all-reduce (needs the nvidia-h200-x2 kind or larger; the serve tests need the openai client, not carried)
+  # one-shot all-reduce (needs the nvidia-h200-x2 kind or larger; DEP with TP groups the x4; the serve tests need the
+  # openai client, not carried)
   timeout 300 python3 -m pytest tests/dist/test_engine_tp.py tests/dist/test_engine_dp.py tests/dist/test_allreduce.py \
-    -k "two_gpus" -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/tp.log" | tail -15
+    -k "two_gpus or four_gpus" -q -p no:cacheprovider -o addopts="" 2>&1 | tee "$OUT/tp.log" | tail -15
   rc=${PIPESTATUS[0]}
   # NCCL against the one-shot all-reduce over symmetric memory at decode sizes (eager and in a CUDA graph)
   timeout 200 python3 benchmarks/allreduce.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/allreduce.log" | tail -8

@@ -1,6 +1,6 @@
 """The engine with --data-parallel-size 2 --enable-expert-parallel (DEP): rank 0 runs one scheduler and KV cache
 manager per data-parallel rank, a spawned worker runs rank 1's requests on its own KV pools, and every MoE layer
-exchanges tokens between the two over gloo. Greedy generations equal the single-process engine's through chunked
+exchanges tokens between the two over gloo (with --tensor-parallel-size 2: groups of two ranks). Greedy generations equal the single-process engine's through chunked
 prefill, decode steps, a prefix-cache hit (the session's turn routed to the rank holding its prefix) and preemptions
 (a KV cache of six blocks per rank); a bad layout is refused before any worker starts."""
 
@@ -15,13 +15,13 @@ from v4serve.cache.spec import make_cache_spec
 from v4serve.engine.config import EngineConfigError
 from v4serve.engine.llm import LLM
 from v4serve.engine.sampling_params import SamplingParams
-from v4serve.presets import get_preset
+from v4serve.models.factory import resolve_config
 
 SEQS, BLOCKS = 4, 6
 
 
 def _opts(model: str) -> dict:
-    spec = make_cache_spec(get_preset(model), 64, "auto", None, torch.float64)
+    spec = make_cache_spec(resolve_config(model)[0], 64, "auto", None, torch.float64)
     slots = 2 * SEQS + 1  # running slots + window checkpoints + the trash slot
     # V4.1 in its exact prefix-hit mode: SWA bounded replay is approximate by design, so a request preempted on one
     # layout and not on the other would continue differently
@@ -30,11 +30,13 @@ def _opts(model: str) -> dict:
                 kv_cache_memory=slots * spec.slot_bytes() + (BLOCKS + 1) * spec.block_bytes())
 
 
-def _generate(model: str, dp: int, graphs: bool = False) -> tuple[list[list[int]], list, dict]:
+def _generate(model: str, dp: int, graphs: bool = False, tp: int = 1) -> tuple[list[list[int]], list, dict]:
     """graphs: uniform decode steps through every rank's decode graphs (eager stand-ins on the CPU: the same static
-    buffers, bucket padding and broadcast inputs, the MoE exchanges padded to the bucket)."""
+    buffers, bucket padding and broadcast inputs, the MoE exchanges padded to the bucket). tp: TP ranks a
+    data-parallel group."""
     extra = dict(graph_stand_ins=True, cuda_graph_sizes=(1, 2, 4)) if graphs else {}
-    llm = LLM(model, data_parallel_size=dp, enable_expert_parallel=dp > 1, **_opts(model), **extra)
+    llm = LLM(model, data_parallel_size=dp, tensor_parallel_size=tp, enable_expert_parallel=dp > 1, **_opts(model),
+              **extra)
     assert llm.engine.capacity.num_blocks == BLOCKS
     try:
         g = torch.Generator().manual_seed(2)
@@ -80,17 +82,28 @@ def test_dep_decode_graphs_replay_on_every_rank(model: str) -> None:
     assert _generate(model, 2, graphs=True)[0] == _generate(model, 1)[0]
 
 
+@pytest.mark.parametrize("fixture", ["tp_folder", "tp41_folder"], ids=["v4-flash", "v41-flash"])
+def test_dep_with_tensor_parallel_groups(fixture: str, request: pytest.FixtureRequest) -> None:
+    """-dp 2 -tp 2 --enable-expert-parallel: two data-parallel groups of two TP ranks (4 processes; heads, wo_a
+    groups, the shared expert and the vocabulary split inside a group, the 8 experts over all 4 ranks; the tiny
+    checkpoints whose row-parallel inputs split on whole activation blocks, conftest.py), the MoE's exchange over each
+    TP rank's peers in the other group then summed in the group: world size 1's tokens, eagerly and through the
+    decode graphs' stand-ins."""
+    model = request.getfixturevalue(fixture)
+    one = _generate(model, 1)[0]
+    assert _generate(model, 2, tp=2)[0] == one
+    assert _generate(model, 2, graphs=True, tp=2)[0] == one
+
+
 def test_bad_dep_layouts_are_refused(capsys: pytest.CaptureFixture) -> None:
     from v4serve.cli import main
 
     assert main(["serve", "tiny-v4-flash", "-dp", "2"]) == 2
     assert "--enable-expert-parallel" in capsys.readouterr().err
-    assert main(["serve", "tiny-v4-flash", "-dp", "2", "-tp", "2", "--enable-expert-parallel"]) == 2
-    assert "--tensor-parallel-size 1" in capsys.readouterr().err
     with pytest.raises(EngineConfigError, match="enable-expert-parallel"):
         LLM("tiny-v4-flash", device="cpu", data_parallel_size=2)
-    with pytest.raises(EngineConfigError, match="tensor-parallel-size 1"):
-        LLM("tiny-v4-flash", device="cpu", data_parallel_size=2, tensor_parallel_size=2, enable_expert_parallel=True)
+    with pytest.raises(EngineConfigError, match="4 attention heads"):  # TP 3 inside each group: before any worker
+        LLM("tiny-v4-flash", device="cpu", data_parallel_size=2, tensor_parallel_size=3, enable_expert_parallel=True)
     with pytest.raises(EngineConfigError, match="8 routed experts over 3 ranks"):
         LLM("tiny-v4-flash", device="cpu", data_parallel_size=3, enable_expert_parallel=True)
 
@@ -144,3 +157,23 @@ def test_dep_engine_on_two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
         finally:
             llm.close()
     assert runs[0] == runs[1] == runs[2]
+
+
+ON_FOUR_GPUS = ON_GPUS and torch.cuda.device_count() >= 4
+
+
+@pytest.mark.skipif(not ON_FOUR_GPUS, reason="needs V4SERVE_TEST_DEVICE=cuda and four GPUs (NCCL)")
+def test_dep_with_tensor_parallel_groups_on_four_gpus(tp_folder: str) -> None:
+    """-dp 2 -tp 2 over NCCL on cuda:0..3 (float64 reference bodies: exact comparison with one GPU), eagerly."""
+    runs = []
+    for dp, tp in ((1, 1), (2, 2)):
+        llm = LLM(tp_folder, data_parallel_size=dp, tensor_parallel_size=tp, enable_expert_parallel=dp > 1,
+                  **{**_opts(tp_folder), "device": "cuda", "kv_cache_memory": 64 << 20, "enforce_eager": True})
+        try:
+            sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+            g = torch.Generator().manual_seed(4)
+            runs.append([o.outputs[0].token_ids for o in llm.generate(
+                [torch.randint(0, 129280, (n,), generator=g).tolist() for n in (150, 40, 97)], sp)])
+        finally:
+            llm.close()
+    assert runs[0] == runs[1]

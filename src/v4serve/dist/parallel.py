@@ -1,9 +1,10 @@
 """Tensor parallelism on torch.distributed: the rank's place in the TP group and the collectives the model needs.
 
-Data-parallel attention with expert parallelism (DEP, `dp_size` > 1, TP = 1 per DP rank): every rank runs attention
-and everything outside the MoE on its own requests' tokens (the TP collectives are the identity at `size` 1); the
-MoE exchanges tokens across the DP ranks (`gather_tokens` / `scatter_sum`, models/v4/moe.py), each rank holding its
-contiguous share of the routed experts.
+Data-parallel attention with expert parallelism (DEP, `dp_size` > 1): each data-parallel group of `size` TP ranks
+runs attention and everything outside the MoE on its own requests' tokens (TP collectives inside the group; the
+identity at `size` 1); the MoE exchanges tokens across the groups (`gather_tokens` / `scatter_sum` over `dp_group`,
+the ranks of the same TP rank in every group; models/v4/moe.py), then sums over the group's TP ranks, every rank
+holding its contiguous share of the routed experts (EP over all dp_size x size ranks).
 
 The model is built under `use(tp)` (as the op backend is, ops/backend.py): the modules that reduce (attention's
 `wo_b`, the MoE, the vocab-parallel embedding and head) record `current()` when constructed and call it in forward. At
@@ -31,17 +32,17 @@ class TensorParallel:
     size: int = 1
     group: Any = None  # a torch.distributed process group (None: the default group)
     expert_parallel: bool = False  # routed experts whole on their owner rank instead of sliced (models/sharding.py)
-    dp_rank: int = 0  # DEP: this rank's data-parallel index (its own requests; attention replicated)
-    dp_size: int = 1  # DEP: data-parallel ranks exchanging tokens in the MoE (the default group; TP = 1 each)
+    dp_rank: int = 0  # DEP: this rank's data-parallel group (its own requests; attention over the group's TP ranks)
+    dp_size: int = 1  # DEP: data-parallel groups exchanging tokens in the MoE
+    dp_group: Any = None  # DEP: the process group of this TP rank in every data-parallel group (None: the default)
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
             raise ValueError(f"tensor-parallel rank {self.rank} is outside world size {self.size}")
         if self.dp_size < 1 or not 0 <= self.dp_rank < self.dp_size:
             raise ValueError(f"data-parallel rank {self.dp_rank} is outside data-parallel size {self.dp_size}")
-        if self.dp_size > 1 and (self.size != 1 or not self.expert_parallel):
-            raise ValueError("data-parallel attention runs with expert parallelism and tensor-parallel size 1 per "
-                             "data-parallel rank")
+        if self.dp_size > 1 and not self.expert_parallel:
+            raise ValueError("data-parallel attention runs with expert parallelism")
 
     @property
     def ep_size(self) -> int:
@@ -57,28 +58,31 @@ class TensorParallel:
         return self.dp_size > 1
 
     def gather_tokens(self, x: torch.Tensor) -> torch.Tensor:
-        """DEP: every data-parallel rank's x ([n, ...], n equal on all ranks: padded) stacked in rank order."""
+        """DEP: every data-parallel group's x ([n, ...], n equal on all ranks: padded) stacked in group order (over
+        `dp_group`: this TP rank's peers)."""
         out = torch.empty(self.dp_size * x.shape[0], *x.shape[1:], dtype=x.dtype, device=x.device)
-        _all_gather_single(out, x.contiguous(), group=self.group)
+        _all_gather_single(out, x.contiguous(), group=self.dp_group)
         return out
 
     def scatter_sum(self, y: torch.Tensor) -> torch.Tensor:
-        """DEP: the inverse of `gather_tokens` with a sum: y is [dp_size * n, ...] (every rank's partial results for
-        every rank's tokens); returns this rank's n rows summed over the ranks, in rank order. On gloo an all-to-all
-        plus a local sum (faster than gloo's reduce-scatter, docs/parallel.md); NCCL reduce-scatters."""
+        """DEP: the inverse of `gather_tokens` with a sum: y is [dp_size * n, ...] (every group's partial results for
+        every group's tokens); returns this group's n rows summed over `dp_group`, in group order. On gloo an
+        all-to-all plus a local sum (faster than gloo's reduce-scatter, docs/parallel.md); NCCL reduce-scatters. Under
+        TP the group's ranks still hold partial sums (each its own experts'): the MoE adds them with `all_reduce`."""
         n = y.shape[0] // self.dp_size
-        if dist.get_backend(self.group) == "nccl":
+        if dist.get_backend(self.dp_group) == "nccl":
             out = torch.empty(n, *y.shape[1:], dtype=y.dtype, device=y.device)
-            _reduce_scatter_single(out, y.contiguous(), group=self.group)
+            _reduce_scatter_single(out, y.contiguous(), group=self.dp_group)
             return out
         parts = torch.empty_like(y)
-        dist.all_to_all_single(parts, y.contiguous(), group=self.group)
+        dist.all_to_all_single(parts, y.contiguous(), group=self.dp_group)
         return parts.view(self.dp_size, n, *y.shape[1:]).sum(0)
 
     def max_tokens(self, n: int, device: torch.device) -> int:
-        """DEP: the largest token count over the data-parallel ranks (when the step did not say, `step_tokens`)."""
+        """DEP: the largest token count over the data-parallel groups (when the step did not say, `step_tokens`; a
+        group's TP ranks hold the same tokens, so this TP rank's peers suffice)."""
         t = torch.tensor([n], dtype=torch.int64, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.dp_group)
         return int(t.item())
 
     def all_reduce(self, x: torch.Tensor, defer: bool = False,

@@ -7,11 +7,12 @@ it, taking part in the collectives inside. Logits stay with rank 0 (the head gat
 copies are dropped). torch.distributed carries both the control messages (broadcast_object_list) and the model's
 collectives: gloo on the CPU, NCCL on GPUs (one device per rank: cuda:rank).
 
-Data-parallel attention (DEP, `data_parallel=True`): each rank is a data-parallel rank with its own requests, KV pools
-and share of the routed experts (TP = 1 each). Rank 0's engine schedules every rank's batch and scatters each worker
-its own slot operations and StepInput (None: no requests this step; the rank then only joins the MoE exchanges,
-models/v4/moe.dep_idle) with the step's largest per-rank token count; after the forward every rank's logits rows are
-gathered to rank 0, which samples them all.
+Data-parallel attention (DEP, `data_parallel=True`): the ranks form data-parallel groups of `tp_size` consecutive
+ranks (rank r: group r // tp_size, TP rank r % tp_size), each group with its own requests and KV pools (replicated over
+its TP ranks, as under TP alone), every rank with its share of the routed experts. Rank 0's engine schedules every
+group's batch and scatters each worker its group's slot operations and StepInput (None: no requests this step; the
+group then only joins the MoE exchanges, models/v4/moe.dep_idle) with the step's largest per-group token count; after
+the forward every rank's logits rows are gathered to rank 0, which samples each group's (its first rank's) together.
 """
 
 from __future__ import annotations
@@ -145,11 +146,13 @@ class TensorParallelPeers:
 
     def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device, nnodes: int = 1,
                  master_addr: str | None = None, master_port: int | None = None, expert_parallel: bool = False,
-                 data_parallel: bool = False, spawn: bool = True):
-        """spawn=False: the other ranks were started by a launcher (torchrun, dist/launcher.py) and join by themselves."""
+                 data_parallel: bool = False, spawn: bool = True, tp_size: int = 0):
+        """spawn=False: the other ranks were started by a launcher (torchrun, dist/launcher.py) and join by themselves.
+        tp_size: the ranks of a data-parallel group under DEP (default 1); the whole world otherwise."""
         self.size = size
         self.device = device
         self.data_parallel = data_parallel
+        self.tp_size = tp_size or (1 if data_parallel else size)
         addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = str(master_port or os.environ.get("MASTER_PORT") or _free_port())
         # this node's other ranks (1 .. size/nnodes - 1); the other nodes start theirs (`serve --node-rank k`)
@@ -157,29 +160,31 @@ class TensorParallelPeers:
         if spawn:
             check_devices(device, per_node)
         self.procs = spawn_ranks(range(1, per_node), size, addr, port, model, build_kwargs, device, per_node,
-                                 expert_parallel, data_parallel) if spawn else []
+                                 expert_parallel, data_parallel, self.tp_size) if spawn else []
         self.watch = RankWatch(self.procs, 1)  # a worker that dies is noticed at once, not at the next collective
         self.watch.start()
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
-        self.tp = _layout(0, size, expert_parallel, data_parallel)
+        self.tp = _layout(0, size, expert_parallel, data_parallel, self.tp_size)
         log.info("%s: %d ranks (%s), worker processes %s",
-                 "data parallel + expert parallel (DEP)" if data_parallel else "tensor parallel", size,
-                 dist.get_backend(), ", ".join(str(p.pid) for p in self.procs))
+                 f"data parallel + expert parallel (DEP, {size // self.tp_size} groups of TP {self.tp_size})"
+                 if data_parallel else "tensor parallel", size, dist.get_backend(),
+                 ", ".join(str(p.pid) for p in self.procs))
 
     @staticmethod
     def serve_node(node_rank: int, nnodes: int, size: int, model: str, build_kwargs: dict, device: torch.device,
                    master_addr: str, master_port: int, expert_parallel: bool = False,
-                   data_parallel: bool = False) -> int:
+                   data_parallel: bool = False, tp_size: int = 0) -> int:
         """A node other than the first (`serve --node-rank k`): run its ranks until rank 0 stops them. `size`: the
-        world size (TP ranks, or DEP's data-parallel ranks)."""
+        world size (TP ranks, or DEP's data-parallel groups x their TP ranks)."""
         if size % nnodes or not 0 < node_rank < nnodes:
             raise ValueError(f"--node-rank {node_rank} of --nnodes {nnodes} with a world of {size} ranks: the ranks "
                              "must split evenly over the nodes and node ranks run 1 .. nnodes-1 here (node 0 serves)")
         per_node = size // nnodes
         check_devices(device, per_node)
         procs = spawn_ranks(range(node_rank * per_node, (node_rank + 1) * per_node), size, master_addr,
-                            str(master_port), model, build_kwargs, device, per_node, expert_parallel, data_parallel)
+                            str(master_port), model, build_kwargs, device, per_node, expert_parallel, data_parallel,
+                            tp_size)
         log.info("node %d of %d: %s ranks %d..%d (processes %s), waiting for rank 0 at %s:%d", node_rank, nnodes,
                  "data-parallel (DEP)" if data_parallel else "tensor-parallel", node_rank * per_node,
                  (node_rank + 1) * per_node - 1, ", ".join(str(p.pid) for p in procs), master_addr, master_port)
@@ -209,22 +214,29 @@ class TensorParallelPeers:
         their own graph's buffers and replay it."""
         _send(("replay", slot_ops, _on_cpu(inp)))
 
+    def _per_rank(self, msgs: list) -> list:
+        """DEP: one message per data-parallel group -> one per rank (a group's TP ranks get its message; rank 0's own
+        is not sent)."""
+        return [None] + [msgs[r // self.tp_size] for r in range(1, self.size)]
+
     def replay_dp(self, work: list[tuple[list, Any]], logit_rows: int, logits_dtype: torch.dtype) -> None:
-        """DEP, before rank 0's replay: worker r gets work[r - 1] = (its slot ops, its GraphInput of the step's
-        bucket), replays its graph and sends its logits rows (padded to `logit_rows`) to rank 0."""
-        _scatter([None] + [("dreplay", ops, _on_cpu(inp), logit_rows, logits_dtype) for ops, inp in work])
+        """DEP, before rank 0's replay: group g's ranks get work[g] = (its slot ops, its GraphInput of the step's
+        bucket), replay their graphs and send their logits rows (padded to `logit_rows`) to rank 0."""
+        own = self.tp_size > 1  # group 0's other ranks need rank 0's input
+        _scatter(self._per_rank([("dreplay", ops, _on_cpu(inp), logit_rows, logits_dtype) if g or own else None
+                                 for g, (ops, inp) in enumerate(work)]))
 
     def step_dp(self, work: list[tuple[list, Any]], tokens: int, logit_rows: int, logits_dtype: torch.dtype) -> None:
-        """DEP, before rank 0's own forward: worker r gets work[r - 1] = (its slot ops, its StepInput or None), the
-        step's largest per-rank token count and logits row count (every rank pads to them)."""
-        cpu = torch.device("cpu")
-        msgs = [None] + [("dstep", ops, None if st is None else _to(st, cpu), tokens, logit_rows, logits_dtype)
-                         for ops, st in work]
-        _scatter(msgs)
+        """DEP, before rank 0's own forward: group g's ranks get work[g] = (its slot ops, its StepInput or None), the
+        step's largest per-group token count and logits row count (every rank pads to them)."""
+        cpu, own = torch.device("cpu"), self.tp_size > 1
+        _scatter(self._per_rank([("dstep", ops, None if st is None else _to(st, cpu), tokens, logit_rows,
+                                  logits_dtype) if g or own else None for g, (ops, st) in enumerate(work)]))
 
     def gather_logits(self, logits: torch.Tensor | None, rows: int, vocab: int, dtype: torch.dtype
                       ) -> list[torch.Tensor]:
-        return gather_logits(logits, rows, vocab, dtype, self.device, self.size)
+        """Every data-parallel group's logits rows (its first rank's: a group's TP ranks hold the same), in order."""
+        return gather_logits(logits, rows, vocab, dtype, self.device, self.size)[::self.tp_size]
 
     def close(self) -> None:
         self.watch.stopped.set()  # the workers exit now: not a death
@@ -244,28 +256,43 @@ class TensorParallelPeers:
 
 def spawn_ranks(ranks: range, size: int, addr: str, port: str, model: str, build_kwargs: dict,
                 device: torch.device, per_node: int, expert_parallel: bool = False,
-                data_parallel: bool = False) -> list[subprocess.Popen]:
+                data_parallel: bool = False, tp_size: int = 0) -> list[subprocess.Popen]:
     """Worker processes for `ranks`, on cuda:(rank % per_node) (plain subprocesses rather than multiprocessing: the engine itself runs in a
     daemon process, engine/core.py, which multiprocessing forbids to have children)."""
     procs = []
     for r in ranks:
         with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as f:
             pickle.dump((r, size, addr, port, model, build_kwargs, str(device), per_node, expert_parallel,
-                         data_parallel), f)
+                         data_parallel, tp_size), f)
         procs.append(subprocess.Popen([sys.executable, "-m", "v4serve.dist.workers", f.name]))
     return procs
 
 
-def _layout(rank: int, size: int, expert_parallel: bool, data_parallel: bool) -> TensorParallel:
-    """This rank's place: a tensor-parallel rank, or (DEP) a data-parallel rank of TP size 1 whose MoE spreads the
-    experts over all `size` ranks."""
-    if data_parallel:
-        return TensorParallel(0, 1, expert_parallel=True, dp_rank=rank, dp_size=size)
-    return TensorParallel(rank, size, expert_parallel=expert_parallel)
+def _layout(rank: int, size: int, expert_parallel: bool, data_parallel: bool, tp_size: int = 0) -> TensorParallel:
+    """This rank's place: a tensor-parallel rank, or (DEP) TP rank r % tp_size of data-parallel group r // tp_size,
+    whose MoE spreads the experts over all `size` ranks. With both sizes above 1 this makes the process groups (a
+    collective: every rank calls it, in the same order), each group's TP ranks and each TP rank's peers across the
+    groups; where one of them is the whole world it is the default group."""
+    if not data_parallel:
+        return TensorParallel(rank, size, expert_parallel=expert_parallel)
+    tp = tp_size or 1
+    if size % tp:
+        raise ValueError(f"{size} ranks do not form data-parallel groups of {tp} tensor-parallel ranks")
+    dp = size // tp
+    tp_group = dp_group = None
+    if tp > 1 and dp > 1:
+        for g in range(dp):
+            group = dist.new_group(list(range(g * tp, (g + 1) * tp)))
+            tp_group = group if rank // tp == g else tp_group
+        for t in range(tp):
+            group = dist.new_group(list(range(t, size, tp)))
+            dp_group = group if rank % tp == t else dp_group
+    return TensorParallel(rank % tp, tp, group=tp_group, expert_parallel=True, dp_rank=rank // tp, dp_size=dp,
+                          dp_group=dp_group)
 
 
 def run_rank(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str,
-             per_node: int = 0, expert_parallel: bool = False, data_parallel: bool = False) -> None:
+             per_node: int = 0, expert_parallel: bool = False, data_parallel: bool = False, tp_size: int = 0) -> None:
     """One rank other than 0: build its share of the model, then replay rank 0's steps until it says stop (a spawned
     worker process, or a process torchrun started: server/launch.py)."""
     from ..cache.pool import KVPools
@@ -282,7 +309,8 @@ def run_rank(rank: int, size: int, addr: str, port: str, model: str, build_kwarg
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=rank, world_size=size)
     try:
-        lm = build_model(model, device=dev, tp=_layout(rank, size, expert_parallel, data_parallel), **build_kwargs)
+        lm = build_model(model, device=dev, tp=_layout(rank, size, expert_parallel, data_parallel, tp_size),
+                         **build_kwargs)
         pools = graphs = None
         with torch.inference_mode():
             while True:

@@ -55,7 +55,7 @@ class EngineConfig:
     with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
     tensor_parallel_size: int = 1  # ranks of one model replica (dist/workers.py); V4 family
     enable_expert_parallel: bool = False  # under TP: routed experts whole on their owner rank (else sliced)
-    data_parallel_size: int = 1  # DEP: data-parallel attention ranks, each with its own requests (with EP; TP 1)
+    data_parallel_size: int = 1  # DEP: data-parallel groups of tensor_parallel_size ranks, each its own requests (EP)
     nnodes: int = 1  # machines the ranks span (node 0 runs the engine; `serve --node-rank k` on the others)
     master_addr: str | None = None  # rank 0's address for torch.distributed (default: MASTER_ADDR or 127.0.0.1)
     master_port: int | None = None  # its port (default: MASTER_PORT or a free port, single node only)
@@ -107,10 +107,6 @@ class EngineConfig:
                 bad("data_parallel_size", f"{dp} needs --enable-expert-parallel: data-parallel attention runs as DEP "
                     "(each rank its own requests and attention, the routed experts spread over the ranks); pure "
                     "data parallelism with every expert replicated is not supported")
-            if self.tensor_parallel_size > 1:
-                bad("data_parallel_size", f"{dp} with --tensor-parallel-size {self.tensor_parallel_size}: DEP runs "
-                    "one rank per data-parallel group for now (--tensor-parallel-size 1, world size = "
-                    "--data-parallel-size); use -dp N --enable-expert-parallel, or -tp N alone")
             if self.with_mtp:
                 bad("data_parallel_size", "DEP does not load the MTP / DSpark draft blocks yet (with_mtp=False)")
         world = self.tensor_parallel_size * self.data_parallel_size

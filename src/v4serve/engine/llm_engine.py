@@ -126,13 +126,14 @@ class LLMEngine:
                 from ..models.sharding import Layout, check_layout
 
                 try:
-                    check_layout(layout_config, Layout(1, self.dp, True))
+                    check_layout(layout_config, Layout(cfg.tensor_parallel_size, self.dp, True))
                 except ValueError as e:
-                    raise EngineConfigError(f"--data-parallel-size {self.dp} --enable-expert-parallel: {e}") from None
+                    raise EngineConfigError(f"--data-parallel-size {self.dp} --tensor-parallel-size "
+                                            f"{cfg.tensor_parallel_size} --enable-expert-parallel: {e}") from None
             self.peers = TensorParallelPeers(cfg.tensor_parallel_size * self.dp, model, build_kwargs, self.device,
                                              cfg.nnodes, cfg.master_addr, cfg.master_port,
                                              cfg.enable_expert_parallel, data_parallel=self.dp > 1,
-                                             spawn=not cfg.external_launcher)
+                                             spawn=not cfg.external_launcher, tp_size=cfg.tensor_parallel_size)
         tp = self.peers.tp if self.peers is not None else None
         self.loaded = loaded or build_model(model, device=self.device, tp=tp, **build_kwargs)
         mc = self.model_config = self.loaded.config

@@ -161,8 +161,7 @@ class ModelRunner:
         tokens = max(st.num_tokens for st in steps if st is not None)
 
         def run(dtype: torch.dtype, logit_rows: int) -> torch.Tensor | None:
-            self.peers.step_dp([(sched.slot_ops, st) for sched, st in zip(scheds[1:], steps[1:])], tokens,
-                               logit_rows, dtype)
+            self.peers.step_dp([(sched.slot_ops, st) for sched, st in zip(scheds, steps)], tokens, logit_rows, dtype)
             with dep_step(tokens):
                 if steps[0] is None:
                     dep_idle(self.model, tokens)
@@ -218,8 +217,7 @@ class ModelRunner:
             self._dp_widths[r][b] = inp.widest
 
         def run(dtype: torch.dtype, logit_rows: int) -> torch.Tensor:
-            self.peers.replay_dp([(sched.slot_ops, inp) for sched, inp in zip(scheds[1:], inputs[1:])], logit_rows,
-                                 dtype)
+            self.peers.replay_dp([(sched.slot_ops, inp) for sched, inp in zip(scheds, inputs)], logit_rows, dtype)
             return self.graphs.replay(inputs[0])
 
         return self._dp_step(scheds, logits_from, [inp.rows for inp in inputs], run)

@@ -150,7 +150,8 @@ def _serve_rank(model: str, cfg, launcher: LauncherEnv) -> int:
     log.info("torchrun rank %d of %d (local %d): waiting for rank 0 at %s:%d", launcher.rank, launcher.world_size,
              launcher.local_rank, launcher.master_addr, launcher.master_port)
     run_rank(launcher.rank, launcher.world_size, launcher.master_addr, str(launcher.master_port), model, build_kwargs,
-             str(device), launcher.local_world_size, cfg.enable_expert_parallel, cfg.data_parallel_size > 1)
+             str(device), launcher.local_world_size, cfg.enable_expert_parallel, cfg.data_parallel_size > 1,
+             cfg.tensor_parallel_size)
     return 0
 
 
@@ -160,7 +161,8 @@ def _serve_node(model: str, args: Namespace, cfg) -> int:
     device, build_kwargs = _build_kwargs(cfg)
     return TensorParallelPeers.serve_node(args.node_rank, cfg.nnodes, cfg.tensor_parallel_size * cfg.data_parallel_size,
                                           model, build_kwargs, device, cfg.master_addr, cfg.master_port,
-                                          cfg.enable_expert_parallel, cfg.data_parallel_size > 1)
+                                          cfg.enable_expert_parallel, cfg.data_parallel_size > 1,
+                                          cfg.tensor_parallel_size)
 
 
 async def _start_engine(client: AsyncEngineClient, timeout: float) -> bool:

@@ -85,9 +85,9 @@ def apply_vllm_args(args: argparse.Namespace) -> None:
     tp, dp = getattr(args, "tensor_parallel_size", 1), getattr(args, "data_parallel_size", 1)
     if tp < 1 or dp < 1:
         raise ValueError("--tensor-parallel-size and --data-parallel-size must be at least 1")
-    if dp > 1 and (tp > 1 or not getattr(args, "enable_expert_parallel", False)):
+    if dp > 1 and not getattr(args, "enable_expert_parallel", False):
         raise ValueError(f"--data-parallel-size {dp}: data-parallel attention runs as DEP, with "
-                         "--enable-expert-parallel and --tensor-parallel-size 1 (each data-parallel rank its own "
+                         "--enable-expert-parallel (each data-parallel group of --tensor-parallel-size ranks its own "
                          "requests, attention and KV cache, the routed experts spread over all ranks); e.g. "
                          f"`-dp {dp} --enable-expert-parallel`, or tensor parallelism alone (-tp N)")
     if tp == 1 and dp == 1 and getattr(args, "enable_expert_parallel", False):

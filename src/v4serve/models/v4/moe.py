@@ -148,9 +148,11 @@ class MoE(nn.Module):
                                  c.swiglu_limit if self.shared_clamp else 0.0, sact, self.backend, widen)
 
     def _combine_dep(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """DEP: x holds this data-parallel rank's own tokens. Every rank's tokens and routings are all-gathered
-        (padded to the step's largest per-rank count), each rank runs its experts on all of them, and the partial
-        outputs go back to their tokens' rank summed (tp.scatter_sum); the shared expert runs on the own tokens."""
+        """DEP: x holds this data-parallel group's own tokens. Every group's tokens and routings are all-gathered
+        (padded to the step's largest per-group count), each rank runs its experts on all of them, and the partial
+        outputs go back to their tokens' group summed (tp.scatter_sum); the shared expert runs on the own tokens.
+        Under TP each of the group's ranks then holds its experts' (and its shared-expert slice's) share: summed over
+        the group (an idle group has no tokens on any of its ranks, and skips that sum on all of them)."""
         tp = self.tp
         T = x.shape[0]
         n = parallel.step_tokens()
@@ -171,6 +173,8 @@ class MoE(nn.Module):
         y = tp.scatter_sum(self._routed(xs, route[:, :self.topk].to(a), route[:, self.topk:].to(torch.int64)))[:T]
         if self.config.n_shared_experts and T:
             y = y + self._shared(x)
+        if tp.size > 1 and T:
+            return tp.all_reduce(y, out_dtype=x.dtype)
         return y.to(x.dtype)
 
     def idle(self, dtype: torch.dtype) -> None:
