@@ -154,7 +154,11 @@ class TensorParallelPeers:
         self.data_parallel = data_parallel
         self.tp_size = tp_size or (1 if data_parallel else size)
         addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-        port = str(master_port or os.environ.get("MASTER_PORT") or _free_port())
+        # one machine spawning its own ranks: a fresh port for each engine (the MASTER_PORT an earlier engine of this
+        # process left in the environment may still be held by its store, whose stale keys a new rendezvous would
+        # read); a launcher's ranks and other nodes meet at the agreed one
+        shared = not spawn or nnodes > 1
+        port = str(master_port or (os.environ.get("MASTER_PORT") if shared else None) or _free_port())
         # this node's other ranks (1 .. size/nnodes - 1); the other nodes start theirs (`serve --node-rank k`)
         per_node = size // nnodes
         if spawn:
