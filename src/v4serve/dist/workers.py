@@ -170,10 +170,11 @@ class TensorParallelPeers:
         os.environ.update(MASTER_ADDR=addr, MASTER_PORT=port)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=size)
         self.tp = _layout(0, size, expert_parallel, data_parallel, self.tp_size)
-        log.info("%s: %d ranks (%s), worker processes %s",
-                 f"data parallel + expert parallel (DEP, {size // self.tp_size} groups of TP {self.tp_size})"
-                 if data_parallel else "tensor parallel", size, dist.get_backend(),
-                 ", ".join(str(p.pid) for p in self.procs))
+        groups = f", {size // self.tp_size} groups of {self.tp_size} TP ranks" if data_parallel and self.tp_size > 1 \
+            else ""
+        log.info("%s: %d ranks (%s)%s, worker processes %s",
+                 "data parallel + expert parallel (DEP)" if data_parallel else "tensor parallel", size,
+                 dist.get_backend(), groups, ", ".join(str(p.pid) for p in self.procs))
 
     @staticmethod
     def serve_node(node_rank: int, nnodes: int, size: int, model: str, build_kwargs: dict, device: torch.device,
