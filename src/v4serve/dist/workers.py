@@ -146,13 +146,13 @@ class TensorParallelPeers:
 
     def __init__(self, size: int, model: str, build_kwargs: dict, device: torch.device, nnodes: int = 1,
                  master_addr: str | None = None, master_port: int | None = None, expert_parallel: bool = False,
-                 data_parallel: bool = False, spawn: bool = True, tp_size: int = 0):
+                 data_parallel: bool = False, spawn: bool = True, tp_size: int = 1):
         """spawn=False: the other ranks were started by a launcher (torchrun, dist/launcher.py) and join by themselves.
-        tp_size: the ranks of a data-parallel group under DEP (default 1); the whole world otherwise."""
+        tp_size: the TP ranks of a data-parallel group under DEP."""
         self.size = size
         self.device = device
         self.data_parallel = data_parallel
-        self.tp_size = tp_size or (1 if data_parallel else size)
+        self.tp_size = tp_size
         addr = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
         # one machine spawning its own ranks: a fresh port for each engine (the MASTER_PORT an earlier engine of this
         # process left in the environment may still be held by its store, whose stale keys a new rendezvous would
@@ -179,7 +179,7 @@ class TensorParallelPeers:
     @staticmethod
     def serve_node(node_rank: int, nnodes: int, size: int, model: str, build_kwargs: dict, device: torch.device,
                    master_addr: str, master_port: int, expert_parallel: bool = False,
-                   data_parallel: bool = False, tp_size: int = 0) -> int:
+                   data_parallel: bool = False, tp_size: int = 1) -> int:
         """A node other than the first (`serve --node-rank k`): run its ranks until rank 0 stops them. `size`: the
         world size (TP ranks, or DEP's data-parallel groups x their TP ranks)."""
         if size % nnodes or not 0 < node_rank < nnodes:
@@ -219,24 +219,23 @@ class TensorParallelPeers:
         their own graph's buffers and replay it."""
         _send(("replay", slot_ops, _on_cpu(inp)))
 
-    def _per_rank(self, msgs: list) -> list:
-        """DEP: one message per data-parallel group -> one per rank (a group's TP ranks get its message; rank 0's own
-        is not sent)."""
-        return [None] + [msgs[r // self.tp_size] for r in range(1, self.size)]
+    def _scatter_groups(self, work: list[tuple[list, Any]], message: Callable[[list, Any], tuple]) -> None:
+        """DEP: group g's work -> message(*work[g]) to each of its ranks but rank 0 (group 0's message is built only
+        when the group has other ranks)."""
+        msgs = [message(*w) if g or self.tp_size > 1 else None for g, w in enumerate(work)]
+        _scatter([None] + [msgs[r // self.tp_size] for r in range(1, self.size)])
 
     def replay_dp(self, work: list[tuple[list, Any]], logit_rows: int, logits_dtype: torch.dtype) -> None:
         """DEP, before rank 0's replay: group g's ranks get work[g] = (its slot ops, its GraphInput of the step's
         bucket), replay their graphs and send their logits rows (padded to `logit_rows`) to rank 0."""
-        own = self.tp_size > 1  # group 0's other ranks need rank 0's input
-        _scatter(self._per_rank([("dreplay", ops, _on_cpu(inp), logit_rows, logits_dtype) if g or own else None
-                                 for g, (ops, inp) in enumerate(work)]))
+        self._scatter_groups(work, lambda ops, inp: ("dreplay", ops, _on_cpu(inp), logit_rows, logits_dtype))
 
     def step_dp(self, work: list[tuple[list, Any]], tokens: int, logit_rows: int, logits_dtype: torch.dtype) -> None:
         """DEP, before rank 0's own forward: group g's ranks get work[g] = (its slot ops, its StepInput or None), the
         step's largest per-group token count and logits row count (every rank pads to them)."""
-        cpu, own = torch.device("cpu"), self.tp_size > 1
-        _scatter(self._per_rank([("dstep", ops, None if st is None else _to(st, cpu), tokens, logit_rows,
-                                  logits_dtype) if g or own else None for g, (ops, st) in enumerate(work)]))
+        cpu = torch.device("cpu")
+        self._scatter_groups(work, lambda ops, st: ("dstep", ops, None if st is None else _to(st, cpu), tokens,
+                                                    logit_rows, logits_dtype))
 
     def gather_logits(self, logits: torch.Tensor | None, rows: int, vocab: int, dtype: torch.dtype
                       ) -> list[torch.Tensor]:
@@ -261,7 +260,7 @@ class TensorParallelPeers:
 
 def spawn_ranks(ranks: range, size: int, addr: str, port: str, model: str, build_kwargs: dict,
                 device: torch.device, per_node: int, expert_parallel: bool = False,
-                data_parallel: bool = False, tp_size: int = 0) -> list[subprocess.Popen]:
+                data_parallel: bool = False, tp_size: int = 1) -> list[subprocess.Popen]:
     """Worker processes for `ranks`, on cuda:(rank % per_node) (plain subprocesses rather than multiprocessing: the engine itself runs in a
     daemon process, engine/core.py, which multiprocessing forbids to have children)."""
     procs = []
@@ -273,31 +272,28 @@ def spawn_ranks(ranks: range, size: int, addr: str, port: str, model: str, build
     return procs
 
 
-def _layout(rank: int, size: int, expert_parallel: bool, data_parallel: bool, tp_size: int = 0) -> TensorParallel:
+def _layout(rank: int, size: int, expert_parallel: bool, data_parallel: bool, tp_size: int = 1) -> TensorParallel:
     """This rank's place: a tensor-parallel rank, or (DEP) TP rank r % tp_size of data-parallel group r // tp_size,
     whose MoE spreads the experts over all `size` ranks. With both sizes above 1 this makes the process groups (a
     collective: every rank calls it, in the same order), each group's TP ranks and each TP rank's peers across the
     groups; where one of them is the whole world it is the default group."""
     if not data_parallel:
         return TensorParallel(rank, size, expert_parallel=expert_parallel)
-    tp = tp_size or 1
+    tp = tp_size
     if size % tp:
         raise ValueError(f"{size} ranks do not form data-parallel groups of {tp} tensor-parallel ranks")
     dp = size // tp
     tp_group = dp_group = None
     if tp > 1 and dp > 1:
-        for g in range(dp):
-            group = dist.new_group(list(range(g * tp, (g + 1) * tp)))
-            tp_group = group if rank // tp == g else tp_group
-        for t in range(tp):
-            group = dist.new_group(list(range(t, size, tp)))
-            dp_group = group if rank % tp == t else dp_group
+        tp_groups = [dist.new_group(list(range(g * tp, (g + 1) * tp))) for g in range(dp)]
+        dp_groups = [dist.new_group(list(range(t, size, tp))) for t in range(tp)]
+        tp_group, dp_group = tp_groups[rank // tp], dp_groups[rank % tp]
     return TensorParallel(rank % tp, tp, group=tp_group, expert_parallel=True, dp_rank=rank // tp, dp_size=dp,
                           dp_group=dp_group)
 
 
 def run_rank(rank: int, size: int, addr: str, port: str, model: str, build_kwargs: dict, device: str,
-             per_node: int = 0, expert_parallel: bool = False, data_parallel: bool = False, tp_size: int = 0) -> None:
+             per_node: int = 0, expert_parallel: bool = False, data_parallel: bool = False, tp_size: int = 1) -> None:
     """One rank other than 0: build its share of the model, then replay rank 0's steps until it says stop (a spawned
     worker process, or a process torchrun started: server/launch.py)."""
     from ..cache.pool import KVPools

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant import Quantized
+from ..quant import Quantized, fp8_dequantize
 from . import cdiv, fp8_gemv, fp8_widen, interpreting, next_pow2, scaled_mm, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -208,7 +208,7 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     half = x3.dtype in (torch.bfloat16, torch.float16)
     if _takes_bmm(x3, weight, scale, block, cfg, out_dtype if xs is not None else x3.dtype):
         if xs is not None:  # quantized by its producer (the norm): its values in x's dtype, what act_simulate gives
-            x3, act_group = _dequantized(x3, xs, block, out_dtype), 0
+            x3, act_group = fp8_dequantize(x3, xs, block).to(out_dtype), 0
         return _widened_bmm(x3, weight, scale, block, act_group, out_dtype)
     # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} runs the
     # same values as W8A16 instead (x FP8-simulated in bf16, exact, against the widened weight on the bf16 tensor
@@ -263,12 +263,6 @@ def _takes_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | Non
     if cfg is not None:
         return bool(cfg.get("bmm"))
     return x3.is_cuda and x3.shape[0] >= BMM_MIN_ROWS and (x3.shape[1] > 1 or block != scaled_mm.BLOCK)
-
-
-def _dequantized(xq: torch.Tensor, xs: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
-    """e4m3 rows [M, G, K] times their float32 scales [M, G, K / group], rounded to dtype."""
-    M, G, K = xq.shape
-    return (xq.float().view(M, G, K // group, group) * xs.unsqueeze(-1)).view(M, G, K).to(dtype)
 
 
 def _widened_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,
