@@ -1,11 +1,12 @@
 """Launches per decode step by op family and kind, counted on the CPU: Triton kernels (under the interpreter) and the
 torch ops between them, each of which is at least one kernel launch on a GPU (views and allocations excluded).
 
-    python benchmarks/count_launches.py [tiny-v4-flash] [--batch 1] [--context 300]
+    python benchmarks/count_launches.py [tiny-v4-flash] [--batch 1] [--context 300] [--prompt 0]
 
 The tiny presets run the same code per layer as the full geometries (one launch list per layer kind), so the per-layer
 counts are the GPU's, without a GPU. Prints the launches of one decode step by family, then the torch ops by name: the
-glue to fuse away.
+glue to fuse away. `--prompt N` counts a mixed step instead: the decode rows beside a new N-token prompt (an eager
+step on a GPU: its host time grows with its launches).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from v4serve.engine.config import EngineConfig  # noqa: E402
 from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
+from v4serve.engine.sampling_params import SamplingParams  # noqa: E402
 from v4serve.ops import profiling  # noqa: E402
 
 PREFIX = "v4serve."
@@ -48,11 +50,17 @@ def main() -> int:
     ap.add_argument("model", nargs="?", default="tiny-v4-flash")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--prompt", type=int, default=0, help="count a mixed step: the rows beside a new prompt")
     ap.add_argument("--dtype", default="bfloat16", help="the GPU's activation dtype picks the GPU's kernels")
     args = ap.parse_args()
     eng = LLMEngine(args.model, EngineConfig(device="cpu", max_num_seqs=args.batch, max_model_len=args.context + 64,
-                                             enable_prefix_caching=False, kernels="triton", dtype=args.dtype))
-    start_decoding(eng, args.batch, args.context, 16, torch.Generator().manual_seed(0), warm_steps=1)
+                                             enable_prefix_caching=False, kernels="triton", dtype=args.dtype,
+                                             max_num_batched_tokens=max(256, args.prompt + args.batch)))
+    g = torch.Generator().manual_seed(0)
+    start_decoding(eng, args.batch, args.context, 16, g, warm_steps=1)
+    if args.prompt:
+        eng.add_request(torch.randint(0, eng.model_config.vocab_size, (args.prompt,), generator=g).tolist(),
+                        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
 
     run = InterpretedFunction.run
 
@@ -96,7 +104,7 @@ def main() -> int:
             fams[family(e)][e.name] += 1
     layers = eng.model_config.n_layers
     total = sum(sum(c.values()) for c in fams.values())
-    print(f"{args.model}, batch {args.batch}: {total} launches in one decode step ({total / layers:.1f} per layer, "
+    print(f"{args.model}, batch {args.batch}: {total} launches in one {'mixed' if args.prompt else 'decode'} step ({total / layers:.1f} per layer, "
           f"{layers} layers; torch ops counted as one launch each)")
     for fam, c in sorted(fams.items(), key=lambda kv: -sum(kv[1].values())):
         n = sum(c.values())

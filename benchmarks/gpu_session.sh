@@ -1270,6 +1270,17 @@ if [[ $what == twentythird2 ]]; then  # prepared in the twenty-second session: t
   timeout 120 python3 benchmarks/host_profile.py v41-flash-e16-engram1m --batch 1 --context 4096 --mixed 640 \
     --steps 3 --top 30 --out "$OUT" 2>&1 | grep -v Warning > "$OUT/host_v41.log"; head -60 "$OUT/host_v41.log"
 fi
+if [[ $what == chunkgraphs ]]; then  # prepared in the twenty-third session (no GPU lent): the chunk graphs' GPU test,
+  # then eager prompt steps against their graphs on the AgentX preset (mixed steps: ~40 ms of host for 3-20 ms of GPU,
+  # eighteenth session) and on V4.1 (exact mode: its bounded-replay steps that trim still run eagerly)
+  timeout 200 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+    "chunk_graphs or graph_decode" 2>&1 | tee "$OUT/gpu_tests_chunk.log" | grep -E "^E |identical|passed|failed" | tail -12
+  timeout 150 python3 benchmarks/chunk_graphs.py v4-flash-l8-e16 --batch 16 --context 4096 --prompts 64,512 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/chunk_graphs_l8.log" | tail -8
+  timeout 200 python3 benchmarks/chunk_graphs.py v41-flash-e16-engram1m --batch 1 --context 4096 --prompts 640 \
+    --buckets 256,512,1024 --kv-cache-dtype fp4 --exact --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/chunk_graphs_v41.log" | tail -6
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

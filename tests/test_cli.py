@@ -35,7 +35,8 @@ def test_bad_arguments_say_what_to_fix(capsys) -> None:
 
 
 def test_engine_flags_reach_the_engine_config() -> None:
-    """--cuda-graph-sizes (vLLM's name) and --[no-]warmup land in EngineConfig; graph sizes sorted, bad ones refused."""
+    """--cuda-graph-sizes (vLLM's name), --chunk-graph-tokens and --[no-]warmup land in EngineConfig; graph sizes
+    sorted, bad ones refused."""
     import pytest
 
     from v4serve.cli import build_parser, engine_kwargs
@@ -48,3 +49,8 @@ def test_engine_flags_reach_the_engine_config() -> None:
     assert default.cuda_graph_sizes == (1, 2, 4, 8, 16, 32, 64, 128) and default.warmup is None
     with pytest.raises(EngineConfigError, match="--cuda-graph-sizes"):
         EngineConfig(cuda_graph_sizes=(0, 4))
+    args = build_parser().parse_args(["serve", "tiny-v4-flash", "--chunk-graph-tokens", "512", "256", "512"])
+    assert EngineConfig.from_kwargs(**engine_kwargs(args)).chunk_graph_tokens == (256, 512)
+    assert default.chunk_graph_tokens == ()
+    with pytest.raises(EngineConfigError, match="--chunk-graph-tokens"):
+        EngineConfig(chunk_graph_tokens=(-1,))

@@ -58,6 +58,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph-sizes", type=int, nargs="+", default=None, metavar="N",
                    help="decode batch sizes captured as CUDA graphs (default 1 2 4 8 16 32 64 128; a step of more "
                         "rows than the largest runs eagerly)")
+    g.add_argument("--chunk-graph-tokens", type=int, nargs="+", default=None, metavar="T",
+                   help="token buckets of CUDA graphs for steps with prompt tokens (e.g. 256 512 1024 2048; default "
+                        "none: those steps run eagerly; one GPU only)")
     g.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="compile the step's kernels before serving with a short scripted workload (default: on a "
                         "GPU); without it the first prefill chunks and mixed steps of each size stall the engine "
@@ -87,6 +90,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kw = {k: getattr(args, k) for k in ENGINE_ARGS if hasattr(args, k)}
     if getattr(args, "cuda_graph_sizes", None):
         kw["cuda_graph_sizes"] = tuple(args.cuda_graph_sizes)
+    if getattr(args, "chunk_graph_tokens", None):
+        kw["chunk_graph_tokens"] = tuple(args.chunk_graph_tokens)
     return kw
 
 

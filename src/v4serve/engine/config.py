@@ -51,6 +51,9 @@ class EngineConfig:
     async_scheduling: bool = True
     kernels: str = "auto"  # auto = Triton kernels on CUDA, the plain-torch reference elsewhere (ops/backend.py)
     cuda_graph_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    # token buckets of the CUDA graphs of steps with prompt tokens (engine/chunk_graphs.py); () = those steps run
+    # eagerly. Opt-in until their GPU test (tests/gpu/test_cuda.py -k chunk_graphs) has run; world size 1
+    chunk_graph_tokens: tuple[int, ...] = ()
     max_queue_len: int = 1024
     with_mtp: bool = False  # load MTP / DSpark blocks (speculative decoding will use them)
     tensor_parallel_size: int = 1  # ranks of one model replica (dist/workers.py); V4 family
@@ -76,6 +79,9 @@ class EngineConfig:
         if not self.cuda_graph_sizes or any(int(b) < 1 for b in self.cuda_graph_sizes):
             bad("cuda_graph_sizes", f"must be positive batch sizes, got {list(self.cuda_graph_sizes)}")
         self.cuda_graph_sizes = tuple(sorted({int(b) for b in self.cuda_graph_sizes}))
+        if any(int(t) < 1 for t in self.chunk_graph_tokens):
+            bad("chunk_graph_tokens", f"must be positive token counts, got {list(self.chunk_graph_tokens)}")
+        self.chunk_graph_tokens = tuple(sorted({int(t) for t in self.chunk_graph_tokens}))
         if self.max_num_batched_tokens < 1:
             bad("max_num_batched_tokens", f"must be at least 1, got {self.max_num_batched_tokens}")
         if self.long_prefill_token_threshold < 0:

@@ -25,7 +25,7 @@ import torch
 
 from ..cache.pool import KVPools
 from ..dist.parallel import dep_step
-from ..models.step import RowSpec, StepInput, pack_step
+from ..models.step import RowSpec, StepInput, StepLayout, pack_step
 from ..transfer import staged
 
 log = logging.getLogger("v4serve.graphs")
@@ -62,16 +62,20 @@ class DecodeGraphs:
         self.steps: dict[int, StepInput] = {}  # bucket -> the StepInput the graph was captured with (views of static)
         self.width: dict[int, int] = {}  # bucket -> block-table columns that may hold blocks (the rest are -1)
         for b in self.sizes:
-            packed, layout = pack_step([self.pad] * b, width=self.max_blocks)
+            packed, layout = self.static_layout(b)
             self.static[b] = packed.to(device)
             self.width[b] = 0
-            self.steps[b] = replace(layout.unpack(self.static[b], max_model_len), uniform_decode=True,
+            self.steps[b] = replace(layout.unpack(self.static[b], max_model_len), uniform_decode=layout.one_token_rows,
                                     decoder_trim=False,
-                                    engram_prev_ids=self.engram[:b] if self.engram is not None else None)
+                                    engram_prev_ids=self.engram[:layout.tokens] if self.engram is not None else None)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.replays = 0
+
+    def static_layout(self, bucket: int) -> tuple[torch.Tensor, StepLayout]:
+        """A bucket's static step, packed: T = R = L = the bucket, padding rows only, the table max_blocks wide."""
+        return pack_step([self.pad] * bucket, width=self.max_blocks)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -143,14 +147,15 @@ class DecodeGraphs:
         b, R = inp.bucket, inp.rows
         packed = staged(inp.packed, self.device)
         static, step = self.static[b], self.steps[b]
-        static[:inp.flat].copy_(packed[:inp.flat], non_blocking=True)  # same layout: T = R = L = b
+        static[:inp.flat].copy_(packed[:inp.flat], non_blocking=True)  # the bucket's layout
         if inp.used:
-            step.block_table[:, :inp.used].copy_(packed[inp.flat:].view(b, inp.used), non_blocking=True)
+            step.block_table[:, :inp.used].copy_(packed[inp.flat:].view(step.num_rows, inp.used), non_blocking=True)
         self.width[b] = inp.widest
-        if self.engram is not None:
-            self.engram[:R].copy_(inp.engram_prev_ids, non_blocking=True)
-            if R < b:
-                self.engram[R:b].fill_(-1)
+        if self.engram is not None:  # the step's tokens' n-gram history, -1 for the padding tokens
+            n = inp.engram_prev_ids.shape[0]
+            self.engram[:n].copy_(inp.engram_prev_ids, non_blocking=True)
+            if n < self.steps[b].num_tokens:
+                self.engram[n:self.steps[b].num_tokens].fill_(-1)
         if patch is not None:
             patch(step)
         self.graphs[b].replay()
@@ -163,7 +168,7 @@ class GraphInput:
     """One graphed step's inputs, prepared on the host: what the tensor-parallel workers receive in place of a
     StepInput."""
     bucket: int
-    rows: int  # the step's rows (the rest of the bucket is padding)
+    rows: int  # the step's logits rows (decode: its rows; the rest of the bucket is padding)
     packed: torch.Tensor  # pack_step's host buffer: the flat fields, then the block table's `used` columns
     flat: int
     used: int

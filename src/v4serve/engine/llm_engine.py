@@ -23,7 +23,7 @@ from . import async_steps
 from .config import EngineConfig, EngineConfigError
 from .guided_admission import GrammarAdmission
 from .itl_budget import PrefillBudget, PrefillGate, gate_steps
-from .memory import activation_reserve
+from .memory import GRAPHS_AND_ALLOCATOR, activation_reserve
 from .output import OutputProcessor
 from .request import FinishReason, Request, StepDelta
 from .runner import ModelRunner
@@ -196,6 +196,14 @@ class LLMEngine:
         if graphs is not None:
             if self.peers is not None:
                 self.peers.capture_graphs(graph_args)
+            if cfg.chunk_graph_tokens and self.peers is None and self.dp == 1:
+                from .chunk_graphs import ChunkGraphs
+
+                chunk_args = {k: v for k, v in graph_args.items() if k not in ("sizes", "thread_local", "data_parallel")}
+                self.runner.chunk_graphs = ChunkGraphs(self.loaded.model, self.pools, cfg.chunk_graph_tokens,
+                                                       cfg.max_num_seqs + 1, device=self.device, **chunk_args)
+                self.runner.chunk_graphs.capture()
+                graphs.pool = self.runner.chunk_graphs.pool  # one memory pool: the steps replay one at a time
             graphs.capture()
         self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)
         self.last_step_tokens = 0  # tokens the last step computed (reported to the server's metrics)
@@ -222,9 +230,15 @@ class LLMEngine:
         return int(self.cfg.gpu_memory_utilization * total - used - reserve)
 
     def _activation_reserve(self) -> int:
-        """Activation memory of the largest step, kept out of the KV budget (engine/memory.py)."""
+        """Activation memory of the largest step, kept out of the KV budget (engine/memory.py); with chunk graphs
+        also their largest bucket's, which their memory pool keeps beside the eager steps' allocations."""
         toks = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len or DEFAULT_MAX_MODEL_LEN)
-        return activation_reserve(self.loaded.config, toks, footprint.fp4_routed_experts(self.loaded.model))
+        experts = footprint.fp4_routed_experts(self.loaded.model)
+        reserve = activation_reserve(self.loaded.config, toks, experts)
+        if self.cfg.chunk_graph_tokens and not self.cfg.enforce_eager:
+            reserve += activation_reserve(self.loaded.config, max(self.cfg.chunk_graph_tokens), experts) \
+                - GRAPHS_AND_ALLOCATOR
+        return reserve
 
     def close(self) -> None:
         """Stop the tensor-parallel workers (if any); the engine cannot step afterwards."""

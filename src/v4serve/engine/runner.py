@@ -1,7 +1,8 @@
 """ModelRunner: turns a scheduled step into the model's StepInput, runs it, and samples.
 
 The runner owns the device state (model, KV pools); the scheduler never sees tensors. Uniform decode steps run
-through captured CUDA graphs when available (engine/graphs.py); everything else runs eagerly.
+through captured CUDA graphs when available (engine/graphs.py), steps with prompt tokens through the chunk graphs
+where turned on (engine/chunk_graphs.py); everything else runs eagerly.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class ModelRunner:
         self.eos_id = eos_id
         self.device = device
         self.max_model_len = max_model_len
-        self.graphs = graphs
+        self.graphs = graphs  # decode graphs (engine/graphs.py)
+        self.chunk_graphs = None  # graphs of steps with prompt tokens (engine/chunk_graphs.py; world size 1)
         self._dp_widths: list[dict[int, int]] | None = None  # DEP graphs (_graphed_dp)
         self.step_hook = None  # sets the model-specific inputs of each step (V4.1: the Engram n-gram history)
         self.logits_tap = None  # observer of each step's logits (the fidelity evaluation reads full distributions)
@@ -99,13 +101,7 @@ class ModelRunner:
         self.apply_ops(sched.slot_ops)
         specs = self.specs(sched, decoder_floor)
         masks = self._submit_masks(sched)  # before the model step, which the fill then overlaps
-        logits = None
-        if self.graphs is not None:
-            inp = self.graphs.prepare(sched, specs, self.step_hook)
-            if inp is not None:
-                if self.peers is not None:  # tensor parallel: the workers replay their own graph of this bucket
-                    self.peers.replay(sched.slot_ops, inp)
-                logits = self.graphs.replay(inp)
+        logits = self._graphed(sched, specs)
         if logits is None:
             step = self.build(sched, decoder_floor, specs)
             if self.peers is not None:
@@ -115,6 +111,16 @@ class ModelRunner:
             self.logits_tap(sched, logits, self._logits_from)
         return self._sample(sched, logits, masks)
 
+    def _graphed(self, sched: SchedulerOutput, specs: list[RowSpec], patch=None) -> torch.Tensor | None:
+        """The step's logits from a captured graph: a decode graph, else a chunk graph; None when none takes it."""
+        for graphs in (self.graphs, self.chunk_graphs):
+            inp = graphs.prepare(sched, specs, self.step_hook) if graphs is not None else None
+            if inp is not None:
+                if self.peers is not None:  # tensor parallel: the workers replay their own graph of this bucket
+                    self.peers.replay(sched.slot_ops, inp)
+                return graphs.replay(inp, patch)
+        return None
+
     @torch.inference_mode()
     def launch(self, sched: SchedulerOutput, decoder_floor, prev: InFlight | None) -> InFlight:
         """Async scheduling (engine/async_steps.py): run and sample a step without reading its tokens; rows whose
@@ -123,7 +129,7 @@ class ModelRunner:
         self.apply_ops(sched.slot_ops)
         specs = self.specs(sched, decoder_floor)
         patch = async_steps.patcher(sched, prev)
-        logits = self.graphs.run(sched, specs, self.step_hook, patch) if self.graphs is not None else None
+        logits = self._graphed(sched, specs, patch)
         if logits is None:
             step = self.build(sched, decoder_floor, specs)
             if patch is not None:

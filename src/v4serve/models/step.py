@@ -142,9 +142,11 @@ class StepLayout:
                          one_token_rows=self.one_token_rows)
 
 
-def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tensor, StepLayout]:
+def pack_step(rows: list[RowSpec], width: int | None = None,
+              logits: int | None = None) -> tuple[torch.Tensor, StepLayout]:
     """The step of `rows` as one host int64 tensor and its layout; `width`: block-table columns (default the widest
-    row's block count), padded with -1."""
+    row's block count), padded with -1; `logits`: the logits indices padded to this many with token 0's (a captured
+    step's fixed logits rows)."""
     toks: list[int] = []
     pos: list[int] = []
     trow: list[int] = []
@@ -162,6 +164,10 @@ def pack_step(rows: list[RowSpec], width: int | None = None) -> tuple[torch.Tens
             lidx.append(base + n - 1)
         lens.append(n)
         offs.append(base)
+    if logits is not None:
+        if len(lidx) > logits:
+            raise ValueError(f"the rows want {len(lidx)} logits rows, more than the {logits} asked for")
+        lidx += [0] * (logits - len(lidx))
     nb = width if width is not None else max([len(r.blocks) for r in rows] + [1])
     table: list[int] = []
     for r, row in enumerate(rows):

@@ -1,0 +1,176 @@
+"""The chunk graphs' static inputs and their engine path (engine/chunk_graphs.py), without a GPU: which steps may
+replay a captured graph of their token bucket, what lands in the captured buffers (the step's rows first, then the
+padding row to the trash slot and empty rows; logits indices padded), and that an engine whose prompt steps go
+through the stand-ins (eager forwards over the same static buffers) generates what an eager engine does.
+tests/gpu/test_cuda.py replays real graphs against eager steps."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from v4serve import LLM, SamplingParams
+from v4serve.engine.chunk_graphs import ChunkGraphs
+from v4serve.models.step import RowSpec
+
+from .common import ENGINE
+
+TRASH = 7
+
+
+class _Graph:
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def _graphs(engram: int = 0, rows: int = 4) -> ChunkGraphs:
+    g = ChunkGraphs(None, SimpleNamespace(trash_slot=TRASH), (8, 16), rows, 256, 8, 64, torch.device("cpu"), engram)
+    for t in g.sizes:
+        g.graphs[t] = _Graph()
+        g.outputs[t] = torch.arange(rows * 3, dtype=torch.float32).view(rows, 3) + 100 * t
+    return g
+
+
+def _sched(rows: int, prompt_logprobs=None) -> SimpleNamespace:
+    req = SimpleNamespace(request=SimpleNamespace(params=SimpleNamespace(prompt_logprobs=prompt_logprobs)))
+    return SimpleNamespace(rows=[req] * rows)
+
+
+def _hook(prev: torch.Tensor | None = None):
+    def hook(sched, step) -> None:
+        step.engram_prev_ids = prev
+    return hook
+
+
+def _mixed_rows() -> list[RowSpec]:
+    """A decode row, then a 6-token prompt chunk that samples (its last chunk) and a 2-token one that does not."""
+    return [RowSpec([10], 40, 0, [100]),
+            RowSpec([20, 21, 22, 23, 24, 25], 0, 1, [200, 201]),
+            RowSpec([30, 31], 64, 2, [300, 301, 302], logits="none")]
+
+
+def test_a_mixed_step_fills_its_token_bucket_and_returns_its_logits_rows() -> None:
+    g = _graphs(engram=3)
+    prev = torch.arange(27).view(9, 3)
+    out = g.run(_sched(3), _mixed_rows(), _hook(prev))
+    assert g.graphs[16].replays == 1 and g.graphs[8].replays == 0  # 9 tokens: the 16-token bucket
+    assert torch.equal(out, g.outputs[16][:2])  # the two rows that sample
+    step = g.steps[16]  # what the captured graph reads
+    assert step.num_tokens == 16 and step.num_rows == 4
+    assert step.token_ids.tolist() == [10, 20, 21, 22, 23, 24, 25, 30, 31] + [0] * 7
+    assert step.positions.tolist() == [40, 0, 1, 2, 3, 4, 5, 64, 65] + list(range(7))
+    assert step.token_row.tolist() == [0] + [1] * 6 + [2] * 2 + [3] * 7
+    assert step.row_slot.tolist() == [0, 1, 2, TRASH]  # the padding row writes only the trash slot
+    assert step.row_start.tolist() == [40, 0, 64, 0] and step.row_len.tolist() == [1, 6, 2, 7]
+    assert step.row_offset.tolist() == [0, 1, 7, 9]
+    assert step.logits_index.tolist() == [0, 6, 0, 0]  # the sampling rows' last tokens, then padding
+    assert step.block_table[:, :3].tolist() == [[100, -1, -1], [200, 201, -1], [300, 301, 302], [-1, -1, -1]]
+    assert bool((step.block_table[:, 3:] == -1).all())
+    assert not step.uniform_decode and not step.one_token_rows and step.decoder_trim is False
+    assert step.max_context == 256
+    assert torch.equal(g.engram[:9], prev) and bool((g.engram[9:16] == -1).all())  # padding tokens: no history
+
+
+def test_empty_rows_follow_the_padding_row() -> None:
+    g = _graphs(rows=6)
+    g.run(_sched(1), [RowSpec([5, 6, 7], 0, 1, [9])], _hook())
+    step = g.steps[8]
+    assert step.row_len.tolist() == [3, 5, 0, 0, 0, 0] and step.row_offset.tolist() == [0, 3, 8, 8, 8, 8]
+    assert step.row_slot.tolist() == [1] + [TRASH] * 5 and step.logits_index.tolist() == [2] + [0] * 5
+
+
+def test_the_buffers_forget_an_earlier_step() -> None:
+    g = _graphs(engram=3)
+    g.run(_sched(3), _mixed_rows(), _hook(torch.ones(9, 3, dtype=torch.int64)))
+    small = [RowSpec([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0, 1, [50])]
+    g.run(_sched(1), small, _hook(torch.zeros(10, 3, dtype=torch.int64)))
+    fresh = _graphs(engram=3)
+    fresh.run(_sched(1), small, _hook(torch.zeros(10, 3, dtype=torch.int64)))
+    for name in ("token_ids", "positions", "token_row", "row_slot", "row_start", "row_len", "row_offset",
+                 "window_floor", "cached_len", "decoder_floor", "logits_index", "block_table"):
+        assert torch.equal(getattr(g.steps[16], name), getattr(fresh.steps[16], name)), name
+    assert torch.equal(g.engram, fresh.engram)
+
+
+@pytest.mark.parametrize("case", ["too many tokens", "prompt logprobs", "all logits", "decoder trim", "rows"])
+def test_steps_the_graphs_do_not_take(case: str) -> None:
+    g = _graphs()
+    rows = _mixed_rows()
+    sched = _sched(3)
+    if case == "too many tokens":
+        rows = [RowSpec(list(range(17)), 0, 1, [9])]
+        sched = _sched(1)
+    elif case == "prompt logprobs":
+        sched = _sched(3, prompt_logprobs=2)
+    elif case == "all logits":
+        rows[1].logits = "all"
+    elif case == "decoder trim":  # V4.1's bounded replay: the decoder layers run on a data-dependent suffix
+        rows[1].decoder_floor = 3
+    else:  # a step of every bucket row leaves none for the padding
+        rows = [RowSpec([r], 5, r, [r]) for r in range(4)]
+        sched = _sched(4)
+    assert g.prepare(sched, rows, _hook()) is None
+    assert all(gr.replays == 0 for gr in g.graphs.values())
+
+
+# --- the engine path: prompt steps through the stand-ins --------------------------------------------------------
+
+def _prompts(seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    shared = [rng.randrange(1000, 100000) for _ in range(40)]
+    return [[rng.randrange(1000, 100000) for _ in range(n)] for n in (5, 37, 70)] + [shared + [7, 8, 9], shared]
+
+
+def _generate(preset: str, chunk_tokens: tuple[int, ...], **kw) -> tuple[list[list[int]], LLM]:
+    llm = LLM(preset, block_size=32, max_num_seqs=4, max_num_batched_tokens=48, graph_stand_ins=True,
+              cuda_graph_sizes=(1, 2, 4), chunk_graph_tokens=chunk_tokens, **kw, **ENGINE)
+    sp = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    return [o.token_ids for o in llm.generate(_prompts(3), sp)], llm
+
+
+@pytest.mark.parametrize("preset,kw", [("tiny-v4-flash", {}),
+                                       ("tiny-v41-flash", {"swa_bounded_replay": False}),
+                                       ("tiny-v41-flash", {})])
+def test_prompt_steps_through_the_chunk_graphs_generate_what_eager_steps_do(preset: str, kw: dict) -> None:
+    """Chunked prompts (48-token steps over 5 requests, some beside decode rows, a prefix hit) through token buckets
+    of 16 / 32 / 64: the same tokens as without chunk graphs. V4.1 with bounded replay: its trimmed steps run
+    eagerly, the others through the graphs."""
+    expected, _ = _generate(preset, (), **kw)
+    got, llm = _generate(preset, (16, 32, 64), **kw)
+    assert got == expected
+    assert llm.engine.runner.chunk_graphs.replays > 0
+
+
+class _NoHostReads(TorchDispatchMode):
+    """Fails on any op that reads a tensor's values on the host (a sync on a GPU, not capturable in a graph)."""
+
+    READS = {"aten::_local_scalar_dense", "aten::item", "aten::is_nonzero", "aten::nonzero", "aten::nonzero_numpy",
+             "aten::nonzero_static", "aten::equal", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+             "aten::masked_select", "aten::repeat_interleave"}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.READS:
+            raise AssertionError(f"host read of a tensor's values in a captured step: {func._schema.name}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("preset", ["tiny-v4-flash", "tiny-v41-flash"])
+def test_a_chunk_step_on_the_kernels_reads_nothing_on_the_host(preset: str) -> None:
+    """The forward a chunk graph captures — the Triton kernels' path, as on a GPU — makes no host read of device
+    values and no data-sized op (a sync: graph capture fails on it). (The reference MoE's CPU body loops over the
+    experts hit, so only the kernels' path is checked here.)"""
+    llm = LLM(preset, block_size=32, max_num_seqs=1, max_num_batched_tokens=32, graph_stand_ins=True,
+              cuda_graph_sizes=(1,), chunk_graph_tokens=(32,), kernels="triton", dtype="bfloat16", device="cpu",
+              swa_bounded_replay=False)
+    g = llm.engine.runner.chunk_graphs  # its static step: the padding row of 32 tokens, a prompt chunk's kernels
+    with pytest.raises(AssertionError, match="host read"), _NoHostReads():  # the check sees a sync
+        bool(g.steps[32].row_len.any())
+    with torch.inference_mode(), _NoHostReads():
+        g.model(g.steps[32], g.pools)
