@@ -18,17 +18,7 @@ from v4serve.engine.chunk_graphs import ChunkGraphs
 from v4serve.models.step import RowSpec
 
 from .common import ENGINE
-
-TRASH = 7
-
-
-class _Graph:
-    def __init__(self) -> None:
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-
+from .test_graph_inputs import TRASH, _Graph  # a captured graph's stand-in that counts its replays
 
 def _graphs(engram: int = 0, rows: int = 4) -> ChunkGraphs:
     g = ChunkGraphs(None, SimpleNamespace(trash_slot=TRASH), (8, 16), rows, 256, 8, 64, torch.device("cpu"), engram)
