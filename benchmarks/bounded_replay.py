@@ -60,7 +60,8 @@ def run_mode(args: argparse.Namespace, bounded: bool, contexts: list[int]) -> li
     eng = LLMEngine(args.model, EngineConfig(
         device=args.device, dtype=args.dtype, max_model_len=longest, kv_cache_memory=args.kv_cache_memory,
         kv_cache_dtype=args.kv_cache_dtype, enable_prefix_caching=True, swa_bounded_replay=bounded,
-        max_num_seqs=4, max_num_batched_tokens=args.chunk, long_prefill_token_threshold=args.chunk))
+        max_num_seqs=4, max_num_batched_tokens=args.chunk, long_prefill_token_threshold=args.chunk,
+        chunk_graph_tokens=args.chunk_graph_tokens))
     V = eng.model_config.vocab_size
     g = torch.Generator().manual_seed(0)
 
@@ -116,6 +117,9 @@ def main() -> int:
     ap.add_argument("--kv-cache-dtype", default="fp4")
     ap.add_argument("--kv-cache-memory", type=int, default=16 << 30)
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (prefill chunk)")
+    ap.add_argument("--chunk-graph-tokens", type=lambda v: tuple(int(x) for x in v.split(",")), default=(),
+                    help="token buckets of chunk graphs (engine/chunk_graphs.py), comma-separated; default none: the "
+                         "prompt steps run eagerly (the bounded mode's trimmed steps do in any case)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.device == "cpu":

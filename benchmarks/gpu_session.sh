@@ -1280,6 +1280,9 @@ if [[ $what == chunkgraphs ]]; then  # prepared in the twenty-third session (no 
   timeout 200 python3 benchmarks/chunk_graphs.py v41-flash-e16-engram1m --batch 1 --context 4096 --prompts 640 \
     --buckets 256,512,1024 --kv-cache-dtype fp4 --exact --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/chunk_graphs_v41.log" | tail -6
+  # the bounded-vs-exact table at 16K with them (the exact mode's hit turn is graphed, the bounded one's trims)
+  timeout ${BR_TIMEOUT:-170} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --chunk-graph-tokens 256,512,1024 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay_cg.log" | tail -4
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
