@@ -119,7 +119,7 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (prefill chunk)")
     ap.add_argument("--chunk-graph-tokens", type=lambda v: tuple(int(x) for x in v.split(",")), default=(),
                     help="token buckets of chunk graphs (engine/chunk_graphs.py), comma-separated; default none: the "
-                         "prompt steps run eagerly (the bounded mode's trimmed steps do in any case)")
+                         "prompt steps run eagerly")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.device == "cpu":

@@ -78,7 +78,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--kv-cache-memory", type=int, default=8 << 30)
     ap.add_argument("--kv-cache-dtype", default="auto")
-    ap.add_argument("--exact", action="store_true", help="V4.1: no bounded replay (its trimmed steps run eagerly)")
+    ap.add_argument("--exact", action="store_true", help="V4.1: no bounded replay (no decoder trim)")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
     res = {"model": args.model, "gpu": torch.cuda.get_device_name(), "eager": run(args.model, args, ()),

@@ -53,14 +53,15 @@ class DecodeGraphs:
         self.model, self.pools, self.device = model, pools, device
         self.stand_ins, self.thread_local, self.data_parallel = stand_ins, thread_local, data_parallel
         self.max_model_len = max_model_len
-        self.sizes = sorted(s for s in sizes if s >= 1)
+        self.sizes = self.buckets(sizes)
         self.max_blocks = -(-max_model_len // block_size)
         self.pad = RowSpec([0], 0, pools.trash_slot, [])
-        n = max(self.sizes)
+        n = max(self.tokens(b) for b in self.sizes)
         self.engram = torch.full((n, engram_lookback), -1, dtype=torch.int64, device=device) if engram_lookback else None
-        self.static: dict[int, torch.Tensor] = {}  # bucket -> its packed input buffer
-        self.steps: dict[int, StepInput] = {}  # bucket -> the StepInput the graph was captured with (views of static)
-        self.width: dict[int, int] = {}  # bucket -> block-table columns that may hold blocks (the rest are -1)
+        self.static: dict = {}  # bucket -> its packed input buffer
+        self.tails: dict = {}  # bucket -> a second static buffer (chunk graphs: the decoder sub-step's inputs)
+        self.steps: dict = {}  # bucket -> the StepInput the graph was captured with (views of static)
+        self.width: dict = {}  # bucket -> block-table columns that may hold blocks (the rest are -1)
         for b in self.sizes:
             packed, layout = self.static_layout(b)
             self.static[b] = packed.to(device)
@@ -68,14 +69,28 @@ class DecodeGraphs:
             self.steps[b] = replace(layout.unpack(self.static[b], max_model_len), uniform_decode=layout.one_token_rows,
                                     decoder_trim=False,
                                     engram_prev_ids=self.engram[:layout.tokens] if self.engram is not None else None)
+            self.add_static(b)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.replays = 0
+        self.replayed: dict = {}  # bucket -> its replays
 
-    def static_layout(self, bucket: int) -> tuple[torch.Tensor, StepLayout]:
+    @staticmethod
+    def buckets(sizes) -> list:
+        return sorted(s for s in sizes if s >= 1)
+
+    @staticmethod
+    def tokens(bucket) -> int:
+        """A bucket's tokens."""
+        return bucket
+
+    def static_layout(self, bucket) -> tuple[torch.Tensor, StepLayout]:
         """A bucket's static step, packed: T = R = L = the bucket, padding rows only, the table max_blocks wide."""
         return pack_step([self.pad] * bucket, width=self.max_blocks)
+
+    def add_static(self, bucket) -> None:
+        """More static inputs of a bucket's step (chunk graphs: the decoder sub-step of a trimmed bucket)."""
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -151,6 +166,8 @@ class DecodeGraphs:
         if inp.used:
             step.block_table[:, :inp.used].copy_(packed[inp.flat:].view(step.num_rows, inp.used), non_blocking=True)
         self.width[b] = inp.widest
+        if inp.tail is not None:
+            self.tails[b].copy_(staged(inp.tail, self.device), non_blocking=True)
         if self.engram is not None:  # the step's tokens' n-gram history, -1 for the padding tokens
             n = inp.engram_prev_ids.shape[0]
             self.engram[:n].copy_(inp.engram_prev_ids, non_blocking=True)
@@ -160,6 +177,7 @@ class DecodeGraphs:
             patch(step)
         self.graphs[b].replay()
         self.replays += 1
+        self.replayed[b] = self.replayed.get(b, 0) + 1
         return self.outputs[b][:R]
 
 
@@ -174,6 +192,7 @@ class GraphInput:
     used: int
     widest: int
     engram_prev_ids: torch.Tensor | None
+    tail: torch.Tensor | None = None  # the bucket's second static buffer's contents (ChunkGraphs: the decoder's)
 
 
 class _StandIn:

@@ -201,7 +201,8 @@ class LLMEngine:
 
                 chunk_args = {k: v for k, v in graph_args.items() if k not in ("sizes", "thread_local", "data_parallel")}
                 self.runner.chunk_graphs = ChunkGraphs(self.loaded.model, self.pools, cfg.chunk_graph_tokens,
-                                                       cfg.max_num_seqs + 1, device=self.device, **chunk_args)
+                                                       cfg.max_num_seqs + 1, device=self.device,
+                                                       trimmed=self.schedulers[0].decoder_trim, **chunk_args)
                 self.runner.chunk_graphs.capture()
                 graphs.pool = self.runner.chunk_graphs.pool  # one memory pool: the steps replay one at a time
             graphs.capture()

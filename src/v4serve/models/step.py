@@ -40,6 +40,10 @@ class StepInput:
     uniform_decode: bool = False  # every row is one decode token (the captured decode graphs)
     one_token_rows: bool = False  # no row has more than one token this step (known on the host: decode steps)
     decoder_trim: bool | None = None  # V4.1's decoder trim: None = the model checks the floors, else forced
+    # V4.1's decoder trim prepared by the caller (the chunk graphs, from the rows on the host): the decoder layers'
+    # sub-step and the flat indices of its tokens in this step — restrict_to_suffix's result, without its host sync
+    decoder_step: StepInput | None = None
+    decoder_kept: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -148,12 +148,16 @@ class V41Model(nn.Module):
             if pending is not None and (i == c.decoder_start or layer.engram is not None
                                         or i in c.dspark_target_layers):  # these read the finished streams
                 x, pending = layer.expand(x, pending), None
-            if i == c.decoder_start and self._trim(step):
+            if i == c.decoder_start and (step.decoder_step is not None or self._trim(step)):
                 boundary = x
-                sub, kept = step.restrict_to_suffix(step.decoder_floor)
-                if bool((sub.logits_index < 0).any()):
-                    raise ValueError("logits were requested for a token below its row's decoder_floor; the decoder "
-                                     "layers skip those tokens (lower decoder_floor or ask for fewer logits)")
+                if step.decoder_step is not None:  # prepared on the host (the chunk graphs): no sync
+                    sub, kept = step.decoder_step, step.decoder_kept
+                else:
+                    sub, kept = step.restrict_to_suffix(step.decoder_floor)
+                    if bool((sub.logits_index < 0).any()):
+                        raise ValueError("logits were requested for a token below its row's decoder_floor; the "
+                                         "decoder layers skip those tokens (lower decoder_floor or ask for fewer "
+                                         "logits)")
                 ctx = StepContext(sub, c, pools, self.backend)
                 x, pre, image, sel = x[kept], pre[kept], image[kept], sel.restrict(kept)
                 taps = [t[kept] for t in taps]
