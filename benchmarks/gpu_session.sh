@@ -1285,6 +1285,12 @@ if [[ $what == chunkgraphs ]]; then  # prepared in the twenty-third session (no 
   timeout ${BR_TIMEOUT:-170} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
     --chunk-graph-tokens 256,512,1024 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay_cg.log" | tail -4
 fi
+if [[ $what == chunkagentx ]]; then  # prepared in the twenty-third session: the AgentX-style run at 16 sessions with the
+  # server's defaults against the same with chunk graphs (its mixed steps replayed; the prefill gate unchanged), then
+  # with chunk graphs and a shorter gate (the gate holds prefills because eager mixed steps were ~40 ms)
+  RUNS="defaults|;chunk|--chunk-graph-tokens 64 128 256 512 1024 2048;chunk-gate4|--chunk-graph-tokens 64 128 256 512 \
+1024 2048 --decode-steps-between-prefills 4" AGX_CONC=${AGX_CONC:-16} AGX_TIMEOUT=${AGX_TIMEOUT:-520} agentx_run x
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
