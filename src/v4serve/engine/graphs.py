@@ -185,7 +185,7 @@ class DecodeGraphs:
 class GraphInput:
     """One graphed step's inputs, prepared on the host: what the tensor-parallel workers receive in place of a
     StepInput."""
-    bucket: int
+    bucket: int | tuple[int, int]  # decode graphs: rows; chunk graphs: (tokens, decoder tokens)
     rows: int  # the step's logits rows (decode: its rows; the rest of the bucket is padding)
     packed: torch.Tensor  # pack_step's host buffer: the flat fields, then the block table's `used` columns
     flat: int
