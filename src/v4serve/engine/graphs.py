@@ -41,6 +41,7 @@ def multi_rank_graphs() -> bool:
 
 
 class DecodeGraphs:
+    KIND = "decode"  # (the log line) buckets: batch sizes
     def __init__(self, model: torch.nn.Module, pools: KVPools, sizes: tuple[int, ...], max_model_len: int,
                  num_blocks: int, block_size: int, device: torch.device,
                  engram_lookback: int = 0, stand_ins: bool = False, thread_local: bool = False,
@@ -116,7 +117,7 @@ class DecodeGraphs:
                 self.graphs[b] = g
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
-        log.info("captured decode CUDA graphs for batch sizes %s", self.sizes)
+        log.info("captured %s CUDA graphs for buckets %s", self.KIND, self.sizes)
 
     def exchange(self, bucket: int):
         """DEP: the forward of a bucket pads its MoE exchanges to the bucket (dist/parallel.dep_step)."""

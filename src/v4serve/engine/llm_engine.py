@@ -206,6 +206,9 @@ class LLMEngine:
                 self.runner.chunk_graphs.capture()
                 graphs.pool = self.runner.chunk_graphs.pool  # one memory pool: the steps replay one at a time
             graphs.capture()
+        if cfg.chunk_graph_tokens and self.runner.chunk_graphs is None:
+            log.warning("--chunk-graph-tokens ignored: chunk graphs need CUDA graphs (a GPU without --enforce-eager) "
+                        "and one rank; prompt steps run eagerly")
         self.grammars = GrammarAdmission(self.tokenizer, mc.vocab_size)
         self.last_step_tokens = 0  # tokens the last step computed (reported to the server's metrics)
         self.last_step_rows = 0  # and its rows (the engine loop's slow-step warning)
