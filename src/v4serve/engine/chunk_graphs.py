@@ -36,6 +36,7 @@ from .graphs import DecodeGraphs, GraphInput
 
 class ChunkGraphs(DecodeGraphs):
     KIND = "prompt-step"  # buckets: (tokens, decoder tokens)
+
     def __init__(self, model: torch.nn.Module, pools, sizes: tuple[int, ...], rows: int, max_model_len: int,
                  num_blocks: int, block_size: int, device: torch.device, engram_lookback: int = 0,
                  stand_ins: bool = False, trimmed: bool = False):
