@@ -105,11 +105,9 @@ class ChunkGraphs(DecodeGraphs):
         widest = max((len(r.blocks) for r in rows), default=0)
         if b is None or widest > self.max_blocks:
             return None
-        extras = replace(self.steps[b], engram_prev_ids=None)  # what the hook adds, for the step's own tokens
-        if step_hook is not None:
-            step_hook(sched, extras)
-        if extras.engram_rows is not None or (extras.engram_prev_ids is None) != (self.engram is None):
-            return None  # inputs the graphs were not captured with
+        extras = self.hook_inputs(sched, step_hook, b, True)
+        if extras is None:
+            return None
         used = max(widest, self.width[b])
         packed, layout = pack_step(rows + self.padding(b[0] - T, R), width=used, logits=self.rows)
         tail = self.decoder_inputs(sub[0], sub[1], *b)[0] if sub is not None else None

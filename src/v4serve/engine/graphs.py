@@ -42,6 +42,7 @@ def multi_rank_graphs() -> bool:
 
 class DecodeGraphs:
     KIND = "decode"  # (the log line) buckets: batch sizes
+
     def __init__(self, model: torch.nn.Module, pools: KVPools, sizes: tuple[int, ...], max_model_len: int,
                  num_blocks: int, block_size: int, device: torch.device,
                  engram_lookback: int = 0, stand_ins: bool = False, thread_local: bool = False,
@@ -74,8 +75,11 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
-        self.replays = 0
         self.replayed: dict = {}  # bucket -> its replays
+
+    @property
+    def replays(self) -> int:
+        return sum(self.replayed.values())
 
     @staticmethod
     def buckets(sizes) -> list:
@@ -145,17 +149,25 @@ class DecodeGraphs:
         b, widest = bucket or self.bucket(R), max((len(r.blocks) for r in rows), default=0)
         if b is None or R > b or widest > self.max_blocks:
             return None
-        extras = replace(self.steps[b], engram_prev_ids=None)  # what the hook adds, for the first R rows
-        if step_hook is not None and R:
-            step_hook(sched, extras)
-        elif not R and self.engram is not None:
-            extras.engram_prev_ids = self.engram.new_empty(0, self.engram.shape[1])
-        if extras.engram_rows is not None or (extras.engram_prev_ids is None) != (self.engram is None):
-            return None  # inputs the graphs were not captured with
+        extras = self.hook_inputs(sched, step_hook, b, R > 0)
+        if extras is None:
+            return None
         # the table's columns that may hold blocks: this step's, and -1 over any an earlier step used
         used = max(widest, (self.width if width is None else width)[b])
         packed, layout = pack_step(rows + [self.pad] * (b - R), width=used)
         return GraphInput(b, R, packed, layout.flat, used, widest, extras.engram_prev_ids)
+
+    def hook_inputs(self, sched, step_hook, bucket, has_rows: bool) -> StepInput | None:
+        """What the step hook adds for the step's own rows (V4.1: their Engram history; a DEP rank without rows: an
+        empty one), on a copy of the bucket's step; None when those are inputs the graphs were not captured with."""
+        extras = replace(self.steps[bucket], engram_prev_ids=None)
+        if step_hook is not None and has_rows:
+            step_hook(sched, extras)
+        elif not has_rows and self.engram is not None:
+            extras.engram_prev_ids = self.engram.new_empty(0, self.engram.shape[1])
+        if extras.engram_rows is not None or (extras.engram_prev_ids is None) != (self.engram is None):
+            return None
+        return extras
 
     def replay(self, inp: GraphInput, patch=None) -> torch.Tensor:
         """Load the inputs into the bucket's static buffers and replay its graph: the logits of the step's rows. (A
@@ -177,7 +189,6 @@ class DecodeGraphs:
         if patch is not None:
             patch(step)
         self.graphs[b].replay()
-        self.replays += 1
         self.replayed[b] = self.replayed.get(b, 0) + 1
         return self.outputs[b][:R]
 
