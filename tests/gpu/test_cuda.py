@@ -180,29 +180,39 @@ def test_cuda_graph_decode_equals_eager(name: str, capsys: pytest.CaptureFixture
 def test_cuda_chunk_graphs_equal_eager(name: str, capsys: pytest.CaptureFixture) -> None:
     """Steps with prompt tokens replayed from the chunk graphs (engine/chunk_graphs.py: 64-token steps of chunked
     prompts beside decode rows, padded to token buckets of 16 / 32 / 64): float64 gives the tokens of the same engine
-    without them; bf16 pads GEMM shapes, so the agreement is reported and bounded loosely. V4.1 in exact mode and
-    with bounded replay (its trimmed steps through the (T, K) buckets: the decoder sub-step made on the host)."""
+    without them. bf16 pads GEMM shapes, so rounding differs and greedy sequences of the random tiny models (top-two
+    margins of a few hundredths of a nat) part after a flip — the H200 gave 0.42 of the tokens identical for
+    tiny-v4-flash (twenty-fourth session) — so bf16 is checked where the graphs act: each prompt's first token,
+    sampled from a prompt step's logits, has the eager step's top token among its top 5 and the top-20
+    log-probabilities the two share within 0.25 nats (a wrong row or position gives other distributions, nats apart). (Under the interpreter in
+    float32 the stand-ins' log-probabilities equal the eager ones to 1e-6.) V4.1 in exact mode and with bounded replay
+    (its trimmed steps through the (T, K) buckets: the decoder sub-step made on the host)."""
     from v4serve import LLM, SamplingParams
 
     prompts = [[1000 + i for i in range(n)] for n in (7, 40, 90, 150)]
-    sp = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    sp = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=20)
     for dtype in ("float64", "bfloat16"):
         for kw in ([{}] if name == "tiny-v4-flash" else [{"swa_bounded_replay": False}, {}]):
             common = dict(device="cuda", dtype=dtype, kv_cache_memory=256 << 20, max_model_len=1024, block_size=64,
                           cuda_graph_sizes=(1, 2, 4), max_num_batched_tokens=64, max_num_seqs=4, **kw)
-            plain = [o.token_ids for o in LLM(name, **common).generate(prompts, sp)]
+            plain_out = LLM(name, **common).generate(prompts, sp)
             llm = LLM(name, chunk_graph_tokens=(16, 32, 64), **common)
-            got = [o.token_ids for o in llm.generate(prompts, sp)]
+            got_out = llm.generate(prompts, sp)
             cg = llm.engine.runner.chunk_graphs
             assert cg.replays > 0 and (not cg.trimmed or any(n for b, n in cg.replayed.items() if b[1]))
+            plain, got = [o.token_ids for o in plain_out], [o.token_ids for o in got_out]
             same = sum(x == y for a, b in zip(plain, got) for x, y in zip(a, b)) / sum(map(len, plain))
+            first = [(o.outputs[0].logprobs[0], g.outputs[0].logprobs[0]) for o, g in zip(plain_out, got_out)]
+            delta = max(abs(e[t] - g[t]) for e, g in first for t in e.keys() & g.keys())
             with capsys.disabled():
                 print(f"\n[{name} {dtype} {kw}] chunk graphs vs eager prompt steps, identical tokens: {same:.3f} "
-                      f"({llm.engine.runner.chunk_graphs.replays} replays)")
+                      f"({cg.replays} replays); first tokens' log-probabilities within {delta:.4f}")
             if dtype == "float64":
                 assert got == plain
             else:
-                assert same >= 0.5
+                for e, g in first:
+                    assert max(e, key=e.get) in sorted(g, key=g.get, reverse=True)[:5], (e, g)
+                assert delta <= 0.25
 
 
 @pytest.mark.parametrize("overlap", ["shared_expert", "attention_query,indexer_query"])
