@@ -1291,20 +1291,19 @@ if [[ $what == chunkagentx ]]; then  # prepared in the twenty-third session: the
   RUNS="defaults|;chunk|--chunk-graph-tokens 64 128 256 512 1024 2048;chunk-gate4|--chunk-graph-tokens 64 128 256 512 \
 1024 2048 --decode-steps-between-prefills 4" AGX_CONC=${AGX_CONC:-16} AGX_TIMEOUT=${AGX_TIMEOUT:-520} agentx_run x
 fi
-if [[ $what == twentyfourth1 ]]; then  # the twenty-fourth session's second call: V4.1's model-level GPU tests on the
-  # prefill defaults the twenty-second session set (never run on a GPU), where a V4.1 prompt chunk's GPU time goes on
-  # them (call 1: a 640-token prompt's chunk graph replays in 155 ms, so the step is GPU bound), then the chunk graphs
-  # on the AgentX preset (call 1 ran out of time compiling it)
-  timeout 70 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+if [[ $what == twentyfourth1 ]]; then  # the twenty-fourth session's second call: the chunk graphs' GPU test (bf16 now
+  # on the prompt steps' log-probabilities), V4.1's model-level GPU tests on the prefill defaults the twenty-second
+  # session set (never run on a GPU), then where a V4.1 prompt step's GPU time goes on them (call 1: a 640-token
+  # prompt's chunk graph replays in 155 ms, so the step is GPU bound): a 2,048-token chunk and a 640-token mixed step
+  timeout 60 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
     "chunk_graphs and tiny-v4-flash" 2>&1 | tee "$OUT/gpu_tests_chunk.log" | grep -E "^E |identical|passed|failed" | tail -4
-  timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+  timeout 140 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
     "fast_path or chunked or v41" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^E |passed|failed" | tail -4
   timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
-    --steps 2 --prefill 2048 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
     --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
-  sed -n '/prefill chunk/,$p' "$OUT/profile-v41-p2048.log" | grep -E "^\| (mhc|linear|moe|indexer|attention|compress|other|engram|\*\*total)|chunk" | head -14
-  timeout 140 python3 benchmarks/chunk_graphs.py v4-flash-l8-e16 --batch 16 --context 4096 --prompts 64,512 \
-    --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" | tee "$OUT/chunk_graphs_l8.log" | tail -6
+  grep -E "^\| (mhc|linear|moe|indexer|attention|compress|other|engram|router|\*\*total)|chunk|step" \
+    "$OUT/profile-v41-p2048.log" | head -40
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
