@@ -1295,9 +1295,9 @@ if [[ $what == twentyfourth1 ]]; then  # the twenty-fourth session's second call
   # on the prompt steps' log-probabilities), V4.1's model-level GPU tests on the prefill defaults the twenty-second
   # session set (never run on a GPU), then where a V4.1 prompt step's GPU time goes on them (call 1: a 640-token
   # prompt's chunk graph replays in 155 ms, so the step is GPU bound): a 2,048-token chunk and a 640-token mixed step
-  timeout 60 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+  timeout 50 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
     "chunk_graphs and tiny-v4-flash" 2>&1 | tee "$OUT/gpu_tests_chunk.log" | grep -E "^E |identical|passed|failed" | tail -4
-  timeout 140 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+  timeout 110 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
     "fast_path or chunked or v41" 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^E |passed|failed" | tail -4
   timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
     --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
