@@ -1305,6 +1305,21 @@ if [[ $what == twentyfourth1 ]]; then  # the twenty-fourth session's second call
   grep -E "^\| (mhc|linear|moe|indexer|attention|compress|other|engram|router|\*\*total)|chunk|step" \
     "$OUT/profile-v41-p2048.log" | head -40
 fi
+if [[ $what == twentyfifth1 ]]; then  # the twenty-fifth session's first: prompt chunks over stored records staged
+  # (ops/kernels/attention_stage.py) -- its GPU tests at real shapes, the 4K chunk over V4.1's records staged against
+  # in registers (and window-only layers on the flash prefill config against the heads mode), then V4.1's 2K chunk
+  # and the 640-token mixed step by family (the mixed step's profile now admits the prompt)
+  timeout 100 python3 -m pytest tests/ops/test_attention_stage.py tests/ops/test_attention.py -q -p no:cacheprovider \
+    -o addopts="" -k "stage or gpu_config or window_only or every_format" 2>&1 | tee "$OUT/gpu_tests_stage.log" \
+    | grep -E "^E |passed|failed" | tail -4
+  timeout 100 python3 benchmarks/kernels/attention.py --format v41 --prefill-only --swa --variants default unstaged \
+    heads --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention_v41_stage.log" | grep -E "prefill|ceiling|failed"
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|other|\*\*total)|chunk|step|_flash_kernel|_attend_kernel|_stage_kernel" \
+    "$OUT/profile-v41-p2048.log" | head -60
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -172,14 +172,19 @@ def mixed_step(eng: LLMEngine, tokens: int, batch: int, acts, cuda: bool, g: tor
     dev = eng.device
 
     def step(prompt: bool) -> float:
+        rid = None
         if prompt:
-            eng.add_request(torch.randint(0, eng.model_config.vocab_size, (tokens,), generator=g).tolist(),
-                            SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+            rid, = eng.add_request(torch.randint(0, eng.model_config.vocab_size, (tokens,), generator=g).tolist(),
+                                   SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
         sync(dev)
         t = time.perf_counter()
-        eng.step()
+        deltas = eng.step()
         sync(dev)
-        return (time.perf_counter() - t) * 1e3
+        ms = (time.perf_counter() - t) * 1e3
+        # the prompt must run whole in this step (max_tokens=1), else the step timed was the decode rows alone
+        if rid is not None and not any(d.request_id == rid and d.finished for d in deltas):
+            raise SystemExit(f"mixed step: the {tokens}-token prompt did not finish in one step (chunk or seat limit)")
+        return ms
 
     step(True)  # compiles the prefill's kernels
     wall = step(True)
@@ -280,7 +285,8 @@ def main() -> int:
 
     def engine(eager: bool) -> LLMEngine:
         return LLMEngine(args.model, EngineConfig(
-            device=str(dev), max_num_seqs=max(args.batch, 1), max_model_len=mml, kv_cache_memory=args.kv_cache_memory,
+            device=str(dev), max_num_seqs=max(args.batch, 1) + (1 if mixed else 0), max_model_len=mml,
+            kv_cache_memory=args.kv_cache_memory,
             max_num_batched_tokens=chunk, long_prefill_token_threshold=chunk, enforce_eager=eager,
             cuda_graph_sizes=(args.batch,), enable_prefix_caching=False, kernels=args.kernels,
             kv_cache_dtype=args.kv_cache_dtype, async_scheduling=args.async_scheduling))

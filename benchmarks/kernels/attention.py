@@ -37,7 +37,10 @@ VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": ker
             "hk2": kernel.Config(16, 32, 2, 8, 1, kv_splits=2), "hk4": kernel.Config(16, 32, 2, 8, 1, kv_splits=4),
             "hk8": kernel.Config(16, 32, 2, 8, 1, kv_splits=8), "hk32": kernel.Config(16, 32, 2, 8, 1, kv_splits=32),
             "hd1k8": kernel.Config(16, 32, 1, 8, 1, kv_splits=8), "h32d1k8": kernel.Config(32, 32, 1, 8, 1, kv_splits=8),
-            "heads": kernel.GPU_CONFIG}  # the "heads" mode's default (prefill over V4 / V4.1 records until 2026-12-04)
+            "heads": kernel.GPU_CONFIG,  # the "heads" mode's default (prefill over V4 / V4.1 records until 2026-12-04)
+            "unstaged": None}  # the default config with the records decoded in registers at prefill too
+# variants that force the staging of prompt chunks' records (ops/kernels/attention_stage.py) off or on
+STAGE = {"unstaged": False}
 
 
 def flash(heads: int, rows: int, warps: int, stages: int = 1, splits: int = 0, dchunk: int = 128,
@@ -155,8 +158,10 @@ def pool(kind: str, rows: int) -> RowPool:
     return p
 
 
-def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, dense: bool, copies: int = 1):
-    """Rows at CONTEXT with their last `tokens_per_row` positions in this step; CSA picks or HCA dense entries."""
+def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, layer: str, copies: int = 1):
+    """Rows at CONTEXT with their last `tokens_per_row` positions in this step; CSA picks, HCA dense entries or
+    (swa) the window alone."""
+    dense = layer == "hca"
     ratio = 128 if dense else 4
     T = rows * tokens_per_row
     ring = pool(wkind, rows * W)
@@ -180,14 +185,14 @@ def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, dense: bool, co
         if not dense:
             picks = torch.rand(T, entries_per_row, device="cuda").argsort(dim=1)[:, :512].contiguous()
         where = Entries(bt, r, visible, ratio, BLOCK, rows * blocks_per_row, entries_per_row)
-        variants.append(attn.EntryRefs(comp, where, picks))
+        variants.append(attn.EntryRefs(comp, where, picks) if layer != "swa" else None)
     entries = variants[0]
     q = torch.randn(T, H, D, device="cuda", dtype=torch.bfloat16)
     fresh = torch.randn(T, D, device="cuda", dtype=torch.bfloat16)
     freqs = 1.0 / (10000.0 ** (torch.arange(0, RD, 2, dtype=torch.float32, device="cuda") / RD))
     ang = pos.float().unsqueeze(1) * freqs
     sink = torch.randn(H, device="cuda")
-    n_entries = 512 if not dense else int(visible.max())
+    n_entries = 0 if layer == "swa" else 512 if not dense else int(visible.max())
     read = T * (W * ring.codec.record_bytes + n_entries * comp.codec.record_bytes) + 2 * q.numel() * 2
     flops = 4 * T * H * D * (W + n_entries)
     args = (q, ang.cos(), ang.sin(), fresh, sink, D ** -0.5, None, window)
@@ -206,6 +211,7 @@ def main() -> None:
                     help="record formats to time (default: all; a CUDA fault ends the process, so the session script "
                          "runs one format per process)")
     ap.add_argument("--prefill-only", action="store_true", help="only the 4K prefill chunk (implies --flash-prefill)")
+    ap.add_argument("--swa", action="store_true", help="also time window-only layers (V4.1's first two)")
     ap.add_argument("--ptxas", action="store_true",
                     help="no GPU: compile the chosen flash variants for sm_90a and print registers / spills / smem")
     args = ap.parse_args()
@@ -228,12 +234,12 @@ def main() -> None:
     for fname, (wkind, ckind) in FORMATS.items():
         if args.format and fname not in args.format:
             continue
-        for layer in ("csa", "hca"):
+        for layer in ("csa", "hca") + (("swa",) if args.swa else ()):
             for phase, R, tpr in shapes:
                 if (args.quick and phase == "decode" and R == 64) or (
                         flash_only and phase == "prefill" and not args.flash_prefill):
                     continue
-                many, read, flops = case(wkind, ckind, R, tpr, layer == "hca", 8 if phase == "decode" else 1)
+                many, read, flops = case(wkind, ckind, R, tpr, layer, 8 if phase == "decode" else 1)
                 a = many[0]
                 ref = attn.attend_reference(*a)
                 got = kernel.attend(*a)
@@ -244,9 +250,11 @@ def main() -> None:
                         continue
                     try:
                         err = err0
-                        if cfg is not None:  # every variant is checked, not only the default
-                            err = float((kernel.attend(*a, config=cfg).float() - ref.float()).abs().max() / scale)
-                        fns = [lambda b=b: kernel.attend(*b, config=cfg) for b in many]
+                        st = STAGE.get(vname)
+                        if cfg is not None or st is not None:  # every variant is checked, not only the default
+                            err = float((kernel.attend(*a, config=cfg, stage=st).float() - ref.float()).abs().max()
+                                        / scale)
+                        fns = [lambda b=b: kernel.attend(*b, config=cfg, stage=st) for b in many]
                         ms = bench_graph_many(fns) if phase == "decode" else bench_ms(fns[0])
                     except Exception as e:  # noqa: BLE001 - a config the compiler rejects
                         print(f"{fname} {layer} {phase} R={R} {vname}: failed ({type(e).__name__}: {e})"[:200])

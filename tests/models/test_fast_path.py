@@ -80,3 +80,36 @@ def test_two_rows_in_one_step_equal_each_alone_on_the_fast_path(one_shots) -> No
         both = lm.model(step, pools).logits
     assert max_rel_err(both[:N], one_shots(preset)) < 1e-9
     assert max_rel_err(both[N:], one_shot(lm, b)) < 1e-9
+
+
+
+@pytest.mark.parametrize("preset,kv", [("tiny-v4-flash", "fp8"), ("tiny-v41-flash", "fp4")])
+def test_stored_records_staged_for_prompt_chunks_give_the_same_logits(preset: str, kv: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt chunks over stored records (V4's FP8, V4.1's NVFP4 entries and FP8 window rows) decode them once into
+    staging rows (ops/kernels/attention_stage.py): the chunked prefill's logits are the bits of the same chunks with
+    the records decoded in registers, and the decode row after them too."""
+    from v4serve.ops.kernels import attention_stage
+
+    lm, toks = fast_model(preset), tokens(32, 3)
+    staged_launches = []
+    stage = attention_stage.stage
+    monkeypatch.setattr(attention_stage, "stage", lambda *a: staged_launches.append(1) or stage(*a))
+
+    def run() -> torch.Tensor:
+        pools = new_pools(lm.config, kv_dtype=kv, dtype=EXACT)
+        outs, s = [], 0
+        with torch.no_grad():
+            for n in (20, 11, 1):
+                step = build_step([RowSpec(toks[s:s + n], s, 0, list(range(blocks_for(32))), logits="all")])
+                step.engram_prev_ids = engram_history(lm.config, [toks], [s], [n], "cpu")
+                outs.append(lm.model(step, pools).logits)
+                s += n
+        return torch.cat(outs)
+
+    staged = run()
+    assert staged_launches  # the prompt chunks took the staging
+    staged_launches.clear()
+    monkeypatch.setenv("V4SERVE_ATTN_STAGE", "0")
+    assert torch.equal(run(), staged)
+    assert not staged_launches

@@ -205,8 +205,8 @@ def test_flash_mode_reads_each_token_rows_in_one_launch(cfg) -> None:
 
 def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     """Batched decode (16-128 query tokens) over CSA picks in V4's records or bf16, and over HCA's visible entries in
-    bf16, takes flash mode; prefill chunks over compressed entries take the prefill config in every format; single
-    rows, window-only layers and the untimed decode cases keep GPU_CONFIG."""
+    bf16, takes flash mode; prefill chunks take the prefill config in every format (window-only layers too); single
+    rows, window-only decode rows and the untimed decode cases keep GPU_CONFIG."""
     from types import SimpleNamespace as NS
 
     def refs(kind: str, wkind: str | None = None, picks: bool = True):
@@ -225,7 +225,8 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(4096, *refs("v4_fp8")) is prefill  # prefill over V4's records
     assert kernel.gpu_config(2048, *refs("nvfp4", "fp8_b32")) is prefill  # and V4.1's
     assert kernel.gpu_config(129, *refs("nvfp4", "fp8_b32", picks=False)) is prefill
-    assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers
+    assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers' decode rows
+    assert kernel.gpu_config(4096, refs("plain")[0], None) is prefill  # and their prompt chunks
 
 
 def test_prefill_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -53,7 +53,7 @@ import triton.language as tl
 
 from ..env import get as env_get
 from ..precision import hi_lo
-from . import attention_twopass, cdiv, interpreting, next_pow2, step_jit
+from . import attention_stage, attention_twopass, cdiv, interpreting, next_pow2, step_jit
 from .attention_rows import (dot, entry_count, entry_idx, entry_rows, finish, pair_cos_sin, prepare_queries, rotate,
                              rows_kv, softmax_step, win_rows, win_src)
 from .pdl import enter as pdl_enter
@@ -547,14 +547,15 @@ def prefill_config() -> Config:
 
 
 def gpu_config(tokens: int, window, entries) -> Config:
-    """The measured choice on the GPU: prefill chunks over compressed entries take prefill_config() in every record
-    format; batched decode takes flash mode where it was timed (FLASH_DECODE_FORMATS: CSA picks over V4's 584-B
-    records; CSA picks and HCA's visible entries over bf16 records); GPU_CONFIG otherwise."""
+    """The measured choice on the GPU: prefill chunks take prefill_config() in every record format (window-only
+    layers too: twenty-fifth session); batched decode takes flash mode where it was timed (FLASH_DECODE_FORMATS: CSA
+    picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records, which staged rows are:
+    attention_stage.py); GPU_CONFIG otherwise."""
     lo, hi = FLASH_DECODE_TOKENS
-    if entries is None or tokens < lo:
-        return GPU_CONFIG
     if tokens > hi:
         return prefill_config()
+    if entries is None or tokens < lo:
+        return GPU_CONFIG
     if window.pool.codec.kind != entries.pool.codec.kind:
         return GPU_CONFIG
     kind = "picks" if entries.picks is not None else "dense"
@@ -577,12 +578,18 @@ def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:
     return q.device.type == "cpu" and interpreting() and q.dtype in (torch.bfloat16, torch.float32, torch.float64)
 
 
-def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config: Config | None = None):
-    """The Triton body of ops.attention.attend (arguments as there); returns [T, H, D] in q's dtype."""
+def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config: Config | None = None,
+           stage: bool | None = None):
+    """The Triton body of ops.attention.attend (arguments as there); returns [T, H, D] in q's dtype. stage: decode
+    the records once into staging rows first (attention_stage.py; None = where its rule says)."""
     T, H, D = q.shape
     out = torch.empty_like(q)
     if T == 0:
         return out
+    if stage is None:
+        stage = attention_stage.wanted(T, window, entries, q.dtype, q.device)
+    if stage:
+        window, entries = attention_stage.stage(window, entries, q.dtype)
     cfg = config or (INTERPRETER_CONFIG if interpreting() else gpu_config(T, window, entries))
     dsplit = cfg.dsplit if D % cfg.dsplit == 0 and D // cfg.dsplit >= 2 * cos.shape[-1] else 1
     W = window.src.shape[1]

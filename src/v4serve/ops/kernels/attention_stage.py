@@ -1,0 +1,131 @@
+"""Prompt chunks over stored records: the records a launch reads, decoded once into staging rows of the query dtype.
+
+The fused attention decodes each record it reads in registers (attention_rows.decode), which at decode sizes is the
+point: one read of the stored bytes. A prompt chunk's tokens read mostly the same records, so there each record was
+decoded once per token and head block: a 2,048-token chunk over V4.1's NVFP4 entries and FP8 window rows took 4.05 ms
+a layer on the H100 (twenty-fifth session, `profile_step.py v41-flash-e16-engram1m --prefill 2048`), about twice the
+same chunk's time over bf16 records (RESULTS.md, twenty-second session). Here the window rings of the launch's rows and
+every compressed entry their block tables address are decoded once (`_stage_kernel`, exact: every value of every
+stored format is a bf16 value), and the attention runs over these "plain" rows with the same addressing: ring slot i
+becomes staged row i, and block c of row r becomes staged block r * nb + c.
+
+Taken where it does less decoding (host-side facts only, no synchronisation): the launch has at least
+MIN_TOKENS_PER_ROW tokens a row (prompt chunks, V4.1's decoder sub-step; never a decode batch, whose rows each read a
+few hundred of their thousands of entries), the staged bytes fit STAGE_BUDGET (the eager steps' block tables are as
+wide as their longest row; a step of many long rows keeps the in-register decode), and no CUDA graph is being captured
+(a captured step's block table is as wide as max_model_len).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from ..env import get as env_get
+from . import cdiv, interpreting, step_jit
+from .attention_rows import decode
+
+MIN_TOKENS_PER_ROW = 4
+STAGE_BUDGET = 512 << 20  # staged bytes per launch (a 2K chunk of one row at 256K context, ratio 1: 512 MiB)
+STAGE_ENV = "V4SERVE_ATTN_STAGE"  # "0": never stage (the A/B switch); else the rule above
+FORMATS = {"plain": 0, "v4_fp8": 1, "fp8_b32": 2, "nvfp4": 3}
+
+
+@dataclass(frozen=True)
+class PlainCodec:
+    kind: str = "plain"
+
+
+@dataclass
+class StagedPool:
+    """Decoded rows in the shape the kernels read a pool: `.data` [rows, D] and a "plain" codec."""
+
+    data: torch.Tensor
+    codec: PlainCodec = PlainCodec()
+
+
+@step_jit
+def _stage_kernel(src_ptr, n, u8_ptr, h16_ptr, val_ptr, stride, out_ptr,
+                  FMT: tl.constexpr, AL: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, BN: tl.constexpr,
+                  DC: tl.constexpr):
+    """Pool rows src[i] (i < n) decoded to out[i, :] in out's dtype, BN rows by DC dims a program."""
+    stride = (stride // AL) * AL  # said to be a multiple of AL: the record loads vectorise
+    i = tl.program_id(0) * BN + tl.arange(0, BN)
+    ok = i < n
+    rows = tl.load(src_ptr + i, mask=ok, other=0)
+    c0 = tl.program_id(1) * DC
+    v = decode(rows, ok, c0, u8_ptr, h16_ptr, val_ptr, stride, FMT, DC, D, RD, out_ptr.dtype.element_ty)
+    cols = c0 + tl.arange(0, DC)
+    tl.store(out_ptr + i.to(tl.int64)[:, None] * D + cols[None, :], v, mask=ok[:, None])
+
+
+def decode_rows(pool, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """pool.read(rows, dtype) of a stored-format pool for a 1-D index, as one Triton launch -> [n, D]."""
+    data, kind = pool.data, pool.codec.kind
+    n, D = rows.shape[0], pool.codec.dim
+    out = torch.empty(n, D, dtype=dtype, device=data.device)
+    if n == 0:
+        return out
+    u8 = data
+    h16 = data.view(torch.bfloat16) if kind == "v4_fp8" else data
+    BN, DC = (16, 64) if interpreting() else (32, 128)
+    DC = min(DC, D)
+    _stage_kernel[(cdiv(n, BN), D // DC)](rows, n, u8, h16, data, data.stride(0), out, FMT=FORMATS[kind],
+                                          AL=math.gcd(data.stride(0), 16), D=D, RD=pool.codec.rope_dim, BN=BN,
+                                          DC=DC, num_warps=4)
+    return out
+
+
+def enabled() -> bool:
+    return env_get(STAGE_ENV) not in ("0",)
+
+
+def staged_bytes(window, entries, dtype: torch.dtype) -> int:
+    """Bytes the staging rows of this launch take: the rings' rows and (where entries) every entry the block tables
+    address."""
+    D = window.pool.data.shape[1] if window.pool.codec.kind == "plain" else window.pool.codec.dim
+    rows = window.ring_rows.shape[0] if window.pool.codec.kind != "plain" else 0
+    if entries is not None and entries.pool.codec.kind != "plain":
+        bt = entries.where.block_table
+        rows += bt.shape[0] * bt.shape[1] * entries.where.per_block
+    return rows * D * torch.empty((), dtype=dtype).element_size()
+
+
+def wanted(tokens: int, window, entries, dtype: torch.dtype, device: torch.device) -> bool:
+    """The rule of the module docstring, from host-side facts only."""
+    stored = window.pool.codec.kind != "plain" or (entries is not None and entries.pool.codec.kind != "plain")
+    if not stored or not enabled():
+        return False
+    # the step's rows: the block table's (entries), else the rings' (W slots a row)
+    rows = entries.where.block_table.shape[0] if entries is not None else \
+        max(1, window.ring_rows.shape[0] // max(1, window.src.shape[1]))
+    if tokens < MIN_TOKENS_PER_ROW * rows:
+        return False
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return False
+    return staged_bytes(window, entries, dtype) <= STAGE_BUDGET
+
+
+def stage(window, entries, dtype: torch.dtype):
+    """(window, entries) over staged plain rows: the same tokens' views of the same values."""
+    if window.pool.codec.kind != "plain":
+        ring = window.ring_rows
+        data = decode_rows(window.pool, ring.reshape(-1), dtype)
+        window = replace(window, pool=StagedPool(data),
+                         ring_rows=torch.arange(ring.shape[0], dtype=ring.dtype, device=ring.device))
+    if entries is not None and entries.pool.codec.kind != "plain":
+        where = entries.where
+        bt = where.block_table
+        R, nb, epb = bt.shape[0], bt.shape[1], where.per_block
+        blocks = torch.where(bt < 0, where.num_blocks, bt).long()
+        src = (blocks.unsqueeze(2) * epb + torch.arange(epb, device=bt.device)).reshape(-1)
+        data = decode_rows(entries.pool, src, dtype)
+        staged_bt = torch.arange(R * nb, dtype=bt.dtype, device=bt.device).view(R, nb)
+        entries = replace(entries, pool=StagedPool(data), where=replace(where, block_table=staged_bt,
+                                                                        num_blocks=R * nb))
+    return window, entries
+

@@ -1,0 +1,105 @@
+"""Staged prompt chunks (ops/kernels/attention_stage.py): the records decoded once into plain rows give the fused
+attention the same values it decodes in registers, so the outputs are the same bits; the rule that takes staging
+reads host-side facts only. The cases are test_attention.py's (pools in every stored format, block tables with holes
+and unallocated tails, picks with -1s, dense visibility), with enough tokens a row for the rule to take them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from v4serve.ops import attention as attn
+from v4serve.ops.kernels import attention as kernel
+from v4serve.ops.kernels import attention_stage as stage
+
+from test_attention import DEVICE, EXACT, FLASH, ON_GPU, TOL, _case, _pool, _rel
+
+STORED = [("v4_fp8", "v4_fp8"), ("fp8_b32", "nvfp4"), ("fp8_b32", "fp8_b32"), ("plain", "nvfp4"), ("nvfp4", "plain")]
+PROMPT = (2, (9, 12))  # two rows of a prompt-sized chunk: >= MIN_TOKENS_PER_ROW tokens a row
+ONE_CONFIG = kernel.GPU_CONFIG if ON_GPU else kernel.INTERPRETER_CONFIG
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+
+@pytest.mark.parametrize("kind", ["v4_fp8", "fp8_b32", "nvfp4"])
+def test_decoded_rows_equal_the_pools_read(kind: str) -> None:
+    g = torch.Generator().manual_seed(1)
+    pool = _pool(kind, torch.float32, 50, g)
+    rows = torch.tensor([3, 0, 50, 7, 7, 49, 12], device=DEVICE)  # repeats and the trash row
+    for dtype in (torch.float32, torch.bfloat16):
+        assert torch.equal(stage.decode_rows(pool, rows, dtype), pool.read(rows, dtype))
+    assert stage.decode_rows(pool, rows[:0], torch.float32).shape == (0, pool.codec.dim)
+
+
+# every stored format as window and as entries, CSA picks / HCA dense / window only, both kernel modes
+CASES = [(w, c, m, None) for (w, c) in STORED for m in ("picks", "dense")] + \
+    [(w, c, "picks", FLASH) for (w, c) in STORED[:3]] + \
+    [("fp8_b32", None, "none", None), ("v4_fp8", None, "none", FLASH)]
+
+
+@pytest.mark.parametrize("wkind,ckind,mode,cfg", CASES)
+def test_staged_rows_give_the_same_bits(wkind: str, ckind: str | None, mode: str, cfg) -> None:
+    """Staged = decoded in registers, bit for bit (both decode each record exactly to the same dtype), and both
+    equal the reference."""
+    cfg = cfg or ONE_CONFIG  # gpu_config would choose by format: one config for both, the same reduction order
+    args = _case(wkind, ckind, mode, EXACT, seed=hash((wkind, ckind, mode)) % 1000, rows_tokens=PROMPT)
+    q, cos, sin, fresh, sink, scale, window, entries = args
+    assert stage.wanted(q.shape[0], window, entries, q.dtype, q.device)
+    staged = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg, stage=True)
+    inreg = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg, stage=False)
+    assert torch.equal(staged, inreg)
+    ref = attn.attend_reference(q, cos, sin, fresh, sink, scale, None, window, entries)
+    assert _rel(staged, ref) < TOL
+
+
+def test_bf16_staged_as_in_registers() -> None:
+    args = _case("fp8_b32", "nvfp4", "picks", torch.bfloat16, seed=3, rows_tokens=PROMPT)
+    a = kernel.attend(*args[:6], None, *args[6:], config=ONE_CONFIG, stage=True)
+    b = kernel.attend(*args[:6], None, *args[6:], config=ONE_CONFIG, stage=False)
+    assert torch.equal(a, b)
+
+
+def test_staged_addressing_keeps_the_tokens_views() -> None:
+    """Ring slot i -> staged row i; row r's block c -> staged block r * nb + c, holes included (they read the trash
+    block's decoded rows, never visible)."""
+    window, entries = _case("fp8_b32", "nvfp4", "dense", EXACT, seed=4, rows_tokens=PROMPT)[6:]
+    w2, e2 = stage.stage(window, entries, EXACT)
+    assert w2.pool.codec.kind == "plain" and e2.pool.codec.kind == "plain"
+    assert torch.equal(w2.pool.data, window.pool.read(window.ring_rows, EXACT))
+    R, nb = entries.where.block_table.shape
+    j = torch.arange(nb * entries.where.per_block, device=DEVICE)
+    for r in range(R):
+        want = entries.pool.read(entries.where.token_rows(torch.tensor([r], device=DEVICE), j.unsqueeze(0)), EXACT)
+        got = e2.pool.data[e2.where.token_rows(torch.tensor([r], device=DEVICE), j.unsqueeze(0))]
+        assert torch.equal(got, want)
+
+
+def test_the_rule_reads_host_facts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt chunks (>= 4 tokens a row) over stored formats stage; decode batches, plain records, an exhausted
+    budget and V4SERVE_ATTN_STAGE=0 do not."""
+    q, *_, window, entries = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=5, rows_tokens=PROMPT)
+    T, dev = q.shape[0], q.device
+    assert stage.wanted(T, window, entries, q.dtype, dev)
+    assert stage.wanted(T, window, None, q.dtype, dev)  # window-only layers
+    assert not stage.wanted(2 * stage.MIN_TOKENS_PER_ROW - 1, window, entries, q.dtype, dev)  # a decode-like batch
+    plain_w, plain_e = _case("plain", "plain", "picks", EXACT, seed=5, rows_tokens=PROMPT)[6:]
+    assert not stage.wanted(T, plain_w, plain_e, q.dtype, dev)
+    assert not stage.wanted(T, plain_w, None, q.dtype, dev)
+    need = stage.staged_bytes(window, entries, q.dtype)
+    R, nb = entries.where.block_table.shape
+    H, D, RD, W = (64, 512, 64, 128) if ON_GPU else (4, 128, 64, 16)
+    assert need == (window.ring_rows.shape[0] + R * nb * entries.where.per_block) * D * q.element_size()
+    monkeypatch.setattr(stage, "STAGE_BUDGET", need - 1)
+    assert not stage.wanted(T, window, entries, q.dtype, dev)
+    monkeypatch.setattr(stage, "STAGE_BUDGET", need)
+    assert stage.wanted(T, window, entries, q.dtype, dev)
+    monkeypatch.setenv(stage.STAGE_ENV, "0")
+    assert not stage.wanted(T, window, entries, q.dtype, dev)
+
+
+def test_work_follows_the_block_tables_width() -> None:
+    """The staged rows are the block tables' (eager steps: as wide as the longest row), never max_entries."""
+    window, entries = _case("fp8_b32", "nvfp4", "dense", EXACT, seed=6, rows_tokens=PROMPT)[6:]
+    wide = dataclasses.replace(entries, where=dataclasses.replace(entries.where, max_entries=1 << 20))
+    assert stage.staged_bytes(window, wide, EXACT) == stage.staged_bytes(window, entries, EXACT)
