@@ -1314,6 +1314,9 @@ if [[ $what == twentyfifth1 ]]; then  # the twenty-fifth session's first: prompt
     | grep -E "^E |passed|failed" | tail -4
   timeout 100 python3 benchmarks/kernels/attention.py --format v41 --prefill-only --swa --variants default unstaged \
     heads --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention_v41_stage.log" | grep -E "prefill|ceiling|failed"
+  # V4.1's single decode rows (35.7 us a layer in call 1's profile): the heads mode with other KV splits / D halves
+  timeout 60 python3 benchmarks/kernels/attention.py --format v41 --decode-only --variants default hk4 hk8 hk32 \
+    hd1k8 h32d1k8 2>&1 | grep -v Warning | tee "$OUT/attention_v41_decode.log" | grep -E "decode|failed" | cut -c1-110
   timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
     --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
     --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"

@@ -211,6 +211,7 @@ def main() -> None:
                     help="record formats to time (default: all; a CUDA fault ends the process, so the session script "
                          "runs one format per process)")
     ap.add_argument("--prefill-only", action="store_true", help="only the 4K prefill chunk (implies --flash-prefill)")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode rows (1, 32, 64)")
     ap.add_argument("--swa", action="store_true", help="also time window-only layers (V4.1's first two)")
     ap.add_argument("--ptxas", action="store_true",
                     help="no GPU: compile the chosen flash variants for sm_90a and print registers / spills / smem")
@@ -230,6 +231,8 @@ def main() -> None:
     shapes = [("decode", 1, 1), ("decode", 32, 1), ("decode", 64, 1), ("prefill", 1, 4096)]
     if args.prefill_only:
         shapes, args.flash_prefill = shapes[-1:], True
+    elif args.decode_only:
+        shapes = shapes[:-1]
     flash_only = all(v is not None and v.mode != "heads" for v in chosen.values())
     for fname, (wkind, ckind) in FORMATS.items():
         if args.format and fname not in args.format:
