@@ -165,7 +165,8 @@ def test_entry_point_dispatches_by_backend() -> None:
 
 
 @pytest.mark.parametrize("cfg", [kernel.Config(16, 16, 1, 1, 1, 1), kernel.Config(16, 32, 2, 1, 1, 1),
-                                 kernel.Config(32, 16, 2, 1, 1, 3), kernel.Config(16, 16, 2, 1, 1, 5)])
+                                 kernel.Config(32, 16, 2, 1, 1, 3), kernel.Config(16, 16, 2, 1, 1, 5),
+                                 kernel.V41_DECODE_CONFIG])
 def test_tile_configs_agree(cfg: kernel.Config) -> None:
     """One D chunk or several, other row tiles and head blocks, a token's rows in one program or split over several
     (partials combined by the last to arrive, some splits empty): the same attention."""
@@ -217,7 +218,8 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(32, *refs("plain")) is flash and kernel.gpu_config(32, *refs("v4_fp8")) is flash
     assert kernel.gpu_config(64, *refs("plain", picks=False)) is flash  # HCA over bf16 records
     assert kernel.gpu_config(64, *refs("v4_fp8", picks=False)) is heads  # HCA over V4's records: not timed
-    assert kernel.gpu_config(32, *refs("nvfp4", "fp8_b32")) is heads  # V4.1's formats
+    assert kernel.gpu_config(32, *refs("nvfp4", "fp8_b32")) is kernel.V41_DECODE_CONFIG  # V4.1's formats
+    assert kernel.gpu_config(1, *refs("nvfp4", "fp8_b32")) is heads
     assert kernel.gpu_config(1, *refs("plain")) is heads and kernel.gpu_config(15, *refs("plain")) is heads
     prefill = kernel.FLASH_PREFILL_CONFIG  # prefill over bf16 records: CSA and HCA
     assert kernel.gpu_config(4096, *refs("plain")) is prefill

@@ -1,5 +1,6 @@
 """Staged prompt chunks (ops/kernels/attention_stage.py): the records decoded once into plain rows give the fused
-attention the same values it decodes in registers, so the outputs are the same bits; the rule that takes staging
+attention the same values it decodes in registers, so the outputs are the same bits (on the GPU: within rounding, see
+_same); the rule that takes staging
 reads host-side facts only. The cases are test_attention.py's (pools in every stored format, block tables with holes
 and unallocated tails, picks with -1s, dense visibility), with enough tokens a row for the rule to take them."""
 
@@ -20,6 +21,17 @@ STORED = [("v4_fp8", "v4_fp8"), ("fp8_b32", "nvfp4"), ("fp8_b32", "fp8_b32"), ("
 PROMPT = (2, (9, 12))  # two rows of a prompt-sized chunk: >= MIN_TOKENS_PER_ROW tokens a row
 ONE_CONFIG = kernel.GPU_CONFIG if ON_GPU else kernel.INTERPRETER_CONFIG
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+
+def _same(staged: torch.Tensor, inreg: torch.Tensor) -> None:
+    """The same bits under the interpreter. On the GPU the kernel variant that loads plain rows and the one that
+    decodes records are two compilations, whose floating-point contraction ptxas chooses per kernel (as the mHC
+    kernels found: ops/kernels/mhc.py), so there the outputs agree to the dtype's rounding."""
+    if not ON_GPU:
+        assert torch.equal(staged, inreg)
+        return
+    print(f"staged vs in registers: bits equal {torch.equal(staged, inreg)}, max rel {_rel(staged, inreg):.1e}")
+    assert _rel(staged, inreg) < 1e-2
 
 
 @pytest.mark.parametrize("kind", ["v4_fp8", "fp8_b32", "nvfp4"])
@@ -48,7 +60,7 @@ def test_staged_rows_give_the_same_bits(wkind: str, ckind: str | None, mode: str
     assert stage.wanted(q.shape[0], window, entries, q.dtype, q.device)
     staged = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg, stage=True)
     inreg = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg, stage=False)
-    assert torch.equal(staged, inreg)
+    _same(staged, inreg)
     ref = attn.attend_reference(q, cos, sin, fresh, sink, scale, None, window, entries)
     assert _rel(staged, ref) < TOL
 
@@ -57,7 +69,7 @@ def test_bf16_staged_as_in_registers() -> None:
     args = _case("fp8_b32", "nvfp4", "picks", torch.bfloat16, seed=3, rows_tokens=PROMPT)
     a = kernel.attend(*args[:6], None, *args[6:], config=ONE_CONFIG, stage=True)
     b = kernel.attend(*args[:6], None, *args[6:], config=ONE_CONFIG, stage=False)
-    assert torch.equal(a, b)
+    _same(a, b)
 
 
 def test_staged_addressing_keeps_the_tokens_views() -> None:

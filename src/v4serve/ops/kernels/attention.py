@@ -97,6 +97,11 @@ GPU_CONFIG = Config(heads=16, rows=32, dsplit=2, num_warps=8, num_stages=1)
 FLASH_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stages=1, mode=FLASH, dchunk=128,
                              prefetch=1)
 FLASH_DECODE_TOKENS = (16, 128)
+# Batched decode over V4.1's records (FP8-per-32 window rows, NVFP4 entries): the heads mode with 32 heads a program,
+# the whole D in one program and 8 KV splits. H100, 64K context, CSA picks (benchmarks/kernels/attention.py --format
+# v41 --decode-only, twenty-fifth session): T=32 382 -> 190 us, T=64 740 -> 338 us against GPU_CONFIG; single rows
+# keep GPU_CONFIG (37.2 us; 8 or 32 splits 37.0 / 35.6).
+V41_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stages=1, kv_splits=8)
 FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # record format -> entry kinds timed
 # Prefill chunks (more than 128 query tokens) take flash mode where timed: over bf16 records at 64K context, a 4K-token
 # chunk (benchmarks/kernels/attention.py --format bf16 --prefill-only, H200): the decode config took CSA 18.36 -> 5.86
@@ -550,12 +555,14 @@ def gpu_config(tokens: int, window, entries) -> Config:
     """The measured choice on the GPU: prefill chunks take prefill_config() in every record format (window-only
     layers too: twenty-fifth session); batched decode takes flash mode where it was timed (FLASH_DECODE_FORMATS: CSA
     picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records, which staged rows are:
-    attention_stage.py); GPU_CONFIG otherwise."""
+    attention_stage.py) and V4.1's records take V41_DECODE_CONFIG; GPU_CONFIG otherwise."""
     lo, hi = FLASH_DECODE_TOKENS
     if tokens > hi:
         return prefill_config()
     if entries is None or tokens < lo:
         return GPU_CONFIG
+    if (window.pool.codec.kind, entries.pool.codec.kind) == ("fp8_b32", "nvfp4"):
+        return V41_DECODE_CONFIG
     if window.pool.codec.kind != entries.pool.codec.kind:
         return GPU_CONFIG
     kind = "picks" if entries.picks is not None else "dense"
