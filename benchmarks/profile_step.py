@@ -165,7 +165,7 @@ def trace_replays(eng: LLMEngine, batch: int, n: int) -> dict:
 
 
 def mixed_step(eng: LLMEngine, tokens: int, batch: int, acts, cuda: bool, g: torch.Generator,
-               lines: list[str]) -> dict:
+               lines: list[str], top: int = 0) -> dict:
     """Eager steps of the decoding rows beside a new prompt of `tokens` tokens: one to compile, one timed, one
     profiled by family; and a decode-only eager step after them. A wall time far above the GPU time: the step is host
     bound (what a graph would remove)."""
@@ -192,12 +192,17 @@ def mixed_step(eng: LLMEngine, tokens: int, batch: int, acts, cuda: bool, g: tor
     with torch.profiler.profile(activities=acts) as prof:
         step(True)
     profiling.enable(False)
-    fams = attribute(prof, cuda)
+    per_kernel: dict = {}
+    fams = attribute(prof, cuda, per_kernel)
     gpu = sum(v["ms"] for v in fams.values())
     decode_only = step(False)
     lines += table(f"mixed step: {batch} decode rows + a {tokens}-token prompt (wall {wall:.1f} ms, GPU {gpu:.1f} ms; "
                    f"the decode-only eager step {decode_only:.1f} ms)", fams, {}, 1)
-    return {"tokens": tokens, "wall_ms": wall, "gpu_ms": gpu, "families": fams, "decode_only_eager_ms": decode_only}
+    out = {"tokens": tokens, "wall_ms": wall, "gpu_ms": gpu, "families": fams, "decode_only_eager_ms": decode_only}
+    if top and per_kernel:
+        top_lines, out["top_kernels"] = top_kernels(per_kernel, 1, top)
+        lines += top_lines
+    return out
 
 
 def parse_env(spec: str) -> dict[str, str]:
@@ -377,7 +382,7 @@ def main() -> int:
         top_lines, results["decode"]["top_kernels"] = top_kernels(per_kernel, args.steps, args.top)
         lines += top_lines
     if args.mixed:
-        results["mixed"] = [mixed_step(eng, n, args.batch, acts, cuda, g, lines) for n in mixed]
+        results["mixed"] = [mixed_step(eng, n, args.batch, acts, cuda, g, lines, args.top) for n in mixed]
     eng.abort_all()
     eng.step()
     if args.prefill:
