@@ -88,13 +88,14 @@ def test_staged_addressing_keeps_the_tokens_views() -> None:
 
 
 def test_the_rule_reads_host_facts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prompt chunks (>= 4 tokens a row) over stored formats stage; decode batches, plain records, an exhausted
+    """Prompt chunks (>= 4 tokens a row, >= 16 in all) over stored formats stage; decode batches, plain records, an exhausted
     budget and V4SERVE_ATTN_STAGE=0 do not."""
     q, *_, window, entries = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=5, rows_tokens=PROMPT)
     T, dev = q.shape[0], q.device
     assert stage.wanted(T, window, entries, q.dtype, dev)
     assert stage.wanted(T, window, None, q.dtype, dev)  # window-only layers
     assert not stage.wanted(2 * stage.MIN_TOKENS_PER_ROW - 1, window, entries, q.dtype, dev)  # a decode-like batch
+    assert not stage.wanted(stage.MIN_TOKENS - 1, window, entries, q.dtype, dev)  # a few tokens
     plain_w, plain_e = _case("plain", "plain", "picks", EXACT, seed=5, rows_tokens=PROMPT)[6:]
     assert not stage.wanted(T, plain_w, plain_e, q.dtype, dev)
     assert not stage.wanted(T, plain_w, None, q.dtype, dev)

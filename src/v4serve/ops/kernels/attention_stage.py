@@ -10,8 +10,8 @@ stored format is a bf16 value), and the attention runs over these "plain" rows w
 becomes staged row i, and block c of row r becomes staged block r * nb + c.
 
 Taken where it does less decoding (host-side facts only, no synchronisation): the launch has at least
-MIN_TOKENS_PER_ROW tokens a row (prompt chunks, V4.1's decoder sub-step; never a decode batch, whose rows each read a
-few hundred of their thousands of entries), the staged bytes fit STAGE_BUDGET (the eager steps' block tables are as
+MIN_TOKENS_PER_ROW tokens a row and MIN_TOKENS in all (prompt chunks, V4.1's decoder sub-step; never a decode batch,
+whose rows each read a few hundred of their thousands of entries), the staged bytes fit STAGE_BUDGET (the eager steps' block tables are as
 wide as their longest row; a step of many long rows keeps the in-register decode), and no CUDA graph is being captured
 (a captured step's block table is as wide as max_model_len).
 """
@@ -30,6 +30,7 @@ from . import cdiv, interpreting, step_jit
 from .attention_rows import decode
 
 MIN_TOKENS_PER_ROW = 4
+MIN_TOKENS = 16  # below it little decoding is saved, and the launch runs the heads mode (gpu_config)
 STAGE_BUDGET = 512 << 20  # staged bytes per launch (a 2K chunk of one row at 256K context, ratio 1: 512 MiB)
 STAGE_ENV = "V4SERVE_ATTN_STAGE"  # "0": never stage (the A/B switch); else the rule above
 FORMATS = {"plain": 0, "v4_fp8": 1, "fp8_b32": 2, "nvfp4": 3}
@@ -103,7 +104,7 @@ def wanted(tokens: int, window, entries, dtype: torch.dtype, device: torch.devic
     # the step's rows: the block table's (entries), else the rings' (W slots a row)
     rows = entries.where.block_table.shape[0] if entries is not None else \
         max(1, window.ring_rows.shape[0] // max(1, window.src.shape[1]))
-    if tokens < MIN_TOKENS_PER_ROW * rows:
+    if tokens < max(MIN_TOKENS, MIN_TOKENS_PER_ROW * rows):
         return False
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return False
