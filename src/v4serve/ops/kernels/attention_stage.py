@@ -28,6 +28,8 @@ import triton.language as tl
 from ..env import get as env_get
 from . import cdiv, interpreting, step_jit
 from .attention_rows import decode
+from .pdl import enter as pdl_enter
+from .pdl import launch as pdl_launch
 
 MIN_TOKENS_PER_ROW = 4
 MIN_TOKENS = 16  # below it little decoding is saved, and the launch runs the heads mode (gpu_config)
@@ -52,8 +54,9 @@ class StagedPool:
 @step_jit
 def _stage_kernel(src_ptr, n, u8_ptr, h16_ptr, val_ptr, stride, out_ptr,
                   FMT: tl.constexpr, AL: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, BN: tl.constexpr,
-                  DC: tl.constexpr):
+                  DC: tl.constexpr, PDL: tl.constexpr = False):
     """Pool rows src[i] (i < n) decoded to out[i, :] in out's dtype, BN rows by DC dims a program."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     stride = (stride // AL) * AL  # said to be a multiple of AL: the record loads vectorise
     i = tl.program_id(0) * BN + tl.arange(0, BN)
     ok = i < n
@@ -77,7 +80,7 @@ def decode_rows(pool, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     DC = min(DC, D)
     _stage_kernel[(cdiv(n, BN), D // DC)](rows, n, u8, h16, data, data.stride(0), out, FMT=FORMATS[kind],
                                           AL=math.gcd(data.stride(0), 16), D=D, RD=pool.codec.rope_dim, BN=BN,
-                                          DC=DC, num_warps=4)
+                                          DC=DC, num_warps=4, **pdl_launch(data))
     return out
 
 
