@@ -1323,9 +1323,10 @@ if [[ $what == twentyfifth1 ]]; then  # the twenty-fifth session's first: prompt
   grep -E "^\| (linear|moe|attention|mhc|other|\*\*total)|chunk|step|_flash_kernel|_attend_kernel|_stage_kernel" \
     "$OUT/profile-v41-p2048.log" | head -60
 fi
-if [[ $what == twentyfifth2 ]]; then  # the twenty-fifth session's second: the staged-vs-in-register GPU test (call 2's
-  # ran out of time showing failures: bits or rounding?), the model-level prompt chunk over stored records (staged
-  # now), the mHC at a 640-token mixed step's size on V4.1's width (17.3 of its 105 ms), the 16K bounded replay
+if [[ $what == twentyfifth2 || $what == twentyfifth3 ]]; then  # prepared in the twenty-fifth session: the
+  # staged-vs-in-register GPU test (call 2's ran out of time showing failures: bits or rounding?), the model-level
+  # prompt chunk over stored records (staged now), the mHC at a 640-token mixed step's size on V4.1's width (17.3 of
+  # its 105 ms); twentyfifth2 then the 16K bounded replay on the staged defaults
   timeout 60 python3 -m pytest tests/ops/test_attention_stage.py -q -s -p no:cacheprovider -o addopts="" -k \
     "same_bits or bf16_staged" 2>&1 | tee "$OUT/gpu_tests_stage.log" | grep -E "^E |passed|failed|bits equal" \
     | sort | uniq -c | tail -8
@@ -1334,18 +1335,9 @@ if [[ $what == twentyfifth2 ]]; then  # the twenty-fifth session's second: the s
   (cd benchmarks/kernels && timeout 50 python3 mhc.py --sweep --tokens 640 --dim 5120 --variants \
     default,a-x3p-bt32-d64-s4,a-x3p-bt16-d64-s4,a-x3p-bt16-s4,a-x3p-bt32-s4,p-bt16-s4 2>&1 | grep -v Warning \
     | tee "$OUT/mhc640.log" | grep -E "us|failed" | cut -c1-140)
-  timeout ${BR_TIMEOUT:-160} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
-    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -4
-fi
-if [[ $what == twentyfifth3 ]]; then  # twentyfifth2 without its bounded replay (the device time left: 337 s)
-  timeout 60 python3 -m pytest tests/ops/test_attention_stage.py -q -s -p no:cacheprovider -o addopts="" -k \
-    "same_bits or bf16_staged" 2>&1 | tee "$OUT/gpu_tests_stage.log" | grep -E "^E |passed|failed|bits equal" \
-    | sort | uniq -c | tail -8
-  timeout 60 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k "stored_records" 2>&1 \
-    | tee "$OUT/gpu_tests_stored.log" | grep -E "^E |passed|failed" | tail -3
-  (cd benchmarks/kernels && timeout 45 python3 mhc.py --sweep --tokens 640 --dim 5120 --variants \
-    default,a-x3p-bt32-d64-s4,a-x3p-bt16-d64-s4,a-x3p-bt16-s4,p-bt16-s4 2>&1 | grep -v Warning \
-    | tee "$OUT/mhc640.log" | grep -E "us|failed" | cut -c1-140)
+  [[ $what == twentyfifth2 ]] && timeout ${BR_TIMEOUT:-160} python3 benchmarks/bounded_replay.py \
+    v41-flash-e16-engram1m --contexts 16384 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" \
+    | tail -4
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
