@@ -7,7 +7,9 @@ entries (CSA picks out of 16K, or HCA's 512 visible entries), from pools in thei
 bytes the step must read (window + entry records, queries, outputs) against the HBM copy ceiling measured in the same
 run (issue target: >= 60% at batch 32). Prefill: one 4K-token chunk, TFLOP/s on QK + PV against the bf16 matmul
 ceiling (target: >= 35%). Each case is checked against the plain-torch reference first; tile variants are timed side by
-side so the committed config can be chosen from one run.
+side so the committed config can be chosen from one run. Prompt chunks over stored records are staged by default
+(ops/kernels/attention_stage.py, its decode timed with the attention); the "unstaged" variant decodes in registers.
+`--swa` adds window-only layers, `--decode-only` / `--prefill-only` pick the shapes.
 """
 
 from __future__ import annotations
