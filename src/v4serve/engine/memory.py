@@ -10,9 +10,9 @@ MAX_ACTIVATIONS = 24 << 30
 
 def activation_reserve(mc: ModelConfig, step_tokens: int, local_experts: tuple[int, int] | None = None) -> int:
     """An estimate of the largest step's activation memory (attention gathers or staged KV rows, mHC streams, logits)
-    for a step of `step_tokens` tokens, capped at 24 GiB, plus 2 GiB for CUDA graphs and the allocator, plus the routed experts'
-    prefill working set (ops/kernels/moe_grouped.py: bf16 copies of this rank's FP4 experts, `local_experts` =
-    (count, expert width) as held; default all of them whole; (0, 0) for experts not in FP4)."""
+    for a step of `step_tokens` tokens, capped at 24 GiB, plus 2 GiB for CUDA graphs and the allocator, plus the
+    routed experts' prefill working set (ops/kernels/moe_grouped.py: bf16 copies of this rank's FP4 experts,
+    `local_experts` = (count, expert width) as held; default all of them whole; (0, 0) for experts not in FP4)."""
     from ..ops.kernels.attention_stage import STAGE_BUDGET
     from ..ops.kernels.moe_grouped import working_set
 
