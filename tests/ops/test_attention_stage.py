@@ -88,8 +88,8 @@ def test_staged_addressing_keeps_the_tokens_views() -> None:
 
 
 def test_the_rule_reads_host_facts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prompt chunks (>= 4 tokens a row, >= 16 in all) over stored formats stage; decode batches, plain records, an exhausted
-    budget and V4SERVE_ATTN_STAGE=0 do not."""
+    """Prompt chunks (>= 4 tokens a row, >= 16 in all) over stored formats stage; decode batches, plain records, an
+    exhausted budget and V4SERVE_ATTN_STAGE=0 do not."""
     q, *_, window, entries = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=5, rows_tokens=PROMPT)
     T, dev = q.shape[0], q.device
     assert stage.wanted(T, window, entries, q.dtype, dev)

@@ -11,9 +11,9 @@ becomes staged row i, and block c of row r becomes staged block r * nb + c.
 
 Taken where it does less decoding (host-side facts only, no synchronisation): the launch has at least
 MIN_TOKENS_PER_ROW tokens a row and MIN_TOKENS in all (prompt chunks, V4.1's decoder sub-step; never a decode batch,
-whose rows each read a few hundred of their thousands of entries), the staged bytes fit STAGE_BUDGET (the eager steps' block tables are as
-wide as their longest row; a step of many long rows keeps the in-register decode), and no CUDA graph is being captured
-(a captured step's block table is as wide as max_model_len).
+whose rows each read a few hundred of their thousands of entries), the staged bytes fit STAGE_BUDGET (the eager
+steps' block tables are as wide as their longest row; a step of many long rows keeps the in-register decode), and no
+CUDA graph is being captured (a captured step's block table is as wide as max_model_len).
 """
 
 from __future__ import annotations
