@@ -8,7 +8,8 @@ bytes the step must read (window + entry records, queries, outputs) against the 
 run (issue target: >= 60% at batch 32). Prefill: one 4K-token chunk, TFLOP/s on QK + PV against the bf16 matmul
 ceiling (target: >= 35%). Each case is checked against the plain-torch reference first; tile variants are timed side by
 side so the committed config can be chosen from one run. Prompt chunks over stored records are staged by default
-(ops/kernels/attention_stage.py, its decode timed with the attention); the "unstaged" variant decodes in registers.
+(ops/kernels/attention_stage.py, its decode timed with the attention, and alone in GB/s); the "unstaged" variant
+decodes in registers.
 `--swa` adds window-only layers, `--decode-only` / `--prefill-only` pick the shapes.
 """
 
@@ -25,6 +26,7 @@ from v4serve.cache.pool import RowPool
 from v4serve.ops import attention as attn
 from v4serve.ops.indexer import Entries
 from v4serve.ops.kernels import attention as kernel
+from v4serve.ops.kernels import attention_stage as stage
 
 H, D, RD, W = 64, 512, 64, 128
 CONTEXT, BLOCK = 65536, 256
@@ -201,6 +203,25 @@ def case(wkind: str, ckind: str, rows: int, tokens_per_row: int, layer: str, cop
     return [args + (e,) for e in variants], read, flops
 
 
+def stage_row(fname: str, layer: str, args: tuple, hbm: float) -> dict:
+    """The staging alone (ops/kernels/attention_stage.py) for a prompt chunk's arguments: the records it reads and the
+    rows it writes, in GB/s against the same-run HBM copy ceiling."""
+    q, window, entries = args[0], args[7], args[8]
+    if not stage.wanted(q.shape[0], window, entries, q.dtype, q.device):
+        return {"format": fname, "layer": layer, "phase": "stage", "variant": "not taken"}
+    rec = window.pool.codec.record_bytes * window.ring_rows.shape[0] if window.pool.codec.kind != "plain" else 0
+    if entries is not None and entries.pool.codec.kind != "plain":
+        bt = entries.where.block_table
+        rec += entries.pool.codec.record_bytes * bt.shape[0] * bt.shape[1] * entries.where.per_block
+    moved = rec + stage.staged_bytes(window, entries, q.dtype)
+    ms = bench_ms(lambda: stage.stage(window, entries, q.dtype))
+    row = {"format": fname, "layer": layer, "phase": "stage", "variant": "stage", "ms": ms,
+           "gb_s": moved / ms / 1e6, "pct_hbm": moved / ms / 1e-3 / hbm * 100}
+    print(f"{fname:15s} {layer} staging  {ms * 1e3:9.1f} us  {moved / 1e6:8.1f} MB read + written  "
+          f"{row['gb_s']:7.0f} GB/s ({row['pct_hbm']:5.1f}% HBM)", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -250,6 +271,8 @@ def main() -> None:
                 got = kernel.attend(*a)
                 scale = ref.float().abs().max()
                 err0 = float((got.float() - ref.float()).abs().max() / scale)
+                if phase == "prefill":
+                    rows.append(stage_row(fname, layer, a, hbm))
                 for vname, cfg in chosen.items():
                     if phase == "prefill" and cfg is not None and cfg.mode != "heads" and not args.flash_prefill:
                         continue

@@ -15,7 +15,7 @@ from v4serve.ops import attention as attn
 from v4serve.ops.kernels import attention as kernel
 from v4serve.ops.kernels import attention_stage as stage
 
-from test_attention import DEVICE, EXACT, FLASH, ON_GPU, TOL, _case, _pool, _rel
+from test_attention import DEVICE, EXACT, FLASH, ON_GPU, SHAPE, TOL, _case, _pool, _rel
 
 STORED = [("v4_fp8", "v4_fp8"), ("fp8_b32", "nvfp4"), ("fp8_b32", "fp8_b32"), ("plain", "nvfp4"), ("nvfp4", "plain")]
 PROMPT = (2, (9, 12))  # two rows of a prompt-sized chunk: >= MIN_TOKENS_PER_ROW tokens a row
@@ -101,7 +101,7 @@ def test_the_rule_reads_host_facts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not stage.wanted(T, plain_w, None, q.dtype, dev)
     need = stage.staged_bytes(window, entries, q.dtype)
     R, nb = entries.where.block_table.shape
-    H, D, RD, W = (64, 512, 64, 128) if ON_GPU else (4, 128, 64, 16)
+    D = SHAPE[1]
     assert need == (window.ring_rows.shape[0] + R * nb * entries.where.per_block) * D * q.element_size()
     monkeypatch.setattr(stage, "STAGE_BUDGET", need - 1)
     assert not stage.wanted(T, window, entries, q.dtype, dev)

@@ -54,14 +54,12 @@ import triton.language as tl
 from ..env import get as env_get
 from ..precision import hi_lo
 from . import attention_stage, attention_twopass, cdiv, interpreting, next_pow2, step_jit
-from .attention_rows import (dot, entry_count, entry_idx, entry_rows, finish, pair_cos_sin, prepare_queries, rotate,
-                             rows_kv, softmax_step, win_rows, win_src)
+from .attention_rows import (FORMATS, dot, entry_count, entry_idx, entry_rows, finish, pair_cos_sin, prepare_queries,
+                             rotate, rows_kv, softmax_step, win_rows, win_src)
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .split_grid import N_COUNTERS, TL_DTYPES, ArrivalCounters, last_to_arrive
 
-PLAIN, V4_FP8, FP8_B32, NVFP4 = 0, 1, 2, 3
-FORMATS = {"plain": PLAIN, "v4_fp8": V4_FP8, "fp8_b32": FP8_B32, "nvfp4": NVFP4}
 NO_ENTRIES, PICKED, DENSE = 0, 1, 2
 
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# the record formats' codes, `decode`'s FMT (cache/formats.py's codec kinds)
+PLAIN, V4_FP8, FP8_B32, NVFP4 = 0, 1, 2, 3
+FORMATS = {"plain": PLAIN, "v4_fp8": V4_FP8, "fp8_b32": FP8_B32, "nvfp4": NVFP4}
+
 
 @triton.jit
 def e8m0(b):

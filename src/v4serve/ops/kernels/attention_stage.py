@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ..env import get as env_get
 from . import cdiv, interpreting, step_jit
-from .attention_rows import decode
+from .attention_rows import FORMATS, decode
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
@@ -35,7 +35,6 @@ MIN_TOKENS_PER_ROW = 4
 MIN_TOKENS = 16  # below it little decoding is saved, and the launch runs the heads mode (gpu_config)
 STAGE_BUDGET = 512 << 20  # staged bytes per launch (a 2K chunk of one row at 256K context, ratio 1: 512 MiB)
 STAGE_ENV = "V4SERVE_ATTN_STAGE"  # "0": never stage (the A/B switch); else the rule above
-FORMATS = {"plain": 0, "v4_fp8": 1, "fp8_b32": 2, "nvfp4": 3}
 
 
 @dataclass(frozen=True)
@@ -96,18 +95,20 @@ def staged_bytes(window, entries, dtype: torch.dtype) -> int:
     if entries is not None and entries.pool.codec.kind != "plain":
         bt = entries.where.block_table
         rows += bt.shape[0] * bt.shape[1] * entries.where.per_block
-    return rows * D * torch.empty((), dtype=dtype).element_size()
+    return rows * D * dtype.itemsize
 
 
 def wanted(tokens: int, window, entries, dtype: torch.dtype, device: torch.device) -> bool:
     """The rule of the module docstring, from host-side facts only."""
+    if tokens < MIN_TOKENS:
+        return False
     stored = window.pool.codec.kind != "plain" or (entries is not None and entries.pool.codec.kind != "plain")
     if not stored or not enabled():
         return False
     # the step's rows: the block table's (entries), else the rings' (W slots a row)
     rows = entries.where.block_table.shape[0] if entries is not None else \
         max(1, window.ring_rows.shape[0] // max(1, window.src.shape[1]))
-    if tokens < max(MIN_TOKENS, MIN_TOKENS_PER_ROW * rows):
+    if tokens < MIN_TOKENS_PER_ROW * rows:
         return False
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return False
