@@ -1339,6 +1339,72 @@ if [[ $what == twentyfifth2 || $what == twentyfifth3 ]]; then  # prepared in the
     v41-flash-e16-engram1m --contexts 16384 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" \
     | tail -4
 fi
+if [[ $what == twentysixth1 ]]; then  # the twenty-sixth session's first: twentyfifth3's checks (the staged-vs-in-
+  # register test at real shapes, the model-level chunk over stored records), then the mHC and the MoE at mixed-step sizes on
+  # V4.1's geometry (their crossovers were set on V4's D = 4096: the 640-token mixed step spent 17.3 of its 105 ms in
+  # the mHC's 8-token-block grid, 40.5 in the MoE's dot body)
+  timeout 60 python3 -m pytest tests/ops/test_attention_stage.py -q -s -p no:cacheprovider -o addopts="" -k \
+    "same_bits or bf16_staged" 2>&1 | tee "$OUT/gpu_tests_stage.log" | grep -E "^E |passed|failed|bits equal" \
+    | sort | uniq -c | tail -8
+  timeout 60 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k "stored_records" 2>&1 \
+    | tee "$OUT/gpu_tests_stored.log" | grep -E "^E |passed|failed" | tail -3
+  (cd benchmarks/kernels && timeout 100 python3 mhc.py --sweep --tokens 256,640,1024 --dim 5120 --variants \
+    default,p-bt16-s4,a-x3p-bt16-s4,a-x3p-bt16-d64-s4,a-x3p-bt32-s4,a-x3p-bt32-d64-s4,a-ieee 2>&1 | grep -v Warning \
+    | tee "$OUT/mhc-mid.log" | grep -E "us|failed" | cut -c1-140)
+  (cd benchmarks/kernels && timeout 100 python3 moe.py --model v41-flash --experts 16 --no-decode --prefill-tokens \
+    640,1024 --variants default,dot,pf-grouped,pf-fp8-m64-k32,m64n128k128w8,m128k128s2,mid 2>&1 | grep -v Warning \
+    | tee "$OUT/moe-mid.log" | grep -E "T=|failed|error" | cut -c1-140)
+fi
+if [[ $what == twentysixth2 ]]; then  # the mHC's mixed-step variants on V4.1's width (hc_post apart, fp32 FMA dots on
+  # 8-token blocks), then V4.1's chunk and mixed step by family on the new defaults (hc_post_pre apart above 64
+  # tokens, the grouped MoE from 224 rows an expert), then the 16K bounded replay (issue 10's table, staged defaults)
+  (cd benchmarks/kernels && timeout 100 python3 mhc.py --sweep --tokens 128,256,640,1024 --dim 5120 --variants \
+    default,ieee,bt4-s16-ieee-apart,bt16-s8-ieee-apart,bt8-s16-ieee-apart,bt2-fma-apart,a-x3p-bt16-d64-s4 2>&1 \
+    | grep -v Warning | tee "$OUT/mhc-mid2.log" | grep -E "us|failed" | cut -c1-140)
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step" "$OUT/profile-v41-p2048.log" | head -40
+  timeout ${BR_TIMEOUT:-160} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/bounded_replay.log" | tail -4
+fi
+if [[ $what == twentysixth3 ]]; then  # V4.1's linears on short grids (the decoder layers' 128-token suffixes: 146
+  # `_gemm_kernel` launches at 120 us in both the 2K chunk and the 640-token mixed step) with K split to fill a wave,
+  # their GPU tests, the routed MoE at 128/256 tokens (V4.1 e16: 48/96 rows an expert, the MID config: 450 us a layer
+  # at 128), then V4.1's chunk and mixed step by family on the new defaults
+  timeout 70 python3 -m pytest tests/ops/test_linear.py -q -p no:cacheprovider -o addopts="" -k \
+    "split_k or short_prefill or real_shapes" 2>&1 | tee "$OUT/gpu_tests_linear.log" | grep -E "^E |passed|failed" | tail -4
+  (cd benchmarks/kernels && timeout 90 python3 fp8_gemm.py --prefill-only --prefill-rows 128,640 --shapes \
+    v41_wq_a,v41_wq_b,v41_wo_b,v41_wo_a\(grouped\),v41_shared_w13,v41_shared_w2 --variants \
+    default,triton,nosplit,bf16dot,bf16dot-nosplit,bmm 2>&1 | grep -v Warning | tee "$OUT/fp8_gemm_short.log" \
+    | grep -E " us |failed" | cut -c1-150)
+  (cd benchmarks/kernels && timeout 80 python3 moe.py --model v41-flash --experts 16 --no-prefill --tokens 128,256 \
+    --no-reference --variants default,mid,no-split,w8,s4,k256s2,swap,swap-w8,fp8 2>&1 | grep -v Warning \
+    | tee "$OUT/moe-128.log" | grep -E "T=|failed" | cut -c1-140)
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel|_gate_up" "$OUT/profile-v41-p2048.log" \
+    | head -40
+fi
+if [[ $what == twentysixth4 ]]; then  # V4.1's short prefill grids of 32-block weights as W8A16 on the bf16 dot (K
+  # split): the linear GPU tests, V4.1's chunk and mixed step by family, then the 16K bounded replay (issue 10's table)
+  timeout 60 python3 -m pytest tests/ops/test_linear.py -q -p no:cacheprovider -o addopts="" -k \
+    "producer_quantized or short_prefill or prefill_rows_split" 2>&1 | tee "$OUT/gpu_tests_linear.log" \
+    | grep -E "^E |passed|failed" | tail -4
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel" "$OUT/profile-v41-p2048.log" | head -30
+  timeout ${BR_TIMEOUT:-280} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" | tee "$OUT/bounded_replay.log" | tail -8
+fi
+if [[ $what == twentysixth5 ]]; then  # the 16K bounded replay with chunk graphs on this session's defaults (the eager
+  # hit's prompt step was host bound: 240 ms of wall over ~85 ms of GPU); buckets that hold the hit's 758 tokens
+  timeout ${BR_TIMEOUT:-240} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --chunk-graph-tokens 256,768,1024 --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" \
+    | tee "$OUT/bounded_replay_graphs.log" | tail -8
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

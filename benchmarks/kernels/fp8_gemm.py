@@ -32,6 +32,9 @@ SHAPES = {
     "wq_a": (1024, 4096, 1), "wq_b": (32768, 1024, 1), "wkv": (512, 4096, 1), "wo_a(grouped)": (1024, 4096, 8),
     "wo_b": (4096, 8192, 1), "shared_w1": (2048, 4096, 1), "shared_w2": (4096, 2048, 1),
     "idx_wq_b": (8192, 1024, 1), "v41_wq_a": (1280, 5120, 1), "v41_wo_b": (5120, 8192, 1),
+    # V4.1's other linears (32 x 32 blocks): its decoder layers run them on 128-token suffixes in prompt chunks
+    "v41_wq_b": (32768, 1280, 1), "v41_wo_a(grouped)": (1024, 4096, 8), "v41_shared_w13": (4608, 5120, 1),
+    "v41_shared_w2": (5120, 2304, 1),
 }
 QUICK = ("wq_b", "wo_a(grouped)", "wo_b", "shared_w1", "wq_a", "v41_wo_b")
 DECODE_M = (1, 8, 32, 64)
@@ -71,7 +74,10 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
 # (batched) bf16 GEMM, the dispatch for grouped rows from fp8_gemm.BMM_MIN_ROWS
 PREFILL_VARIANTS = {"default": None, "triton": {}, "bf16dot": {"a_fp8": False}, "bmm": {"bmm": True},
                     "bf16dot-bn256": {"a_fp8": False, "BN": 256, "num_warps": 8, "num_stages": 3}, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
-                    "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3}}
+                    "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3},
+                    # short grids (V4.1's 128-token decoder suffixes): the Triton kernel without its K shares
+                    # (fp8_gemm.prefill_splits); "bf16dot" takes them too
+                    "nosplit": {"splits": 1}, "bf16dot-nosplit": {"a_fp8": False, "splits": 1}}
 
 
 def weight(n: int, k: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -321,7 +327,7 @@ def main() -> None:
         copies = [(q, s)] + [weight(G * N, K, block) for _ in range(copies_past_l2(wbytes) - 1)]
         wbs = [torch.randn(G * N, K, device="cuda", dtype=torch.bfloat16)
                for _ in range(copies_past_l2(2 * G * N * K))]
-        prefill = PREFILL_M if name in ("wq_b", "wo_b", "shared_w1", "v41_wo_b") else ()
+        prefill = PREFILL_M if name in ("wq_b", "wo_b", "shared_w1") or name.startswith("v41") else ()
         if args.decode_only:
             prefill = ()
         decode_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else DECODE_M

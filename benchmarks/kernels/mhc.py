@@ -207,6 +207,14 @@ PRE_VARIANTS = {
                           "promote": True, "post_apart": True},
     "a-x3-bt64-d64-s4-w8": {"block_t": 64, "block_d": 64, "split_d": 4, "block_dc": 64, "bf16x3": True,
                             "num_warps": 8, "post_apart": True},
+    # mixed steps on V4.1 (D = 5120, T = 128..1024; twenty-sixth session, H100: the default's fused hc_post_pre was
+    # twice its hc_pre, 245.6 against 119.9 us at T = 640): the default's tiles with hc_post apart; fp32 FMA dots
+    # ("ieee") where the 8-token blocks lower the bf16x3 split's three dots to FMAs too (three times the products)
+    "apart": {"post_apart": True}, "ieee": {"bf16x3": False}, "ieee-apart": {"bf16x3": False, "post_apart": True},
+    "bt4-s16-ieee-apart": {"block_t": 4, "split_d": 16, "block_dc": 1024, "bf16x3": False, "post_apart": True},
+    "bt16-s8-ieee-apart": {"block_t": 16, "split_d": 8, "block_dc": 256, "bf16x3": False, "post_apart": True},
+    "bt8-s16-ieee-apart": {"block_t": 8, "split_d": 16, "block_dc": 512, "bf16x3": False, "post_apart": True},
+    "bt2-fma-apart": {"block_t": 2, "split_d": 32, "block_dc": 2048, "fma": True, "post_apart": True},
 }
 
 

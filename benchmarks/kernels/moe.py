@@ -34,7 +34,7 @@ CONFIG_DEVICE: torch.device | None = torch.device("cuda")  # its SM count sizes 
 
 
 def auto(t: int) -> mk.MoeConfig:
-    return mk.select_config(t * K, E, D, I, CONFIG_DEVICE)
+    return mk.select_config(t * K, E, D, I, CONFIG_DEVICE, act_group=ACT_GROUP)
 
 
 def fp8_variant(block_m: int, gate_up: mk.GemmConfig, down: mk.GemmConfig | None = None, fold: str = ""):

@@ -115,6 +115,35 @@ def test_no_scale_read_past_k(act: int) -> None:
     assert rel(out, linear_reference(x, q, s, 32, act)) < (1.6e-2 if GPU else 2e-6)
 
 
+def test_short_prefill_grids_split_k() -> None:
+    """Prefill grids under one wave (V4.1's 128-token decoder suffixes: `wq_a` 14 tiles, `wo_b` 40) split K into as
+    many shares as still fit one wave, keeping 2 K blocks a share; full grids do not split."""
+    assert fp8_gemm.prefill_splits(14, 40) == 9 and fp8_gemm.prefill_splits(40, 64) == 3
+    assert fp8_gemm.prefill_splits(64, 32) == 2 and fp8_gemm.prefill_splits(80, 64) == 1
+    assert fp8_gemm.prefill_splits(256, 10) == 1 and fp8_gemm.prefill_splits(14, 3) == 1
+    assert fp8_gemm.prefill_splits(1, 400) == 16
+
+
+@pytest.mark.parametrize("block", [32, 128])
+def test_prefill_rows_split_k_finished_in_the_kernel(block: int) -> None:
+    """Prefill rows (M > 64, two row tiles) with K split as short grids take it: W8A8 on the FP8 dots, the partials
+    added by each tile's last program in split order (the same bits as the sum launch, deterministic) = the reference
+    to bf16 rounding; ragged M and N, a short last share."""
+    g = torch.Generator().manual_seed(60 + block)
+    M, N, K = 80, 72, 11 * 32 if block == 32 else 5 * 128
+    q, s = fp8_weight(N, K, block, g)
+    x = torch.randn(M, 1, K, generator=g).to(torch.bfloat16 if GPU else torch.float32).to(DEV)
+    cfg = {"splits": 3, "BK": max(block, 64)}
+    fused = fp8_gemm.general(x, q, s, block, block, torch.float32, cfg)
+    two = fp8_gemm.general(x, q, s, block, block, torch.float32, {**cfg, "finish": False})
+    assert torch.equal(fused, two)
+    assert torch.equal(fused, fp8_gemm.general(x, q, s, block, block, torch.float32, cfg))
+    ref = linear_reference(x.view(M, K).float(), q, s, block, block)
+    assert rel(fused.view(M, N), ref) < (1e-2 if GPU else F32_TOL)
+    if GPU:
+        assert int(fp8_gemm._COUNTERS.get(x.device).abs().sum()) == 0
+
+
 def test_split_k_partials_sum_in_a_fixed_order() -> None:
     g = torch.Generator().manual_seed(3)
     q, s = fp8_weight(64, 2048, 128, g)  # 1 row x 1 column tile: K splits across programs
@@ -518,6 +547,26 @@ def test_producer_quantized_activations_give_the_same_output(M: int, block: int,
                        linear_reference(x, w, s, block, block))
     with pytest.raises(ValueError, match="quantized per"):
         linear(quant.fp8_rows(x, 16), w, s, block, block, backend.TRITON)
+
+
+def test_short_prefill_rows_of_32_blocks_take_the_half_dot() -> None:
+    """On the GPU, W8A8 rows between the GEMV's 64 and BMM_MIN_ROWS of 32-block weights (V4.1's decoder suffixes) run
+    W8A16 on the bf16 dot; 128-block weights (cuBLAS's recipe), decode rows and the CPU keep their paths. Activations
+    quantized by their producer are dequantized for it (their own values): the same bits as the plain activations."""
+    assert fp8_gemm.half_dot_default(128, 32, True) and fp8_gemm.half_dot_default(511, 32, True)
+    assert not any((fp8_gemm.half_dot_default(64, 32, True), fp8_gemm.half_dot_default(512, 32, True),
+                    fp8_gemm.half_dot_default(128, 128, True), fp8_gemm.half_dot_default(128, 32, False)))
+    g = torch.Generator().manual_seed(77)
+    M, N, K = 70, 96, 256
+    w, s = fp8_weight(N, K, 32, g)
+    x = (torch.randn(M, K, generator=g) * torch.logspace(-2, 1, K)).to(torch.bfloat16).to(DEV)
+    xq = quant.fp8_rows(x, 32)
+    cfg = {"a_fp8": False}
+    want = fp8_gemm.general(x.view(M, 1, K), w, s, 32, 32, torch.bfloat16, cfg=cfg)
+    got = fp8_gemm.general(xq.values.view(M, 1, K), w, s, 32, 32, torch.bfloat16, cfg=cfg,
+                           xs=xq.scales.view(M, 1, -1))
+    assert torch.equal(got, want)
+    assert rel(got.view(M, N), linear_reference(x.float(), w, s, 32, 32)) < 1e-2
 
 
 @pytest.mark.parametrize("M", [1, 3, 16, 64, 65])

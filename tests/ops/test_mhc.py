@@ -112,6 +112,10 @@ def test_gpu_default_configs():
         cfg = mk.default_pre_config(t, 4096, on_gpu=True)
         assert cfg.bf16x3 and cfg.promote and cfg.post_apart, cfg
         assert mk.default_pre_config(t, 4096, on_gpu=True, bf16=False).bf16x3 is False
+    # above 64 tokens hc_post_pre as hc_post then hc_pre (fused, twice hc_pre's time on the H100 at D = 5120)
+    assert [mk.default_pre_config(t, 5120, on_gpu=True).post_apart for t in (1, 64, 65, 640, 1024)] == [
+        False, False, True, True, True]
+    assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (64, 128, 129)] == [2, 2, 8]
     for t in (1, 5, 1100):  # 1100: a prefill chunk's grid (16-token blocks over D slices)
         cfg = mk.default_pre_config(t, 512, on_gpu=True, bf16=False)
         assert cfg.split_d > 1

@@ -148,6 +148,10 @@ def test_default_config_selection(monkeypatch):
     # the grouped body from GROUPED_MIN_ROWS rows an expert (16 experts: 8K tokens 3,072 rows, 1K 384)
     assert mk.select_config(8192 * 6, 16) is mk.PREFILL_CONFIGS["grouped"]
     assert mk.select_config(1024 * 6, 16) is mk.PREFILL
+    # with 1 x 32 activation groups (V4.1) from GROUPED_MIN_ROWS_G32: 640 tokens give 240 rows an expert, 512 give 192
+    assert mk.select_config(640 * 6, 16, 5120, 2304, act_group=32) is mk.PREFILL_CONFIGS["grouped"]
+    assert mk.select_config(512 * 6, 16, 5120, 2304, act_group=32) is mk.PREFILL
+    assert mk.select_config(640 * 6, 16, 5120, 2304, act_group=128) is mk.PREFILL
     # 16 experts: 3 rows each at T=8 keep one wave; 12 rows each at T=32 split K for about two
     eight, thirty_two = mk.select_config(8 * 6, 16), mk.select_config(32 * 6, 16)
     assert (eight.gate_up.split_k, eight.down.split_k) == (1, 1)

@@ -168,7 +168,16 @@ def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool =
     if not fp8_dot and wide:  # fp32 / fp64 tiles: 4x the shared memory of FP8 ones
         return {"BM": 64, "BN": 64, "BK": bk, "splits": 1, "num_warps": 4, "num_stages": 2}
     bm = 128 if M >= 128 else 64
-    return {"BM": bm, "BN": 128, "BK": bk, "splits": 1, "num_warps": 8, "num_stages": 4 if fp8_dot else 3}
+    splits = prefill_splits(cdiv(M, bm) * cdiv(N, 128) * G, cdiv(K, bk))
+    return {"BM": bm, "BN": 128, "BK": bk, "splits": splits, "num_warps": 8, "num_stages": 4 if fp8_dot else 3}
+
+
+def prefill_splits(tiles: int, k_blocks: int, sms: int = _SMS) -> int:
+    """K shares for a grid of `tiles` output tiles under one wave (a CTA an SM): as many as still fit one wave, at
+    least 2 K blocks a share. V4.1's decoder layers run their linears on 128-token suffixes, where a 5120-wide output
+    is 40 tiles on 132 SMs (`wq_a` 14) that each walked all of K: 17.5 of a 640-token mixed step's 92 ms of GPU (H100,
+    profile_step.py, twenty-sixth session)."""
+    return max(1, min(sms // max(1, tiles), k_blocks // 2, 16))
 
 
 def _dot_mode(x: torch.Tensor, a_fp8: bool) -> int:
@@ -213,8 +222,11 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} runs the
     # same values as W8A16 instead (x FP8-simulated in bf16, exact, against the widened weight on the bf16 tensor
     # cores: no per-block rescale of the accumulator, the candidate for V4.1's 32-wide blocks on prefill)
-    a_fp8 = xs is not None or (bool(act_group) and half and w_fp8 and act_group == block
-                               and (cfg or {}).get("a_fp8", True))
+    half_dot = (cfg or {}).get("a_fp8", not half_dot_default(M, block, x3.is_cuda and not interpreting())) is False
+    if xs is not None and half_dot and out_dtype in (torch.bfloat16, torch.float16):
+        # quantized by its producer: its values in x's dtype, what act_simulate gives
+        x3, xs, act_group, half = fp8_dequantize(x3, xs, block).to(out_dtype), None, 0, True
+    a_fp8 = xs is not None or (bool(act_group) and half and w_fp8 and act_group == block and not half_dot)
     if a_fp8 and xs is None:  # (xs given: quantized by its producer)
         x3, xs = act_quant(x3, block)
     elif not a_fp8 and act_group:
@@ -235,8 +247,9 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     scale_t = scale if scale is not None else weight
     xs_t = xs if xs is not None else x3
     grid = (cdiv(M, cfg["BM"]) * cdiv(N, cfg["BN"]), G, splits)
-    # decode rows: the split-K partials are added by the last program to arrive at each tile (no second launch)
-    finish = splits > 1 and cfg.get("finish", M <= 64) and grid[0] * G <= N_COUNTERS
+    # split K (decode rows, short prefill grids): the partials are added by the last program to arrive at each tile
+    # (no second launch)
+    finish = splits > 1 and cfg.get("finish", True) and grid[0] * G <= N_COUNTERS
     cnt = _COUNTERS.get(x3.device) if finish else y
     _gemm_kernel[grid](
         x3, xs_t, weight, scale_t, part, y, cnt, M, N, K, k_per_split,
@@ -251,6 +264,14 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         _sum_splits_kernel[(cdiv(total, 1024),)](part, y, total, SPLITS=splits, BLOCK=1024,
                                                            **pdl_launch(y))
     return y
+
+
+def half_dot_default(rows: int, block: int, on_gpu: bool) -> bool:
+    """W8A8 prefill rows below BMM_MIN_ROWS of weights whose blocks cuBLAS FP8 has no recipe for (V4.1's 32 x 32) run
+    as W8A16 on the bf16 dot (the same values, no rescale of the accumulator every 32 of K). H100, 128 rows with K
+    split (benchmarks/kernels/fp8_gemm.py, twenty-sixth session), FP8 dots against bf16: wq_b 81.2 / 61.4 us, wo_b
+    91.0 / 70.7, the shared expert's w13 61.0 / 50.4 and w2 35.0 / 32.3, wq_a 30.7 / 30.5, wo_a 50.8 / 51.2."""
+    return on_gpu and block != scaled_mm.BLOCK and 64 < rows < BMM_MIN_ROWS
 
 
 def _takes_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,

@@ -587,14 +587,19 @@ def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreCo
     # T=32 hc_pre 23.6 -> 20.4 us and hc_post_pre 32.4 -> 22.2 us against (4, 16); at T=8 the same as before); up to
     # 1024, 8-token blocks over 8 (eighteenth session, T=528, the prefill chunk of a mixed step: hc_pre 116 -> 86 us and
     # hc_post_pre 360 -> 158 us against 16-token blocks over 4)
-    block_t, split_d = ((1, 32) if t <= 4 else (2, 32) if t <= 64 else (8, 8))
+    # up to 128 (V4.1's decoder suffixes, batched decode): 2-token blocks too, with hc_post apart (H100, D = 5120,
+    # twenty-sixth session, T = 128: hc_post_pre 80.7 -> 60.6 us against 8-token blocks, hc_pre 53.0 / 55.5)
+    block_t, split_d = ((1, 32) if t <= 4 else (2, 32) if t <= 128 else (8, 8))
     # the finishing collapse: ~4096-element tiles, so that a 1-token block crosses D=4096 in one step (its y then
     # stays in registers for the norm) rather than 32 latency-bound ones; a single token crosses V4.1's D=5120 in
     # one 8192 tile too (H200, `mhc.py --sweep --dim 5120`: hc_pre 16.3 -> 15.4 us, hc_post_pre 17.9 -> 16.7 us)
     cap = 8192 if block_t == 1 else 4096 // block_t
     block_dc = max(128, min(next_pow2(d), cap))
+    # above 64 tokens hc_post_pre runs as hc_post then hc_pre (the same bits): fused, it took twice hc_pre's time on
+    # these grids (H100, D = 5120, `mhc.py --sweep`, twenty-sixth session: T = 640 245.6 against 119.9 us; T = 256
+    # 106.6 / 77.0; T = 1024 364.7 / 179.8)
     return PreConfig(block_t=block_t, block_d=128, split_d=max(1, min(split_d, d // 128)), block_dc=block_dc,
-                     num_warps=4)
+                     num_warps=4, post_apart=t > 64)
 
 
 def default_post_config(t: int, d: int, on_gpu: bool) -> PostConfig:

@@ -622,24 +622,29 @@ PREFILL_CONFIGS = {
 # V4-Flash experts). H200, benchmarks/kernels/moe.py --experts 16 (twentieth session): 384 rows an expert (1K tokens)
 # grouped 1.48 ms = dot 1.49; 768 rows 1.96 against 2.73; 3,072 rows (8K) 4.56 against 10.15 (543 TFLOP/s).
 GROUPED_MIN_ROWS = 512
+# 1 x 32 activation groups (V4.1: the dot body FP8-simulates x and h per 32 columns): the grouped body wins from fewer
+# rows. H100, `benchmarks/kernels/moe.py --model v41-flash --experts 16` (twenty-sixth session): 240 rows an expert
+# (640 tokens) grouped 1,200 us against dot 1,262; 384 rows (1K tokens) 1,492 against 1,943.
+GROUPED_MIN_ROWS_G32 = 224
 
 
-def _prefill_config(per_expert: float) -> MoeConfig:
+def _prefill_config(per_expert: float, act_group: int = 128) -> MoeConfig:
     if not env_get(PREFILL_ENV):
-        return PREFILL_CONFIGS["grouped"] if per_expert >= GROUPED_MIN_ROWS else PREFILL
+        least = GROUPED_MIN_ROWS_G32 if act_group == 32 else GROUPED_MIN_ROWS
+        return PREFILL_CONFIGS["grouped"] if per_expert >= least else PREFILL
     return PREFILL_CONFIGS[_env_choice(PREFILL_ENV, PREFILL_CONFIGS)]
 
 
 def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 2048,
-                  device: torch.device | None = None, body: str | None = None) -> MoeConfig:
+                  device: torch.device | None = None, body: str | None = None, act_group: int = 128) -> MoeConfig:
     """By the mean rows per expert hit (rows = T * k), plus split-K when few experts are hit (T = 1, 2): static given
     the shapes, so graph-capture safe. The decode configs take `body` (default: $V4SERVE_MOE_DECODE_BODY, or dot), the
     prefill config $V4SERVE_MOE_PREFILL's (PREFILL_CONFIGS; default: grouped from GROUPED_MIN_ROWS rows an expert,
-    else dot)."""
+    GROUPED_MIN_ROWS_G32 with 1 x 32 activation groups, else dot)."""
     hit = max(1, min(num_experts, rows))
     per_expert = rows / hit
     if per_expert > 96:
-        return _prefill_config(per_expert)
+        return _prefill_config(per_expert, act_group)
     if per_expert > 24:
         return MID
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
@@ -793,7 +798,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         if join is not None:
             join()
         return out.copy_(shared) if shared is not None else out.zero_()
-    cfg = config or select_config(M, E, D, I, x.device)
+    cfg = config or select_config(M, E, D, I, x.device, act_group=act_group)
     if cfg.body == "grouped":
         from . import moe_grouped
         if moe_grouped.applies(x, experts, act_group):
