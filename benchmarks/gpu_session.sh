@@ -1405,6 +1405,12 @@ if [[ $what == twentysixth5 ]]; then  # the 16K bounded replay with chunk graphs
     --chunk-graph-tokens 256,768,1024 --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" \
     | tee "$OUT/bounded_replay_graphs.log" | tail -8
 fi
+if [[ $what == twentysixth6 ]]; then  # the routed MoE at V4.1's decoder suffixes (128 tokens: 48 rows an expert, MID's
+  # 32-row blocks, 460 us a layer) and 256, against the prefill regime's tiles (one 64- or 128-row block an expert)
+  (cd benchmarks/kernels && timeout 90 python3 moe.py --model v41-flash --experts 16 --no-decode --no-reference \
+    --prefill-tokens 128,256 --variants default,mid,dot,m64n128k64,m64n128k128w8,m128k128s2 2>&1 | grep -v Warning \
+    | tee "$OUT/moe-suffix.log" | grep -E "T=|failed" | cut -c1-140)
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
