@@ -1411,6 +1411,20 @@ if [[ $what == twentysixth6 ]]; then  # the routed MoE at V4.1's decoder suffixe
     --prefill-tokens 128,256 --variants default,mid,dot,m64n128k64,m64n128k128w8,m128k128s2 2>&1 | grep -v Warning \
     | tee "$OUT/moe-suffix.log" | grep -E "T=|failed" | cut -c1-140)
 fi
+if [[ $what == twentyseventh1 ]]; then  # prepared in the twenty-sixth session: the half dot's whole-tile widening
+  # (fp8_gemm cfg "whole": one dot and one wgmma wait a K tile instead of four) on V4.1's linears at 128-640 rows,
+  # its tests at real shapes, then V4.1's mixed step by family (the decoder suffixes' linears: 10.0 of its 85.1 ms)
+  timeout 60 python3 -m pytest tests/ops/test_linear.py -q -p no:cacheprovider -o addopts="" -k \
+    "whole or half_dot or split_k" 2>&1 | tee "$OUT/gpu_tests_linear.log" | grep -E "^E |passed|failed" | tail -4
+  (cd benchmarks/kernels && timeout 90 python3 fp8_gemm.py --prefill-only --prefill-rows 128,256,640 --shapes \
+    v41_wq_a,v41_wq_b,v41_wo_b,v41_wo_a\(grouped\),v41_shared_w13,v41_shared_w2 --variants \
+    default,bf16dot,bf16dot-whole,bf16dot-whole-s4,bmm 2>&1 | grep -v Warning | tee "$OUT/fp8_gemm_whole.log" \
+    | grep -E " us |failed" | cut -c1-150)
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel" "$OUT/profile-v41-p2048.log" | head -30
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

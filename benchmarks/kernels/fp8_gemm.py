@@ -77,7 +77,10 @@ PREFILL_VARIANTS = {"default": None, "triton": {}, "bf16dot": {"a_fp8": False}, 
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3},
                     # short grids (V4.1's 128-token decoder suffixes): the Triton kernel without its K shares
                     # (fp8_gemm.prefill_splits); "bf16dot" takes them too
-                    "nosplit": {"splits": 1}, "bf16dot-nosplit": {"a_fp8": False, "splits": 1}}
+                    "nosplit": {"splits": 1}, "bf16dot-nosplit": {"a_fp8": False, "splits": 1},
+                    # the half dot's K tile widened at once (one dot a tile, not one per 32 of K)
+                    "bf16dot-whole": {"a_fp8": False, "whole": True},
+                    "bf16dot-whole-s4": {"a_fp8": False, "whole": True, "num_stages": 4}}
 
 
 def weight(n: int, k: int, block: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -569,6 +569,53 @@ def test_short_prefill_rows_of_32_blocks_take_the_half_dot() -> None:
     assert rel(got.view(M, N), linear_reference(x.float(), w, s, 32, 32)) < 1e-2
 
 
+@pytest.mark.parametrize("K", [256, 352])
+def test_half_dot_whole_tile(K: int) -> None:
+    """cfg {"whole": True}: the half dot widens a K tile of a 32-block FP8 weight at once (the scales broadcast over
+    the tile's blocks, one dot) = the per-block form to float32 rounding and the reference to bf16 rounding; a K tail
+    (352: 2.75 tiles of 128) with a split and its short last share, ragged M and N."""
+    g = torch.Generator().manual_seed(K)
+    M, N = 70, 96
+    w, s = fp8_weight(N, K, 32, g)
+    x = torch.randn(M, 1, K, generator=g).to(torch.bfloat16).to(DEV)
+    for extra in ({}, {"splits": 2}):
+        whole = fp8_gemm.general(x, w, s, 32, 32, torch.float32, {"a_fp8": False, "whole": True, **extra})
+        per_block = fp8_gemm.general(x, w, s, 32, 32, torch.float32, {"a_fp8": False, **extra})
+        assert rel(whole, per_block) < 1e-5, extra
+        assert rel(whole.view(M, N), linear_reference(x.view(M, K).float(), w, s, 32, 32)) < 1e-2
+
+
+SM90_WHOLE = """
+import json, torch
+from v4serve.ops import quant
+from v4serve.ops.kernels import fp8_gemm
+w = torch.randn(5120, 8192)
+q, s = quant.fp8_block_quantize_weight(w, 32)
+x = torch.randn(128, 1, 8192).to(torch.bfloat16)
+res = {}
+for whole in (False, True):
+    done = compile_launches(lambda: fp8_gemm.general(x, q, s.view(torch.uint8), 32, 32, torch.bfloat16,
+                                                     {"a_fp8": False, "whole": whole}))
+    ptx = [c.asm["ptx"] for name, c in done if name == "_gemm_kernel"][0]
+    res[str(whole)] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
+                       "waits": ptx.count("wgmma.wait_group"), "bar": ptx.count("bar.sync")}
+print(json.dumps(res))
+"""
+
+
+def test_half_dot_whole_tile_compiles_to_wgmma_on_sm90() -> None:
+    """The whole-tile half dot as `general` launches it for 128 rows of V4.1's `wo_b` (GPU tiles: 128 x 128, BK 128,
+    K split), compiled for sm_90 on the CPU: both forms reach wgmma with the same instructions a K tile, the whole
+    tile waiting for them once a tile (the per-block form: once per 32 of K, 4 waits; Triton 3.6: 1, with 8 barriers
+    against 12)."""
+    from sm90_compile import RECORD_AND_COMPILE, run_compile
+
+    dots = json.loads(run_compile(RECORD_AND_COMPILE + SM90_WHOLE).strip().splitlines()[-1])
+    assert dots["False"]["wgmma"] > 0 and dots["True"]["wgmma"] > 0, dots
+    assert dots["True"]["mma_sync"] == dots["False"]["mma_sync"] == 0, dots
+    assert dots["True"]["waits"] < dots["False"]["waits"], dots
+
+
 @pytest.mark.parametrize("M", [1, 3, 16, 64, 65])
 @pytest.mark.parametrize("block", [32, 128])
 def test_grouped_output_quantized_for_its_consumer(M: int, block: int, monkeypatch: pytest.MonkeyPatch) -> None:

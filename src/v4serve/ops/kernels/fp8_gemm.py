@@ -56,7 +56,9 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
                  SB: tl.constexpr, W_FP8: tl.constexpr, A_FP8: tl.constexpr, DOT: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                  INTERPRET: tl.constexpr, W_F32: tl.constexpr, SPLITS: tl.constexpr = 1,
-                 FINISH: tl.constexpr = False, PDL: tl.constexpr = False):
+                 FINISH: tl.constexpr = False, PDL: tl.constexpr = False, WHOLE: tl.constexpr = False):
+    """WHOLE (the half dot over FP8 weights whose scale blocks are narrower than BK): the K tile widened at once, each
+    row's SB-wide scales applied by a reshape, then ONE dot over BK, instead of a load and a dot per SB of K."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid = tl.program_id(0)
     g = tl.program_id(1)
@@ -78,7 +80,10 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
     k_lo = split * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
     for k0 in range(k_lo, k_hi, BK):
-        for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+        if WHOLE:
+            acc = _whole_tile(x_ptr, w_ptr, ws_ptr, acc, offs_m, w_rows, m_ok, n_ok, g, k0, k_hi, stride_xm, stride_xg,
+                              stride_wn, stride_wsn, SB, BN, BK, INTERPRET)
+        for sub in tl.static_range(0 if WHOLE else BK // SB):  # one scale block of K at a time
             offs_k = k0 + sub * SB + tl.arange(0, SB)
             k_ok = offs_k < k_hi
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
@@ -137,6 +142,27 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
             tl.store(out_ptr + offs_m[:, None] * stride_om + g * stride_og + offs_n[None, :],
                      total.to(out_ptr.dtype.element_ty), mask=out_ok)
             tl.store(cnt_ptr + tile, 0)  # ready for the next launch / graph replay
+
+
+@triton.jit
+def _whole_tile(x_ptr, w_ptr, ws_ptr, acc, offs_m, w_rows, m_ok, n_ok, g, k0, k_hi, stride_xm, stride_xg, stride_wn,
+                stride_wsn, SB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, INTERPRET: tl.constexpr):
+    """acc + x [BM, BK] @ (the FP8 weight tile [BN, BK] times its e8m0 scales, widened to x's dtype)^T: the scales of
+    the tile's BK / SB blocks [BN, BK / SB] broadcast over a [BN, BK / SB, SB] view (exact: value * 2^e)."""
+    offs_k = k0 + tl.arange(0, BK)
+    k_ok = offs_k < k_hi
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
+                mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+    w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+    kb = k0 // SB + tl.arange(0, BK // SB)
+    wsb = tl.load(ws_ptr + (w_rows // SB)[:, None] * stride_wsn + kb[None, :],
+                  mask=n_ok[:, None] & (kb * SB < k_hi)[None, :], other=127)
+    w_scale = ((wsb.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(b-127)
+    wf = tl.reshape(tl.reshape(w.to(tl.float32), (BN, BK // SB, SB)) * w_scale[:, :, None], (BN, BK))
+    dt = x_ptr.dtype.element_ty
+    if INTERPRET:  # same bf16 operands, fp32 products (see kernels.interpreting)
+        return acc + tl.dot(x.to(tl.float32), tl.trans(wf.to(dt).to(tl.float32)), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(wf.to(dt)))
 
 
 @step_jit
@@ -221,7 +247,8 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         return _widened_bmm(x3, weight, scale, block, act_group, out_dtype)
     # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} runs the
     # same values as W8A16 instead (x FP8-simulated in bf16, exact, against the widened weight on the bf16 tensor
-    # cores: no per-block rescale of the accumulator, the candidate for V4.1's 32-wide blocks on prefill)
+    # cores: no per-block rescale of the accumulator, the candidate for V4.1's 32-wide blocks on prefill); cfg
+    # {"whole": True} widens the half dot's K tile at once (`_whole_tile`: one dot a tile; not yet timed on a GPU)
     half_dot = (cfg or {}).get("a_fp8", not half_dot_default(M, block, x3.is_cuda and not interpreting())) is False
     if xs is not None and half_dot and out_dtype in (torch.bfloat16, torch.float16):
         # quantized by its producer: its values in x's dtype, what act_simulate gives
@@ -256,6 +283,7 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         x3.stride(0), x3.stride(1), xs_t.stride(0) if xs is not None else 0, xs_t.stride(1) if xs is not None else 0,
         weight.stride(0), scale_t.stride(0) if scale is not None else 0,
         part.stride(0), part.stride(1), part.stride(2), y.stride(0), y.stride(1), SPLITS=splits, FINISH=finish,
+        WHOLE=bool(cfg.get("whole")) and w_fp8 and _dot_mode(x3, a_fp8) == _DOT_HALF and sb < bk,
         SB=sb, W_FP8=w_fp8, A_FP8=a_fp8, DOT=_dot_mode(x3, a_fp8), BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=8,
         INTERPRET=interpreting(), W_F32=weight.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x3))
