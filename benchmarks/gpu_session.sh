@@ -1424,6 +1424,11 @@ if [[ $what == twentyseventh1 ]]; then  # prepared in the twenty-sixth session: 
     --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
     --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
   grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel" "$OUT/profile-v41-p2048.log" | head -30
+  # the model-level GPU checks on the twenty-sixth session's defaults (split-K prefill grids with their arrival
+  # counters inside the chunk graphs, the half dot, hc_post_pre apart, the grouped MoE from 224 rows)
+  timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+    "chunk_graphs or stored_records or fast_path" 2>&1 | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed" \
+    | tail -4
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

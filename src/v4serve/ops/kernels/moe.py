@@ -622,9 +622,9 @@ PREFILL_CONFIGS = {
 # V4-Flash experts). H200, benchmarks/kernels/moe.py --experts 16 (twentieth session): 384 rows an expert (1K tokens)
 # grouped 1.48 ms = dot 1.49; 768 rows 1.96 against 2.73; 3,072 rows (8K) 4.56 against 10.15 (543 TFLOP/s).
 GROUPED_MIN_ROWS = 512
-# 1 x 32 activation groups (V4.1: the dot body FP8-simulates x and h per 32 columns): the grouped body wins from fewer
-# rows. H100, `benchmarks/kernels/moe.py --model v41-flash --experts 16` (twenty-sixth session): 240 rows an expert
-# (640 tokens) grouped 1,200 us against dot 1,262; 384 rows (1K tokens) 1,492 against 1,943.
+# With 1 x 32 activation groups (V4.1's geometry, the only one measured so) the grouped body wins from fewer rows.
+# H100, `benchmarks/kernels/moe.py --model v41-flash --experts 16` (twenty-sixth session): 240 rows an expert (640
+# tokens) grouped 1,200 us against dot 1,262; 384 rows (1K tokens) 1,492 against 1,943.
 GROUPED_MIN_ROWS_G32 = 224
 
 
