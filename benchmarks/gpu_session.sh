@@ -1340,8 +1340,8 @@ if [[ $what == twentyfifth2 || $what == twentyfifth3 ]]; then  # prepared in the
     | tail -4
 fi
 if [[ $what == twentysixth1 ]]; then  # the twenty-sixth session's first: twentyfifth3's checks (the staged-vs-in-
-  # register test at real shapes, the model-level chunk over stored records), then the mHC and the MoE at mixed-step sizes on
-  # V4.1's geometry (their crossovers were set on V4's D = 4096: the 640-token mixed step spent 17.3 of its 105 ms in
+  # register test at real shapes, the model-level chunk over stored records), then the mHC and the MoE at mixed-step
+  # sizes on V4.1's geometry (their crossovers were set on V4's D = 4096: the 640-token mixed step spent 17.3 of its 105 ms in
   # the mHC's 8-token-block grid, 40.5 in the MoE's dot body)
   timeout 60 python3 -m pytest tests/ops/test_attention_stage.py -q -s -p no:cacheprovider -o addopts="" -k \
     "same_bits or bf16_staged" 2>&1 | tee "$OUT/gpu_tests_stage.log" | grep -E "^E |passed|failed|bits equal" \
@@ -1373,7 +1373,8 @@ if [[ $what == twentysixth3 ]]; then  # V4.1's linears on short grids (the decod
   # their GPU tests, the routed MoE at 128/256 tokens (V4.1 e16: 48/96 rows an expert, the MID config: 450 us a layer
   # at 128), then V4.1's chunk and mixed step by family on the new defaults
   timeout 70 python3 -m pytest tests/ops/test_linear.py -q -p no:cacheprovider -o addopts="" -k \
-    "split_k or short_prefill or real_shapes" 2>&1 | tee "$OUT/gpu_tests_linear.log" | grep -E "^E |passed|failed" | tail -4
+    "split_k or short_prefill or real_shapes" 2>&1 | tee "$OUT/gpu_tests_linear.log" | grep -E "^E |passed|failed" \
+    | tail -4
   (cd benchmarks/kernels && timeout 90 python3 fp8_gemm.py --prefill-only --prefill-rows 128,640 --shapes \
     v41_wq_a,v41_wq_b,v41_wo_b,v41_wo_a\(grouped\),v41_shared_w13,v41_shared_w2 --variants \
     default,triton,nosplit,bf16dot,bf16dot-nosplit,bmm 2>&1 | grep -v Warning | tee "$OUT/fp8_gemm_short.log" \
