@@ -1341,8 +1341,8 @@ if [[ $what == twentyfifth2 || $what == twentyfifth3 ]]; then  # prepared in the
 fi
 if [[ $what == twentysixth1 ]]; then  # the twenty-sixth session's first: twentyfifth3's checks (the staged-vs-in-
   # register test at real shapes, the model-level chunk over stored records), then the mHC and the MoE at mixed-step
-  # sizes on V4.1's geometry (their crossovers were set on V4's D = 4096: the 640-token mixed step spent 17.3 of its 105 ms in
-  # the mHC's 8-token-block grid, 40.5 in the MoE's dot body)
+  # sizes on V4.1's geometry (their crossovers were set on V4's D = 4096: the 640-token mixed step spent 17.3 of its
+  # 105 ms in the mHC's 8-token-block grid, 40.5 in the MoE's dot body)
   timeout 60 python3 -m pytest tests/ops/test_attention_stage.py -q -s -p no:cacheprovider -o addopts="" -k \
     "same_bits or bf16_staged" 2>&1 | tee "$OUT/gpu_tests_stage.log" | grep -E "^E |passed|failed|bits equal" \
     | sort | uniq -c | tail -8
