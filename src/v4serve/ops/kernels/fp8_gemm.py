@@ -83,56 +83,57 @@ def _gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, out_ptr, cnt_ptr,
         if WHOLE:
             acc = _whole_tile(x_ptr, w_ptr, ws_ptr, acc, offs_m, w_rows, m_ok, n_ok, g, k0, k_hi, stride_xm, stride_xg,
                               stride_wn, stride_wsn, SB, BN, BK, INTERPRET)
-        for sub in tl.static_range(0 if WHOLE else BK // SB):  # one scale block of K at a time
-            offs_k = k0 + sub * SB + tl.arange(0, SB)
-            k_ok = offs_k < k_hi
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
-                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
-                        mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-            kb = (k0 + sub * SB) // SB
-            kb_ok = k0 + sub * SB < k_hi  # a sub-block past K: its tiles load as zeros, its scales must not be read
-            if W_FP8:
-                wsb = tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb, mask=n_ok & kb_ok, other=127)
-                w_scale = ((wsb.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(b-127)
-            if A_FP8:  # FP8 x FP8 on the tensor cores, both scales applied to the block's partial product
-                x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb, mask=m_ok & kb_ok, other=1.0)
-                part = tl.dot(x, tl.trans(w))
-                acc += part * x_scale[:, None] * w_scale[None, :]
-            else:
-                if DOT == 1:
-                    dt = x_ptr.dtype.element_ty
-                    wf = w.to(tl.float32)
-                    if W_FP8:
-                        wf = wf * w_scale[:, None]
-                    if INTERPRET:  # same bf16 operands, fp32 products (see kernels.interpreting)
-                        acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(dt).to(tl.float32)), input_precision="ieee")
-                    else:
-                        acc += tl.dot(x, tl.trans(wf.to(dt)))
-                elif DOT == 2:
-                    wf = w.to(tl.float32)
-                    if W_FP8:
-                        wf = wf * w_scale[:, None]
-                    if INTERPRET or W_F32:
-                        acc += tl.dot(x.to(tl.float32), tl.trans(wf), input_precision="ieee")
-                    else:
-                        # float32 x against a bf16-exact weight (the LM head, compressors): x = hi + lo in two bf16
-                        # parts, two bf16 tensor-core dots (x kept to 16 mantissa bits; FMA-based fp32 dots are
-                        # ~20x slower here)
-                        wb = tl.trans(wf.to(tl.bfloat16))
-                        xf = x.to(tl.float32)
-                        hi = xf.to(tl.bfloat16)
-                        lo = (xf - hi.to(tl.float32)).to(tl.bfloat16)
-                        acc += tl.dot(hi, wb) + tl.dot(lo, wb)
+        else:
+            for sub in tl.static_range(BK // SB):  # one scale block of K at a time
+                offs_k = k0 + sub * SB + tl.arange(0, SB)
+                k_ok = offs_k < k_hi
+                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
+                            mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
+                            mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+                kb = (k0 + sub * SB) // SB
+                kb_ok = k0 + sub * SB < k_hi  # a sub-block past K: its tiles load as zeros, its scales must not be read
+                if W_FP8:
+                    wsb = tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb, mask=n_ok & kb_ok, other=127)
+                    w_scale = ((wsb.to(tl.int32) & 0xFF) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(b-127)
+                if A_FP8:  # FP8 x FP8 on the tensor cores, both scales applied to the block's partial product
+                    x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb, mask=m_ok & kb_ok, other=1.0)
+                    part = tl.dot(x, tl.trans(w))
+                    acc += part * x_scale[:, None] * w_scale[None, :]
                 else:
-                    wf = w.to(tl.float32).to(tl.float64)  # (the interpreter has no e4m3 -> f64 cast)
-                    if W_FP8:
-                        wf = wf * w_scale[:, None].to(tl.float64)
-                    acc += tl.dot(x.to(tl.float64), tl.trans(wf))
+                    if DOT == 1:
+                        dt = x_ptr.dtype.element_ty
+                        wf = w.to(tl.float32)
+                        if W_FP8:
+                            wf = wf * w_scale[:, None]
+                        if INTERPRET:  # same bf16 operands, fp32 products (see kernels.interpreting)
+                            acc += tl.dot(x.to(tl.float32), tl.trans(wf.to(dt).to(tl.float32)), input_precision="ieee")
+                        else:
+                            acc += tl.dot(x, tl.trans(wf.to(dt)))
+                    elif DOT == 2:
+                        wf = w.to(tl.float32)
+                        if W_FP8:
+                            wf = wf * w_scale[:, None]
+                        if INTERPRET or W_F32:
+                            acc += tl.dot(x.to(tl.float32), tl.trans(wf), input_precision="ieee")
+                        else:
+                            # float32 x against a bf16-exact weight (the LM head, compressors): x = hi + lo in two bf16
+                            # parts, two bf16 tensor-core dots (x kept to 16 mantissa bits; FMA-based fp32 dots are
+                            # ~20x slower here)
+                            wb = tl.trans(wf.to(tl.bfloat16))
+                            xf = x.to(tl.float32)
+                            hi = xf.to(tl.bfloat16)
+                            lo = (xf - hi.to(tl.float32)).to(tl.bfloat16)
+                            acc += tl.dot(hi, wb) + tl.dot(lo, wb)
+                    else:
+                        wf = w.to(tl.float32).to(tl.float64)  # (the interpreter has no e4m3 -> f64 cast)
+                        if W_FP8:
+                            wf = wf * w_scale[:, None].to(tl.float64)
+                        acc += tl.dot(x.to(tl.float64), tl.trans(wf))
     y = y_ptr + split * stride_ys + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
     out_ok = m_ok[:, None] & n_ok[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
-    if FINISH:  # split-K at decode: the last program to arrive at this output tile adds the partials in split order
+    if FINISH:  # split K: the last program to arrive at this output tile adds the partials in split order
         tile = g * (n_m * n_n) + pid
         if last_to_arrive(cnt_ptr + tile, SPLITS):
             part = y_ptr + offs_m[:, None] * stride_ym + g * stride_yg + offs_n[None, :]
@@ -240,19 +241,19 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     if M == 0:  # e.g. the head of a prefill chunk that samples nothing (no tiles: no config either)
         return torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     w_fp8 = weight.dtype == torch.float8_e4m3fn
-    half = x3.dtype in (torch.bfloat16, torch.float16)
-    if _takes_bmm(x3, weight, scale, block, cfg, out_dtype if xs is not None else x3.dtype):
-        if xs is not None:  # quantized by its producer (the norm): its values in x's dtype, what act_simulate gives
-            x3, act_group = fp8_dequantize(x3, xs, block).to(out_dtype), 0
+    widen = _takes_bmm(x3, weight, scale, block, cfg, out_dtype if xs is not None else x3.dtype)
+    # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} (by
+    # default half_dot_default's rows) runs the same values as W8A16 instead (x FP8-simulated in bf16, exact, against
+    # the weight widened per tile on the bf16 tensor cores: no per-block rescale of the accumulator); cfg {"whole":
+    # True} widens the half dot's K tile at once (`_whole_tile`: one dot a tile; not yet timed on a GPU)
+    half_dot = not widen and not (cfg or {}).get("a_fp8", not half_dot_default(M, block, x3.is_cuda
+                                                                              and not interpreting()))
+    if xs is not None and (widen or half_dot) and out_dtype in (torch.bfloat16, torch.float16):
+        # quantized by its producer (the norm): its values in x's dtype, what act_simulate gives
+        x3, xs, act_group = fp8_dequantize(x3, xs, block).to(out_dtype), None, 0
+    if widen:
         return _widened_bmm(x3, weight, scale, block, act_group, out_dtype)
-    # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} runs the
-    # same values as W8A16 instead (x FP8-simulated in bf16, exact, against the widened weight on the bf16 tensor
-    # cores: no per-block rescale of the accumulator, the candidate for V4.1's 32-wide blocks on prefill); cfg
-    # {"whole": True} widens the half dot's K tile at once (`_whole_tile`: one dot a tile; not yet timed on a GPU)
-    half_dot = (cfg or {}).get("a_fp8", not half_dot_default(M, block, x3.is_cuda and not interpreting())) is False
-    if xs is not None and half_dot and out_dtype in (torch.bfloat16, torch.float16):
-        # quantized by its producer: its values in x's dtype, what act_simulate gives
-        x3, xs, act_group, half = fp8_dequantize(x3, xs, block).to(out_dtype), None, 0, True
+    half = x3.dtype in (torch.bfloat16, torch.float16)
     a_fp8 = xs is not None or (bool(act_group) and half and w_fp8 and act_group == block and not half_dot)
     if a_fp8 and xs is None:  # (xs given: quantized by its producer)
         x3, xs = act_quant(x3, block)
@@ -278,13 +279,14 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     # (no second launch)
     finish = splits > 1 and cfg.get("finish", True) and grid[0] * G <= N_COUNTERS
     cnt = _COUNTERS.get(x3.device) if finish else y
+    dot = _dot_mode(x3, a_fp8)
     _gemm_kernel[grid](
         x3, xs_t, weight, scale_t, part, y, cnt, M, N, K, k_per_split,
         x3.stride(0), x3.stride(1), xs_t.stride(0) if xs is not None else 0, xs_t.stride(1) if xs is not None else 0,
         weight.stride(0), scale_t.stride(0) if scale is not None else 0,
         part.stride(0), part.stride(1), part.stride(2), y.stride(0), y.stride(1), SPLITS=splits, FINISH=finish,
-        WHOLE=bool(cfg.get("whole")) and w_fp8 and _dot_mode(x3, a_fp8) == _DOT_HALF and sb < bk,
-        SB=sb, W_FP8=w_fp8, A_FP8=a_fp8, DOT=_dot_mode(x3, a_fp8), BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=8,
+        WHOLE=bool(cfg.get("whole")) and w_fp8 and dot == _DOT_HALF and sb < bk,
+        SB=sb, W_FP8=w_fp8, A_FP8=a_fp8, DOT=dot, BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=8,
         INTERPRET=interpreting(), W_F32=weight.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x3))
     if splits > 1 and not finish:
