@@ -1431,6 +1431,47 @@ if [[ $what == twentyseventh1 ]]; then  # prepared in the twenty-sixth session: 
     "chunk_graphs or stored_records or fast_path" 2>&1 | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed" \
     | tail -4
 fi
+if [[ $what == twentyseventh2 ]]; then  # the half dot's whole tiles by default and the widened weight from 256 rows
+  # (plain 32-block linears), checked and timed; the mHC's collapse apart (PreConfig.collapse_apart) checked at real
+  # shapes and swept at V4.1's mixed-step sizes; then V4.1's mixed step by family on the new linear defaults
+  timeout 70 python3 -m pytest tests/ops/test_linear.py -q -p no:cacheprovider -o addopts="" -k \
+    "whole or half_dot or split_k or bmm or widened or batched_gemm" 2>&1 | tee "$OUT/gpu_tests_linear.log" \
+    | grep -E "^E |passed|failed" | tail -4
+  timeout 60 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -k "collapse_apart or gpu" \
+    2>&1 | tee "$OUT/gpu_tests_mhc.log" | grep -E "^E |passed|failed" | tail -4
+  timeout 170 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 128,640,2048 --variants \
+    default,apart,c-bt8-s8,c-x3p-bt16-s8,c-x3p-bt32-s4,c-x3p-bt32-s8,c-x3p-bt32-s8-cw8,c-x3p-bt32-s8-ct2,\
+c-x3p-bt64-s8,c-x3p-bt64-d64-s16 --out "$OUT/mhc-sweep.json" 2>&1 | grep -v Warning | tee "$OUT/mhc_sweep.log" \
+    | grep -E "hc_pre|failed"
+  (cd benchmarks/kernels && timeout 60 python3 fp8_gemm.py --prefill-only --prefill-rows 128,192,256 --shapes \
+    v41_wq_a,v41_wq_b,v41_wo_b,v41_wo_a\(grouped\),v41_shared_w13,v41_shared_w2 --variants \
+    default,bf16dot-tiles,bf16dot-whole,bmm 2>&1 | grep -v Warning | tee "$OUT/fp8_gemm_defaults.log" \
+    | grep -E " us |failed" | cut -c1-60)
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel|_widen|_hc_" "$OUT/profile-v41-p2048.log" \
+    | head -40
+fi
+if [[ $what == twentyseventh3 ]]; then  # the new defaults (the mHC's collapse apart for 129-4096 bf16 tokens, the
+  # widened weight past 128 rows of plain 32-block linears, whole half-dot tiles): kernel tests at real shapes, V4.1's
+  # mixed step and 2K chunk by family, the model-level GPU checks, the 16K bounded replay with chunk graphs
+  timeout 45 python3 -m pytest tests/ops/test_linear.py -q -p no:cacheprovider -o addopts="" -k \
+    "whole or half_dot or bmm or widened" 2>&1 | tee "$OUT/gpu_tests_linear.log" | grep -E "^E |passed|failed" | tail -4
+  timeout 75 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
+    "ragged or collapse_apart or gpu_post_pre or gpu_default" > "$OUT/gpu_tests_mhc.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -12
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel|_hc_|_collapse" \
+    "$OUT/profile-v41-p2048.log" | head -40
+  timeout 110 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+    "chunk_graphs or stored_records" 2>&1 | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed|tokens" | tail -8
+  timeout ${BR_TIMEOUT:-200} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --chunk-graph-tokens 256,768,1024 --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" \
+    | tee "$OUT/bounded_replay_graphs.log" | tail -6
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

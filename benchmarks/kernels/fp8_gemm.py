@@ -71,15 +71,18 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
 # it applies), "triton" = fp8_gemm's kernel with its default tiles
 # "bf16dot": the W8A8 values through the bf16 dot (x FP8-simulated, the weight widened per tile; no per-block
 # rescale: V4.1's 32-wide blocks); "bmm": the weight widened to bf16 per call (kernels/fp8_widen.py) and cuBLAS's
-# (batched) bf16 GEMM, the dispatch for grouped rows from fp8_gemm.BMM_MIN_ROWS
+# (batched) bf16 GEMM, the dispatch for grouped rows from fp8_gemm.BMM_MIN_ROWS (plain 32-block ones from
+# BMM_MIN_ROWS_B32)
 PREFILL_VARIANTS = {"default": None, "triton": {}, "bf16dot": {"a_fp8": False}, "bmm": {"bmm": True},
                     "bf16dot-bn256": {"a_fp8": False, "BN": 256, "num_warps": 8, "num_stages": 3}, "bm64": {"BM": 64}, "stages4": {"num_stages": 4},
                     "bn256w8": {"BN": 256, "num_warps": 8, "num_stages": 3},
                     # short grids (V4.1's 128-token decoder suffixes): the Triton kernel without its K shares
                     # (fp8_gemm.prefill_splits); "bf16dot" takes them too
                     "nosplit": {"splits": 1}, "bf16dot-nosplit": {"a_fp8": False, "splits": 1},
-                    # the half dot's K tile widened at once (one dot a tile, not one per 32 of K)
+                    # the half dot's K tile widened at once (one dot a tile, not one per 32 of K; by default from
+                    # fp8_gemm.WHOLE_MIN_TILES K tiles a program) or per 32-block ("tiles")
                     "bf16dot-whole": {"a_fp8": False, "whole": True},
+                    "bf16dot-tiles": {"a_fp8": False, "whole": False},
                     "bf16dot-whole-s4": {"a_fp8": False, "whole": True, "num_stages": 4}}
 
 

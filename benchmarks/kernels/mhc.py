@@ -215,6 +215,23 @@ PRE_VARIANTS = {
     "bt16-s8-ieee-apart": {"block_t": 16, "split_d": 8, "block_dc": 256, "bf16x3": False, "post_apart": True},
     "bt8-s16-ieee-apart": {"block_t": 8, "split_d": 16, "block_dc": 512, "bf16x3": False, "post_apart": True},
     "bt2-fma-apart": {"block_t": 2, "split_d": 32, "block_dc": 2048, "fma": True, "post_apart": True},
+    # the collapse and norm in a launch of their own (PreConfig.collapse_apart; twenty-seventh session): the mixes on
+    # token blocks that reach the tensor cores (bf16x3, promoted), their finishing programs only the coefficients
+    "c-bt8-s8": {"block_t": 8, "split_d": 8, "block_dc": 512, "collapse_apart": True},
+    "c-x3p-bt16-s8": {"block_t": 16, "block_d": 128, "split_d": 8, "bf16x3": True, "promote": True,
+                      "collapse_apart": True},
+    "c-x3p-bt32-s4": {"block_t": 32, "block_d": 128, "split_d": 4, "bf16x3": True, "promote": True,
+                      "collapse_apart": True},
+    "c-x3p-bt32-s8": {"block_t": 32, "block_d": 128, "split_d": 8, "bf16x3": True, "promote": True,
+                      "collapse_apart": True},
+    "c-x3p-bt32-s8-cw8": {"block_t": 32, "block_d": 128, "split_d": 8, "bf16x3": True, "promote": True,
+                          "collapse_apart": True, "collapse_warps": 8},
+    "c-x3p-bt32-s8-ct2": {"block_t": 32, "block_d": 128, "split_d": 8, "bf16x3": True, "promote": True,
+                          "collapse_apart": True, "collapse_t": 2},
+    "c-x3p-bt64-s8": {"block_t": 64, "block_d": 128, "split_d": 8, "bf16x3": True, "promote": True,
+                      "collapse_apart": True},
+    "c-x3p-bt64-d64-s16": {"block_t": 64, "block_d": 64, "split_d": 16, "bf16x3": True, "promote": True,
+                           "collapse_apart": True},
 }
 
 

@@ -270,6 +270,7 @@ def test_grouped_prefill_rows_as_one_batched_gemm(block: int, act: int) -> None:
     x = torch.randn(40, G, K, generator=g).to(DEV, torch.bfloat16)
     bf16 = torch.bfloat16
     assert fp8_gemm._takes_bmm(x[:1].expand(fp8_gemm.BMM_MIN_ROWS, G, K), q, s, block, None, bf16) == GPU
+    assert not fp8_gemm._takes_bmm(x[:1].expand(fp8_gemm.BMM_MIN_ROWS - 1, G, K), q, s, block, None, bf16)
     assert not fp8_gemm._takes_bmm(x, q, s, block, None, bf16)
     assert not fp8_gemm._takes_bmm(x, q, s, block, {"BN": 64}, bf16)
     assert not fp8_gemm._takes_bmm(x.float(), q, s, block, {"bmm": True}, torch.float32)
@@ -282,14 +283,15 @@ def test_grouped_prefill_rows_as_one_batched_gemm(block: int, act: int) -> None:
 
 @pytest.mark.parametrize("block,act", [(32, 32), (32, 0)])
 def test_prefill_rows_of_32_blocks_on_the_widened_weight(block: int, act: int) -> None:
-    """V4.1's plain linears (G = 1, 32 x 32 blocks: no cuBLAS FP8 recipe) take the widened weight from BMM_MIN_ROWS
-    on the GPU, V4's 128 x 128 ones keep the FP8 paths; the widened product is the reference's computation."""
+    """V4.1's plain linears (G = 1, 32 x 32 blocks: no cuBLAS FP8 recipe) take the widened weight from
+    BMM_MIN_ROWS_B32 on the GPU, V4's 128 x 128 ones keep the FP8 paths; the widened product is the reference's computation."""
     g = torch.Generator().manual_seed(13)
     N, K = 80, 256
     q, s = fp8_weight(N, K, block, g)
     x = torch.randn(33, K, generator=g).to(DEV, torch.bfloat16)
-    rows = x[:1].expand(fp8_gemm.BMM_MIN_ROWS, K).unsqueeze(1)
+    rows = x[:1].expand(fp8_gemm.BMM_MIN_ROWS_B32, K).unsqueeze(1)
     assert fp8_gemm._takes_bmm(rows, q, s, block, None, torch.bfloat16) == GPU
+    assert not fp8_gemm._takes_bmm(rows[1:], q, s, block, None, torch.bfloat16)
     q128, s128 = fp8_weight(N, K, 128, g)
     assert not fp8_gemm._takes_bmm(rows, q128, s128, 128, None, torch.bfloat16)
     got = fp8_gemm.general(x.unsqueeze(1), q, s, block, act, torch.bfloat16, cfg={"bmm": True})
@@ -580,9 +582,32 @@ def test_half_dot_whole_tile(K: int) -> None:
     x = torch.randn(M, 1, K, generator=g).to(torch.bfloat16).to(DEV)
     for extra in ({}, {"splits": 2}):
         whole = fp8_gemm.general(x, w, s, 32, 32, torch.float32, {"a_fp8": False, "whole": True, **extra})
-        per_block = fp8_gemm.general(x, w, s, 32, 32, torch.float32, {"a_fp8": False, **extra})
+        per_block = fp8_gemm.general(x, w, s, 32, 32, torch.float32, {"a_fp8": False, "whole": False, **extra})
         assert rel(whole, per_block) < 1e-5, extra
         assert rel(whole.view(M, N), linear_reference(x.view(M, K).float(), w, s, 32, 32)) < 1e-2
+
+
+def test_half_dot_takes_whole_tiles_from_five_k_tiles_a_program() -> None:
+    """Unless cfg says, the half dot widens whole K tiles where a program walks WHOLE_MIN_TILES (5) K tiles of 128 or
+    more (V4.1's wq_a at 128 rows walks 4 in each of its 13 shares, where whole tiles were slower): the default's
+    bits are the whole form's at 5 tiles and the per-block form's at 4 (which differ under the interpreter: another
+    order of sums; the GPU's tensor cores may give both the same bits)."""
+    g = torch.Generator().manual_seed(5)
+    M, N = 8, 32
+    for tiles, whole in ((5, True), (4, False)):
+        K = tiles * 128
+        w, s = fp8_weight(N, K, 32, g)
+        x = torch.randn(M, 1, K, generator=g).to(torch.bfloat16).to(DEV)
+        cfg = {"a_fp8": False, "splits": 1}
+        got = fp8_gemm.general(x, w, s, 32, 32, torch.float32, cfg)
+        forms = {f: fp8_gemm.general(x, w, s, 32, 32, torch.float32, {**cfg, "whole": f}) for f in (True, False)}
+        assert GPU or not torch.equal(forms[True], forms[False])
+        assert torch.equal(got, forms[whole]), tiles
+    # V4.1's linears at 128 rows on the GPU's tiles: whole tiles but for wq_a's 4 K tiles a program
+    for (N, K, G), whole in (((1280, 5120, 1), False), ((5120, 2304, 1), True), ((5120, 8192, 1), True),
+                             ((1024, 4096, 8), True), ((32768, 1280, 1), True)):
+        splits = fp8_gemm.prefill_splits(N // 128 * G, K // 128)
+        assert fp8_gemm.whole_tiles(fp8_gemm.k_share(K, splits, 128), 128) == whole, (N, K, G)
 
 
 SM90_WHOLE = """

@@ -10,6 +10,7 @@ cases run at real shapes with bf16 streams.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -115,7 +116,11 @@ def test_gpu_default_configs():
     # above 64 tokens hc_post_pre as hc_post then hc_pre (fused, twice hc_pre's time on the H100 at D = 5120)
     assert [mk.default_pre_config(t, 5120, on_gpu=True).post_apart for t in (1, 64, 65, 640, 1024)] == [
         False, False, True, True, True]
-    assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (64, 128, 129)] == [2, 2, 8]
+    assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (64, 128, 129)] == [2, 2, 64]
+    # 129-4096 bf16 tokens: 64-token tensor-core mixes, the collapse apart; float32 streams keep the FMA grids
+    assert [mk.default_pre_config(t, 5120, on_gpu=True).collapse_apart for t in (128, 129, 4096, 4097)] == [
+        False, True, True, False]
+    assert mk.default_pre_config(640, 5120, on_gpu=True, bf16=False).block_t == 8
     for t in (1, 5, 1100):  # 1100: a prefill chunk's grid (16-token blocks over D slices)
         cfg = mk.default_pre_config(t, 512, on_gpu=True, bf16=False)
         assert cfg.split_d > 1
@@ -131,13 +136,13 @@ def test_gpu_default_configs():
 
 @pytest.mark.parametrize("t", [1100, 4100])
 def test_gpu_prefill_defaults_on_ragged_chunks(t: int):
-    """The GPU's bf16 prefill grids (bf16x3 promoted, 32- then 64-token blocks over 64-wide D chunks and 4 slices,
-    post + pre apart), run by the interpreter on streams that hold bf16 values (its dots take the split parts in
+    """The GPU's bf16 prefill grids (bf16x3 promoted, 64-token blocks over 64-wide D chunks, post + pre apart, the
+    collapse apart up to 4096 tokens), run by the interpreter on streams that hold bf16 values (its dots take the split parts in
     fp32): chunks that are not whole token blocks, D = 96 (a short last slice), lagged and normed; hc_post_pre as
     the reference composition."""
     d = 96
     cfg = mk.default_pre_config(t, d, on_gpu=True)
-    assert cfg.block_t == (32 if t <= 4096 else 64) and cfg.post_apart and cfg.promote
+    assert cfg.block_t == 64 and cfg.post_apart and cfg.promote and cfg.collapse_apart == (t <= 4096)
     f, x, post, comb, fn, base, scale, w, cpre = _expansion(t, d, torch.float32, seed=43 + t)
     x, f = x.bfloat16().float(), f.bfloat16().float()
     pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
@@ -254,6 +259,38 @@ def test_post_pre_matches_reference_and_the_two_launches(dtype, t, d, lagged_nor
     two = (new, *mk.hc_pre(new, *pre_args, **kw, config=cfg))
     assert all(torch.equal(a, b) for a, b in zip(got, two))
     assert all(torch.equal(a, b) for a, b in zip(got, mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=cfg)))
+
+
+COLLAPSE_APART = {"token-blocks": mk.PreConfig(block_t=16, block_d=32, split_d=1, block_dc=64),
+                  "split": mk.PreConfig(block_t=4, block_d=16, split_d=4, block_dc=32),
+                  "split,one-chunk": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128)}
+
+
+@pytest.mark.parametrize("cfg", COLLAPSE_APART.values(), ids=COLLAPSE_APART.keys())
+@pytest.mark.parametrize("lagged_normed", [False, True], ids=["own-pre", "lagged+normed"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_collapse_apart(dtype, lagged_normed, cfg):
+    """PreConfig.collapse_apart: the collapse and norm in a launch of their own after the mixes and coefficients.
+    With the fused grid's token block, D chunk and warps it gives the fused launch's bits (the same arithmetic); with
+    its own defaults (one token a program, one D chunk) the reference's values; hc_post_pre runs it as hc_post then
+    hc_pre. T=37 leaves the last token block short, D=96 the last D slice."""
+    t, d = 37, 96
+    f, x, post, comb, fn, base, scale, w, cpre = _expansion(t, d, dtype, seed=53 + lagged_normed)
+    pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged_normed, lagged_normed)
+    fused = mk.hc_pre(x, *pre_args, **kw, config=cfg)
+    same = replace(cfg, collapse_apart=True, collapse_t=cfg.block_t, collapse_dc=cfg.block_dc,
+                   collapse_warps=cfg.num_warps)
+    assert all(torch.equal(a, b) for a, b in zip(mk.hc_pre(x, *pre_args, **kw, config=same), fused))
+    own = replace(cfg, collapse_apart=True)
+    got = mk.hc_pre(x, *pre_args, **kw, config=own)
+    _check_pre(got, mhc.hc_pre_reference(x, *pre_args, **kw), TOL[dtype], TOL[dtype])
+    assert all(torch.equal(a, b) for a, b in zip(got[1:], fused[1:]))  # the coefficients: one launch's either way
+    both = mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=own)
+    new = mk.hc_post(f, x, post, comb)
+    assert all(torch.equal(a, b) for a, b in zip(both, (new, *mk.hc_pre(new, *pre_args, **kw, config=own))))
+    with pytest.raises(ValueError, match="power of two"):
+        mk.hc_pre(x, *pre_args, **kw, config=replace(own, collapse_t=3))
 
 
 def test_post_pre_entry_point_and_empty():

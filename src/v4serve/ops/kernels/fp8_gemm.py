@@ -37,6 +37,18 @@ _COUNTERS = ArrivalCounters()  # split-K tiles finished in the kernel at decode 
 # widening included). V4.1's linears on this kernel: 106 of a 2,048-token chunk's 553 ms, ~17% of the FP8 peak
 # (v41-flash-e16-engram1m, profile_step.py, twenty-second session).
 BMM_MIN_ROWS = 512
+# Plain (G = 1) linears of 32-block weights past one 128-row tile: there the half dot's grids (2 x N/128 tiles, K no
+# longer split) left most of the GPU idle. H100, V4.1's shapes, `fp8_gemm.py --prefill-only` (twenty-seventh
+# session), the half dot (whole tiles) against the widened weight on cuBLAS at 192 / 256 rows: wq_a 35.8 / 23.0 and
+# 37.5 / 23.9 us, wo_b 118.6 / 94.7 and 122.1 / 95.1, the shared expert's w13 79.4 / 58.2 and 78.6 / 60.2, w2 40.2 /
+# 30.2 and 40.1 / 31.4, wq_b 83.3 / 92.8 and 87.2 / 95.4 (the one loss); at 128 the half dot wins all but wq_a and
+# w2 (wo_b 58.5 / 90.9, wq_b 47.3 / 92.6). The grouped wo_a keeps the half dot (256 rows: 62.9 / 79.2)
+BMM_MIN_ROWS_B32 = 129
+# The half dot widens each K tile of a 32-block weight at once (`_whole_tile`: one dot and one wgmma wait a tile) where
+# a program walks at least this many K tiles. H100, 128 rows (twenty-seventh session), per-block dots against whole
+# tiles: wq_b 62.4 / 47.8 us, wo_b 71.1 / 59.5, wo_a 51.6 / 40.2, w13 50.6 / 43.4, w2 (6 K tiles a program) 32.5 /
+# 30.2; wq_a (4 K tiles a program: 13 K shares) 30.8 / 36.2
+WHOLE_MIN_TILES = 5
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -244,8 +256,8 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     widen = _takes_bmm(x3, weight, scale, block, cfg, out_dtype if xs is not None else x3.dtype)
     # W8A8 on the FP8 tensor cores where the activations quantize per the weight's block; cfg {"a_fp8": False} (by
     # default half_dot_default's rows) runs the same values as W8A16 instead (x FP8-simulated in bf16, exact, against
-    # the weight widened per tile on the bf16 tensor cores: no per-block rescale of the accumulator); cfg {"whole":
-    # True} widens the half dot's K tile at once (`_whole_tile`: one dot a tile; not yet timed on a GPU)
+    # the weight widened per tile on the bf16 tensor cores: no per-block rescale of the accumulator), each K tile
+    # widened at once where a program walks WHOLE_MIN_TILES K tiles or more (cfg {"whole": bool} decides instead)
     half_dot = not widen and not (cfg or {}).get("a_fp8", not half_dot_default(M, block, x3.is_cuda
                                                                               and not interpreting()))
     if xs is not None and (widen or half_dot) and out_dtype in (torch.bfloat16, torch.float16):
@@ -267,7 +279,7 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     wide = x3.dtype in (torch.float32, torch.float64)
     cfg = {**_config(M, N, K, G, sb, a_fp8, wide), **(cfg or {})}
     splits, bk = cfg["splits"], cfg["BK"]
-    k_per_split = cdiv(cdiv(K, splits), bk) * bk
+    k_per_split = k_share(K, splits, bk)
     splits = cdiv(K, k_per_split)
     y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)
     acc_t = torch.float64 if x3.dtype == torch.float64 else torch.float32
@@ -285,7 +297,8 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         x3.stride(0), x3.stride(1), xs_t.stride(0) if xs is not None else 0, xs_t.stride(1) if xs is not None else 0,
         weight.stride(0), scale_t.stride(0) if scale is not None else 0,
         part.stride(0), part.stride(1), part.stride(2), y.stride(0), y.stride(1), SPLITS=splits, FINISH=finish,
-        WHOLE=bool(cfg.get("whole")) and w_fp8 and dot == _DOT_HALF and sb < bk,
+        WHOLE=bool(cfg.get("whole", half_dot and whole_tiles(k_per_split, bk))) and w_fp8
+        and dot == _DOT_HALF and sb < bk,
         SB=sb, W_FP8=w_fp8, A_FP8=a_fp8, DOT=dot, BM=cfg["BM"], BN=cfg["BN"], BK=bk, GROUP_M=8,
         INTERPRET=interpreting(), W_F32=weight.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(x3))
@@ -296,9 +309,19 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
     return y
 
 
+def k_share(K: int, splits: int, block_k: int) -> int:
+    """The K a program walks with K split in `splits` shares, whole K tiles each."""
+    return cdiv(cdiv(K, splits), block_k) * block_k
+
+
+def whole_tiles(k_per_split: int, block_k: int) -> bool:
+    """The half dot's default form: whole K tiles widened at once from WHOLE_MIN_TILES tiles a program."""
+    return k_per_split >= WHOLE_MIN_TILES * block_k
+
+
 def half_dot_default(rows: int, block: int, on_gpu: bool) -> bool:
-    """W8A8 prefill rows below BMM_MIN_ROWS of weights whose blocks cuBLAS FP8 has no recipe for (V4.1's 32 x 32) run
-    as W8A16 on the bf16 dot (the same values, no rescale of the accumulator every 32 of K). H100, 128 rows with K
+    """W8A8 prefill rows below the widened weight's (`_takes_bmm`) of weights whose blocks cuBLAS FP8 has no recipe for
+    (V4.1's 32 x 32) run as W8A16 on the bf16 dot (the same values, no rescale of the accumulator every 32 of K). H100, 128 rows with K
     split (benchmarks/kernels/fp8_gemm.py, twenty-sixth session), FP8 dots against bf16: wq_b 81.2 / 61.4 us, wo_b
     91.0 / 70.7, the shared expert's w13 61.0 / 50.4 and w2 35.0 / 32.3, wq_a 30.7 / 30.5, wo_a 50.8 / 51.2."""
     return on_gpu and block != scaled_mm.BLOCK and 64 < rows < BMM_MIN_ROWS
@@ -306,14 +329,16 @@ def half_dot_default(rows: int, block: int, on_gpu: bool) -> bool:
 
 def _takes_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
                cfg: dict | None, dtype: torch.dtype) -> bool:
-    """Prefill rows of an FP8 weight on the GPU (BMM_MIN_ROWS) where the weight is grouped or its blocks are not
-    cuBLAS FP8's 128, for activations of a half dtype (given quantized: the dtype they stand for); cfg {"bmm": True}
+    """Prefill rows of an FP8 weight on the GPU where the weight is grouped (from BMM_MIN_ROWS) or its blocks are not
+    cuBLAS FP8's 128 (from BMM_MIN_ROWS_B32), for activations of a half dtype (given quantized: the dtype they stand for); cfg {"bmm": True}
     forces it (benchmarks, tests), any other cfg keeps the Triton kernel."""
     if not fp8_widen.supports(weight, scale) or dtype not in (torch.bfloat16, torch.float16):
         return False
     if cfg is not None:
         return bool(cfg.get("bmm"))
-    return x3.is_cuda and x3.shape[0] >= BMM_MIN_ROWS and (x3.shape[1] > 1 or block != scaled_mm.BLOCK)
+    if not x3.is_cuda or (x3.shape[1] == 1 and block == scaled_mm.BLOCK):
+        return False
+    return x3.shape[0] >= (BMM_MIN_ROWS if x3.shape[1] > 1 else BMM_MIN_ROWS_B32)
 
 
 def _widened_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int, act_group: int,

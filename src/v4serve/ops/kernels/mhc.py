@@ -18,6 +18,11 @@ Two grid shapes, both one launch:
   run concurrently on different streams. The finishing program's collapse and norm passes take wide D chunks
   (`block_dc`), so a 1-token block crosses D in a few steps instead of many latency-bound ones.
 
+Prefill chunks of bf16 streams (129-4096 tokens) split hc_pre in two launches (PreConfig.collapse_apart): the split
+grid over 64-token blocks, whose finishing programs compute only the coefficients, then `_collapse_kernel`, one
+token a program, for the collapse and norm (the same arithmetic): token blocks big enough for the tensor-core mixes
+made the finishing programs' collapse of all of D for 64 tokens the serial tail of the launch.
+
 The mixes GEMM: fp32 operands ("ieee") in general; with bf16 x on the GPU ("bf16x3") fn is split in registers
 into three bf16 parts (hi + mid + lo = fn to 24 bits) so that the tensor cores give fp32-GEMM accuracy: bf16 x bf16
 products are exact in fp32. The interpreter multiplies raw bf16 bits in tl.dot, so there the split parts go through
@@ -68,6 +73,15 @@ class PreConfig:
     # hc_post_pre as two launches, hc_post then hc_pre (the same bits): for the tensor-core mixes, whose fused form
     # was 4-5x slower than the pre side alone at prefill sizes (H200, `mhc.py --sweep`, nineteenth session)
     post_apart: bool = False
+    # the collapse and norm as a launch of their own (`_collapse_kernel`: `collapse_t` tokens a program over D chunks
+    # of `collapse_dc`, 0 = 8192 / collapse_t; `collapse_warps` warps) after the mixes and coefficients: token blocks
+    # large enough for the tensor-core mixes leave the finishing programs' serial collapse of all of D for many tokens
+    # on few SMs. The same arithmetic (the same bits where the token block, D chunk and warps are the same). Implies
+    # post_apart
+    collapse_apart: bool = False
+    collapse_t: int = 1
+    collapse_dc: int = 0
+    collapse_warps: int = 4
 
 
 @dataclass(frozen=True)
@@ -292,12 +306,23 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
             neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
             N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr,
             HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
-            ONE_CHUNK: tl.constexpr):
+            ONE_CHUNK: tl.constexpr, COLLAPSE: tl.constexpr = True):
     """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored, by this one
-    program over all of D (in one chunk of BLOCK_DC where ONE_CHUNK)."""
+    program over all of D (in one chunk of BLOCK_DC where ONE_CHUNK), unless COLLAPSE is off (`_collapse_kernel`
+    does it after this launch)."""
     pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
                         neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
-    pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
+    if COLLAPSE:
+        pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
+        _collapse_norm(pc, offs_t, t_mask, x_ptr, nw_ptr, y_ptr, D, sx_t, sx_n, sx_d, eps2_hi, eps2_lo, N, PP, BLOCK_T,
+                       BLOCK_DC, HAS_NORM, ACC, COLL, ONE_CHUNK)
+
+
+@triton.jit
+def _collapse_norm(pc, offs_t, t_mask, x_ptr, nw_ptr, y_ptr, D, sx_t, sx_n, sx_d, eps2_hi, eps2_lo, N: tl.constexpr,
+                   PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr, HAS_NORM: tl.constexpr,
+                   ACC: tl.constexpr, COLL: tl.constexpr, ONE_CHUNK: tl.constexpr):
+    """y = sum_i pc_i x_i (pc [BT, PP] in COLL) over all of D, optionally normed, stored for the token block."""
     Y = y_ptr.dtype.element_ty
     x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
     y_rows = y_ptr + offs_t.to(tl.int64)[:, None] * D
@@ -396,7 +421,7 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
                    HAS_CPRE: tl.constexpr,
                    HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, ONE_CHUNK: tl.constexpr,
                    MIX: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr = False):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr = False, COLLAPSE: tl.constexpr = True):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
@@ -408,12 +433,28 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
                     heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL,
-                    ONE_CHUNK)
+                    ONE_CHUNK, COLLAPSE)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
                 post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
-                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK)
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK,
+                COLLAPSE)
+
+
+@step_jit
+def _collapse_kernel(x_ptr, pc_ptr, nw_ptr, y_ptr, T, D, sx_t, sx_n, sx_d, spc_t, spc_n, eps2_hi, eps2_lo,
+                     N: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr,
+                     HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, ONE_CHUNK: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    """hc_pre's collapse and norm apart (PreConfig.collapse_apart): the collapse weights pc [T, n] (the launch
+    before's pre, or the caller's lagged ones) read back, then `_finish`'s own collapse."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = offs_t < T
+    pc = _collapse_weights(pc_ptr, offs_t, t_mask, pc_ptr, spc_t, spc_n, N, PP, True, COLL)
+    _collapse_norm(pc, offs_t, t_mask, x_ptr, nw_ptr, y_ptr, D, sx_t, sx_n, sx_d, eps2_hi, eps2_lo, N, PP, BLOCK_T,
+                   BLOCK_DC, HAS_NORM, ACC, COLL, ONE_CHUNK)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -573,6 +614,15 @@ def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreCo
                          split_d=1)
     if t > 1024 and not bf16:  # fp32 FMA dots on 16-token blocks over 4 D slices (eighteenth session)
         return PreConfig(block_t=16, block_d=64, split_d=4, block_dc=256, num_warps=4, num_stages=2, bf16x3=False)
+    if 128 < t <= 4096 and bf16:
+        # the mixes on 64-token blocks over 16 D slices of 64-wide chunks (the bf16x3 tensor-core GEMM promoted per
+        # chunk), the collapse and norm a launch of their own (one token a program) and hc_post apart. H100, D = 5120,
+        # `mhc.py --sweep` (twenty-seventh session), against the grids before (8-token blocks over 8 slices up to
+        # 1024, then 32-token ones over 4): T = 640 hc_pre 121.6 -> 67.7 us, hc_post_pre 149.7 -> 94.4; T = 2048
+        # 242.2 -> 142.3 and 324.1 -> 219.2 (the coefficients as close to the float32 reference: 5.1e-7 / 6.4e-7
+        # scaled error); at T = 128 the same as the 2-token blocks (hc_post_pre 59.2 / 60.7 us)
+        return PreConfig(block_t=64, block_d=64, split_d=16, block_dc=64, num_warps=4, num_stages=2, bf16x3=True,
+                         promote=True, post_apart=True, collapse_apart=True)
     if t > 1024:
         # the bf16x3 tensor-core GEMM promoted per D chunk (chained through the MMA's accumulator, it put the
         # coefficients 3.7e-4 (relative) from the float32 reference at T=4096; promoted they are as close as fp32
@@ -622,6 +672,19 @@ class _PreLaunch:
     head: tuple
     tail: tuple
     const: dict
+    collapse: _CollapseLaunch | None = None  # PreConfig.collapse_apart: the launch after
+
+
+@dataclass(frozen=True)
+class _CollapseLaunch:
+    """`_collapse_kernel`'s grid and arguments after x: kernel[grid](x, *args[:5], <x strides>, *args[5:], **const)."""
+    grid: tuple[int]
+    args: tuple
+    const: dict
+
+    def run(self, x: torch.Tensor) -> None:
+        _collapse_kernel[self.grid](x, *self.args[:5], x.stride(0), x.stride(1), x.stride(2), *self.args[5:],
+                                    **self.const, **pdl_launch(x), **_EXACT)
 
 
 def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
@@ -677,7 +740,20 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
              "HAS_NORM": has_norm, "ACC": _TL[acc], "COLL": _TL[coll], "MIX": mix, "INTERPRET": interpreting(),
              "ONE_CHUNK": block_dc >= d,
              "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-    return outs, _PreLaunch((n_tb, split_d), head, tail, const)
+    collapse = None
+    if cfg.collapse_apart:
+        const["COLLAPSE"] = False
+        ct = cfg.collapse_t
+        if ct & (ct - 1):
+            raise ValueError(f"collapse_t must be a power of two: {cfg}")
+        cdc = cfg.collapse_dc or max(16, min(next_pow2(d), 8192 // ct))
+        if cdc & (cdc - 1):
+            raise ValueError(f"collapse_dc must be a power of two: {cfg}")
+        collapse = _CollapseLaunch(
+            (cdiv(t, ct),), (cpre, nw, outs[0], t, d, cpre.stride(0), cpre.stride(1), *eps2),
+            {"N": n, "PP": pp, "BLOCK_T": ct, "BLOCK_DC": cdc, "HAS_NORM": has_norm, "ACC": _TL[acc], "COLL": _TL[coll],
+             "ONE_CHUNK": cdc >= d, "num_warps": cfg.collapse_warps})
+    return outs, _PreLaunch((n_tb, split_d), head, tail, const, collapse)
 
 
 def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, n: int, iters: int,
@@ -690,6 +766,8 @@ def hc_pre(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.T
     if launch is not None:
         _hc_pre_kernel[launch.grid](x, *launch.head, x.stride(0), x.stride(1), x.stride(2), fn.stride(0),
                                     fn.stride(1), *launch.tail, **launch.const, **pdl_launch(x), **_EXACT)
+        if launch.collapse is not None:
+            launch.collapse.run(x)
     return outs
 
 
@@ -710,7 +788,7 @@ def hc_post_pre(f: torch.Tensor | PartialSum, x: torch.Tensor, post: torch.Tenso
     a PartialSum (ops/peer_sum.py): the ranks' partials are summed as the expansion loads them."""
     t, _, d = x.shape
     cfg = config or default_pre_config(t, d, x.is_cuda, x.dtype == torch.bfloat16)
-    if cfg.post_apart:
+    if cfg.post_apart or cfg.collapse_apart:
         new = hc_post(f, x, post, comb)
         return (new, *hc_pre(new, fn, base, scale, n, iters, norm_eps, hc_eps, collapse_pre, norm_weight, norm_eps2,
                              cfg))
