@@ -1495,6 +1495,19 @@ if [[ $what == twentyeighth1 ]]; then  # the twenty-seventh's defaults at real s
   timeout 60 python3 -m pytest tests/gpu/test_cuda.py -q -s -p no:cacheprovider -o addopts="" -k stored_records 2>&1 \
     | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed|agreement" | tail -8
 fi
+if [[ $what == twentyeighth2 ]]; then  # twentyeighth1 cut to what ~340 s of device time allows (a start included):
+  # the mHC tests with tracebacks, V4.1's decode and 640-token mixed step by family, then the stored-records test
+  timeout 65 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
+    "ragged or collapse_apart or gpu_post_pre or gpu_default" > "$OUT/gpu_tests_mhc.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -12
+  timeout 95 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 0 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-mixed.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel|_hc_|_collapse" \
+    "$OUT/profile-v41-mixed.log" | head -30
+  timeout 45 python3 -m pytest tests/gpu/test_cuda.py -q -s -p no:cacheprovider -o addopts="" -k stored_records 2>&1 \
+    | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed|agreement" | tail -8
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
