@@ -1481,8 +1481,9 @@ if [[ $what == twentyseventh3 ]]; then  # the new defaults (the mHC's collapse a
     --contexts 16384 --chunk-graph-tokens 256,768,1024 --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" \
     | tee "$OUT/bounded_replay_graphs.log" | tail -6
 fi
-if [[ $what == twentyeighth2 ]]; then  # the twenty-seventh's defaults at real shapes in what ~340 s of device time
-  # allows (a start included): the mHC tests with tracebacks, V4.1's decode and 640-token mixed step by family, then the stored-records test
+if [[ $what == twentyeighth2 ]]; then  # the twenty-seventh's defaults at real shapes in what ~340 s of device
+  # time allows (a start included): the mHC tests with tracebacks, V4.1's decode and 640-token mixed step by family,
+  # then the stored-records model test
   timeout 65 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
     "ragged or collapse_apart or gpu_post_pre or gpu_default" > "$OUT/gpu_tests_mhc.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -12
