@@ -1495,6 +1495,12 @@ if [[ $what == twentyeighth2 ]]; then  # the twenty-seventh's defaults at real s
   timeout 45 python3 -m pytest tests/gpu/test_cuda.py -q -s -p no:cacheprovider -o addopts="" -k stored_records 2>&1 \
     | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed|agreement" | tail -8
 fi
+if [[ $what == twentyeighth3 ]]; then  # the last ~250 s of device time (a start included): the mHC's GPU tests at
+  # real shapes on the defaults (the ragged prefill grids, post + pre, hc_pre / hc_post at D = 4096 and 5120)
+  timeout 110 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
+    "ragged or gpu_post_pre or gpu_bf16" > "$OUT/gpu_tests_mhc.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -14
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
