@@ -1501,6 +1501,28 @@ if [[ $what == twentyeighth3 ]]; then  # the last ~250 s of device time (a start
     "ragged or gpu_post_pre or gpu_bf16" > "$OUT/gpu_tests_mhc.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -14
 fi
+if [[ $what == twentyninth1 ]]; then  # what the twenty-eighth could not run (no device came): the mHC's GPU tests on
+  # the twenty-seventh's defaults; decode launches' CSA picks staged (V4SERVE_ATTN_STAGE=picks, opt-in): its tests at
+  # real shapes, the kernel at V4.1's decode shapes, the graphed V4.1 step A/B at batch 1 and 32; V4.1's profile
+  timeout 70 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
+    "ragged or collapse_apart or gpu_post_pre or gpu_default" > "$OUT/gpu_tests_mhc.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -10
+  timeout 60 python3 -m pytest tests/ops/test_attention_stage.py -q -s -p no:cacheprovider -o addopts="" -rf \
+    --tb=short -k picks > "$OUT/gpu_tests_stage.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED|bits equal" "$OUT/gpu_tests_stage.log" | cut -c1-160 | sort | uniq -c | tail -10
+  timeout 100 python3 benchmarks/kernels/attention.py --format v41 --decode-only --variants default staged-picks \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention-picks.log" | grep -E "csa|hca|HBM copy" | head -16
+  for b in 1 32; do
+    timeout 90 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch $b --context 4096 --steps 10 \
+      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant \
+      "V4SERVE_ATTN_STAGE=picks" --out "$OUT/ab" 2>&1 | grep -v -e Warning -e USDT | tee "$OUT/graph-ab-b$b.log" \
+      | grep -E "CUDA graphs|floor|round"
+  done
+  timeout 125 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
+    --steps 2 --prefill 2048 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
+  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_hc_|_collapse" "$OUT/profile-v41-p2048.log" | head -30
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -9,7 +9,7 @@ run (issue target: >= 60% at batch 32). Prefill: one 4K-token chunk, TFLOP/s on 
 ceiling (target: >= 35%). Each case is checked against the plain-torch reference first; tile variants are timed side by
 side so the committed config can be chosen from one run. Prompt chunks over stored records are staged by default
 (ops/kernels/attention_stage.py, its decode timed with the attention, and alone in GB/s); the "unstaged" variant
-decodes in registers.
+decodes in registers. "staged-picks" stages a decode launch's window rings and CSA picks (`V4SERVE_ATTN_STAGE=picks`).
 `--swa` adds window-only layers, `--decode-only` / `--prefill-only` pick the shapes.
 """
 
@@ -42,9 +42,10 @@ VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": ker
             "hk8": kernel.Config(16, 32, 2, 8, 1, kv_splits=8), "hk32": kernel.Config(16, 32, 2, 8, 1, kv_splits=32),
             "hd1k8": kernel.Config(16, 32, 1, 8, 1, kv_splits=8), "h32d1k8": kernel.Config(32, 32, 1, 8, 1, kv_splits=8),
             "heads": kernel.GPU_CONFIG,  # the "heads" mode's default (prefill over V4 / V4.1 records until 2026-12-04)
-            "unstaged": None}  # the default config with the records decoded in registers at prefill too
-# variants that force the staging of prompt chunks' records (ops/kernels/attention_stage.py) off or on
-STAGE = {"unstaged": False}
+            "unstaged": None,  # the default config with the records decoded in registers at prefill too
+            "staged-picks": None}  # decode: the window rings and the CSA picks staged first, then gpu_config's choice
+# variants that force the staging of records (ops/kernels/attention_stage.py) off, or on for decode's picks
+STAGE = {"unstaged": False, "staged-picks": stage.PICKS}
 
 
 def flash(heads: int, rows: int, warps: int, stages: int = 1, splits: int = 0, dchunk: int = 128,
@@ -274,7 +275,8 @@ def main() -> None:
                 if phase == "prefill":
                     rows.append(stage_row(fname, layer, a, hbm))
                 for vname, cfg in chosen.items():
-                    if phase == "prefill" and cfg is not None and cfg.mode != "heads" and not args.flash_prefill:
+                    if phase == "prefill" and (STAGE.get(vname) == stage.PICKS or (
+                            cfg is not None and cfg.mode != "heads" and not args.flash_prefill)):
                         continue
                     try:
                         err = err0

@@ -113,3 +113,10 @@ def test_stored_records_staged_for_prompt_chunks_give_the_same_logits(preset: st
     monkeypatch.setenv("V4SERVE_ATTN_STAGE", "0")
     assert torch.equal(run(), staged)
     assert not staged_launches
+    # opt-in: decode launches' CSA picks staged too (the 11-token chunk and the decode row): the same bits
+    picks_launches = []
+    stage_picks = attention_stage.stage_picks
+    monkeypatch.setattr(attention_stage, "stage_picks", lambda *a: picks_launches.append(1) or stage_picks(*a))
+    monkeypatch.setenv("V4SERVE_ATTN_STAGE", "picks")
+    assert torch.equal(run(), staged)
+    assert picks_launches and staged_launches

@@ -116,3 +116,80 @@ def test_work_follows_the_block_tables_width() -> None:
     window, entries = _case("fp8_b32", "nvfp4", "dense", EXACT, seed=6, rows_tokens=PROMPT)[6:]
     wide = dataclasses.replace(entries, where=dataclasses.replace(entries.where, max_entries=1 << 20))
     assert stage.staged_bytes(window, wide, EXACT) == stage.staged_bytes(window, entries, EXACT)
+
+
+# decode launches (V4SERVE_ATTN_STAGE=picks): one token a row, and a row of three (a V4.1 decoder sub-step's shape)
+DECODE = [(3, (1, 1, 1)), (2, (1, 3))]
+PICK_CASES = [(w, c, "picks", None, rt) for (w, c) in STORED for rt in DECODE] + \
+    [(w, c, "picks", FLASH, DECODE[0]) for (w, c) in STORED[:3]] + \
+    [("fp8_b32", "nvfp4", "dense", None, DECODE[0]), ("fp8_b32", None, "none", None, DECODE[0])]
+
+
+@pytest.mark.parametrize("wkind,ckind,mode,cfg,rows_tokens", PICK_CASES)
+def test_staged_picks_give_the_same_bits(wkind: str, ckind: str | None, mode: str, cfg, rows_tokens) -> None:
+    """The window rings and only the picked entries staged (20 picks a token with -1 holes and an empty selection,
+    padded to 24 = 3 blocks of 8 entries; HCA and window-only launches: the window alone): the bits of the records
+    decoded in registers, and the reference."""
+    cfg = cfg or ONE_CONFIG
+    args = _case(wkind, ckind, mode, EXACT, seed=hash((wkind, ckind, mode, rows_tokens)) % 1000,
+                 rows_tokens=rows_tokens)
+    q, cos, sin, fresh, sink, scale, window, entries = args
+    assert not stage.wanted(q.shape[0], window, entries, q.dtype, q.device)  # the prompt rule leaves decode
+    staged = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg, stage=stage.PICKS)
+    inreg = kernel.attend(q, cos, sin, fresh, sink, scale, None, window, entries, config=cfg, stage=False)
+    _same(staged, inreg)
+    ref = attn.attend_reference(q, cos, sin, fresh, sink, scale, None, window, entries)
+    assert _rel(staged, ref) < TOL
+
+
+def test_staged_picks_addressing() -> None:
+    """Token t's pick j -> staged row t * Kp + j holding the picked entry's values (through the token's block table:
+    holes read the trash block), renamed to j; -1 picks stay -1 and their rows, like the padding's, are zeros. The
+    staged block table's row t addresses exactly rows t * Kp .. t * Kp + Kp - 1."""
+    window, entries = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=7, rows_tokens=DECODE[1])[6:]
+    w2, e2 = stage.stage_picks(window, entries, EXACT)
+    assert torch.equal(w2.pool.data, window.pool.read(window.ring_rows, EXACT))
+    picks, where = entries.picks, entries.where
+    T, K = picks.shape
+    KP = e2.pool.data.shape[0] // T
+    assert KP == 24 and e2.where.block_table.shape == (T, KP // where.per_block)
+    assert torch.equal(e2.picks, torch.where(picks >= 0, torch.arange(K, device=DEVICE), -1))
+    j = torch.arange(KP, device=DEVICE)
+    for t in range(T):
+        staged = e2.pool.data[e2.where.token_rows(e2.where.token_row[t:t + 1], j.unsqueeze(0))][0]
+        assert torch.equal(staged, e2.pool.data[t * KP:(t + 1) * KP])
+        ok = picks[t] >= 0
+        want = entries.pool.read(where.token_rows(where.token_row[t:t + 1], picks[t].clamp(min=0).unsqueeze(0))[0],
+                                 EXACT)
+        assert torch.equal(staged[:K][ok], want[ok])
+        assert not staged[:K][~ok].any() and not staged[K:].any()
+
+
+def test_the_picks_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opt-in (V4SERVE_ATTN_STAGE=picks): CSA launches over a stored format, within the budget; never HCA or
+    window-only launches, plain records, or without the switch. attend(stage=None) then takes it (the same bits as
+    stage="picks"), and prompt chunks keep the prompt rule's staging."""
+    args = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=8, rows_tokens=DECODE[0])
+    q, cos, sin, fresh, sink, scale, window, entries = args
+    assert not stage.picks_wanted(window, entries, q.dtype)
+    monkeypatch.setenv(stage.STAGE_ENV, stage.PICKS)
+    assert stage.picks_wanted(window, entries, q.dtype)
+    dense_w, dense_e = _case("fp8_b32", "nvfp4", "dense", EXACT, seed=8, rows_tokens=DECODE[0])[6:]
+    assert not stage.picks_wanted(dense_w, dense_e, q.dtype) and not stage.picks_wanted(window, None, q.dtype)
+    plain_w, plain_e = _case("plain", "plain", "picks", EXACT, seed=8, rows_tokens=DECODE[0])[6:]
+    assert not stage.picks_wanted(plain_w, plain_e, q.dtype)
+    T, D = q.shape[0], SHAPE[1]
+    need = (window.ring_rows.shape[0] + T * 24) * D * q.element_size()
+    monkeypatch.setattr(stage, "STAGE_BUDGET", need - 1)
+    assert not stage.picks_wanted(window, entries, q.dtype)
+    monkeypatch.setattr(stage, "STAGE_BUDGET", need)
+    assert stage.picks_wanted(window, entries, q.dtype)
+    taken = []
+    monkeypatch.setattr(stage, "stage_picks", lambda *a, f=stage.stage_picks: taken.append(1) or f(*a))
+    auto = kernel.attend(*args[:6], None, window, entries, config=ONE_CONFIG)
+    assert taken and torch.equal(auto, kernel.attend(*args[:6], None, window, entries, config=ONE_CONFIG,
+                                                     stage=stage.PICKS))
+    taken.clear()
+    prompt = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=8, rows_tokens=PROMPT)
+    kernel.attend(*prompt[:6], None, *prompt[6:], config=ONE_CONFIG)
+    assert not taken

@@ -584,16 +584,20 @@ def supports(q: torch.Tensor, kinds: tuple[str, ...]) -> bool:
 
 
 def attend(q, cos, sin, fresh, sink, scale, q_norm_eps, window, entries, config: Config | None = None,
-           stage: bool | None = None):
+           stage: bool | str | None = None):
     """The Triton body of ops.attention.attend (arguments as there); returns [T, H, D] in q's dtype. stage: decode
-    the records once into staging rows first (attention_stage.py; None = where its rule says)."""
+    the records once into staging rows first (attention_stage.py; True: every record the block tables address,
+    "picks": the window rings and the CSA picks only; None = where its rules say)."""
     T, H, D = q.shape
     out = torch.empty_like(q)
     if T == 0:
         return out
     if stage is None:
-        stage = attention_stage.wanted(T, window, entries, q.dtype, q.device)
-    if stage:
+        stage = attention_stage.wanted(T, window, entries, q.dtype, q.device) or (
+            attention_stage.PICKS if attention_stage.picks_wanted(window, entries, q.dtype) else False)
+    if stage == attention_stage.PICKS:
+        window, entries = attention_stage.stage_picks(window, entries, q.dtype)
+    elif stage:
         window, entries = attention_stage.stage(window, entries, q.dtype)
     cfg = config or (INTERPRETER_CONFIG if interpreting() else gpu_config(T, window, entries))
     dsplit = cfg.dsplit if D % cfg.dsplit == 0 and D // cfg.dsplit >= 2 * cos.shape[-1] else 1

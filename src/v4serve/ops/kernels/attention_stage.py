@@ -14,6 +14,12 @@ MIN_TOKENS_PER_ROW tokens a row and MIN_TOKENS in all (prompt chunks, V4.1's dec
 whose rows each read a few hundred of their thousands of entries), the staged bytes fit STAGE_BUDGET (the eager
 steps' block tables are as wide as their longest row; a step of many long rows keeps the in-register decode), and no
 CUDA graph is being captured (a captured step's block table is as wide as max_model_len).
+
+Decode launches (opt-in, `V4SERVE_ATTN_STAGE=picks`, until timed): there each record is read once per token, but
+decoded in registers once per head block and D share of its program grid (8 programs a token with the heads mode's
+16-head blocks, D in halves). `stage_picks` decodes a CSA launch's window rings and only the entries its tokens picked
+(T x K rows, a size fixed by the launch: graph-safe) and renames the picks: pick j of token t becomes staged entry
+j of a block table whose row t addresses staged rows t * Kp .. t * Kp + Kp - 1 (K rounded up to whole blocks).
 """
 
 from __future__ import annotations
@@ -27,14 +33,15 @@ import triton.language as tl
 
 from ..env import get as env_get
 from . import cdiv, interpreting, step_jit
-from .attention_rows import FORMATS, decode
+from .attention_rows import FORMATS, decode, entry_rows
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 
 MIN_TOKENS_PER_ROW = 4
 MIN_TOKENS = 16  # below it little decoding is saved, and the launch runs the heads mode (gpu_config)
 STAGE_BUDGET = 512 << 20  # staged bytes per launch (a 2K chunk of one row at 256K context, ratio 1: 512 MiB)
-STAGE_ENV = "V4SERVE_ATTN_STAGE"  # "0": never stage (the A/B switch); else the rule above
+STAGE_ENV = "V4SERVE_ATTN_STAGE"  # "0": never stage (the A/B switch); "picks": decode's CSA picks too; else the rule
+PICKS = "picks"
 
 
 @dataclass(frozen=True)
@@ -66,21 +73,54 @@ def _stage_kernel(src_ptr, n, u8_ptr, h16_ptr, val_ptr, stride, out_ptr,
     tl.store(out_ptr + i.to(tl.int64)[:, None] * D + cols[None, :], v, mask=ok[:, None])
 
 
+@step_jit
+def _stage_picks_kernel(pick_ptr, pick_stride, tok_row_ptr, bt_ptr, bt_stride, K, KP, n, ratio, block_size, epb,
+                        trash_block, u8_ptr, h16_ptr, val_ptr, stride, out_ptr, new_pick_ptr,
+                        FMT: tl.constexpr, AL: tl.constexpr, D: tl.constexpr, RD: tl.constexpr, BN: tl.constexpr,
+                        DC: tl.constexpr, PDL: tl.constexpr = False):
+    """Staged row i = t * KP + j (i < n = T * KP): token t's pick j decoded through its block table (the attention's
+    addressing, attention_rows.entry_rows), zeros for j >= K or a -1 pick; the D-chunk-0 programs write the renamed
+    picks (j, or -1)."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    stride = (stride // AL) * AL
+    i = tl.program_id(0) * BN + tl.arange(0, BN)
+    live = i < n
+    t = (i // KP).to(tl.int64)
+    j = i % KP
+    has = live & (j < K)
+    pick = tl.load(pick_ptr + t * pick_stride + j, mask=has, other=-1)
+    ok = pick >= 0
+    r = tl.load(tok_row_ptr + t, mask=live, other=0)
+    rows = entry_rows(tl.where(ok, pick, 0).to(tl.int32), ok, bt_ptr, r, bt_stride, ratio, block_size, epb,
+                      trash_block)
+    c0 = tl.program_id(1) * DC
+    v = decode(rows, ok, c0, u8_ptr, h16_ptr, val_ptr, stride, FMT, DC, D, RD, out_ptr.dtype.element_ty)
+    cols = c0 + tl.arange(0, DC)
+    tl.store(out_ptr + i.to(tl.int64)[:, None] * D + cols[None, :], v, mask=live[:, None])
+    if tl.program_id(1) == 0:
+        tl.store(new_pick_ptr + t * K + j, tl.where(ok, j, -1).to(new_pick_ptr.dtype.element_ty), mask=has)
+
+
 def decode_rows(pool, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """pool.read(rows, dtype) of a stored-format pool for a 1-D index, as one Triton launch -> [n, D]."""
-    data, kind = pool.data, pool.codec.kind
     n, D = rows.shape[0], pool.codec.dim
-    out = torch.empty(n, D, dtype=dtype, device=data.device)
+    out = torch.empty(n, D, dtype=dtype, device=pool.data.device)
     if n == 0:
         return out
-    u8 = data
-    h16 = data.view(torch.bfloat16) if kind == "v4_fp8" else data
+    BN, DC, views, const = _tiles(pool)
+    _stage_kernel[(cdiv(n, BN), D // DC)](rows, n, *views, out, **const, num_warps=4, **pdl_launch(pool.data))
+    return out
+
+
+def _tiles(pool) -> tuple[int, int, tuple, dict]:
+    """A stored pool's staging tiles (rows BN by dims DC a program), its byte / half / value views with the record
+    stride, and the kernels' format constants."""
+    data, kind, D = pool.data, pool.codec.kind, pool.codec.dim
     BN, DC = (16, 64) if interpreting() else (32, 128)
     DC = min(DC, D)
-    _stage_kernel[(cdiv(n, BN), D // DC)](rows, n, u8, h16, data, data.stride(0), out, FMT=FORMATS[kind],
-                                          AL=math.gcd(data.stride(0), 16), D=D, RD=pool.codec.rope_dim, BN=BN,
-                                          DC=DC, num_warps=4, **pdl_launch(data))
-    return out
+    views = (data, data.view(torch.bfloat16) if kind == "v4_fp8" else data, data, data.stride(0))
+    return BN, DC, views, {"FMT": FORMATS[kind], "AL": math.gcd(data.stride(0), 16), "D": D,
+                           "RD": pool.codec.rope_dim, "BN": BN, "DC": DC}
 
 
 def enabled() -> bool:
@@ -115,13 +155,19 @@ def wanted(tokens: int, window, entries, dtype: torch.dtype, device: torch.devic
     return staged_bytes(window, entries, dtype) <= STAGE_BUDGET
 
 
+def _stage_window(window, dtype: torch.dtype):
+    """The window over staged rows: ring slot i -> staged row i."""
+    if window.pool.codec.kind == "plain":
+        return window
+    ring = window.ring_rows
+    data = decode_rows(window.pool, ring.reshape(-1), dtype)
+    return replace(window, pool=StagedPool(data),
+                   ring_rows=torch.arange(ring.shape[0], dtype=ring.dtype, device=ring.device))
+
+
 def stage(window, entries, dtype: torch.dtype):
     """(window, entries) over staged plain rows: the same tokens' views of the same values."""
-    if window.pool.codec.kind != "plain":
-        ring = window.ring_rows
-        data = decode_rows(window.pool, ring.reshape(-1), dtype)
-        window = replace(window, pool=StagedPool(data),
-                         ring_rows=torch.arange(ring.shape[0], dtype=ring.dtype, device=ring.device))
+    window = _stage_window(window, dtype)
     if entries is not None and entries.pool.codec.kind != "plain":
         where = entries.where
         bt = where.block_table
@@ -134,3 +180,50 @@ def stage(window, entries, dtype: torch.dtype):
                                                                         num_blocks=R * nb))
     return window, entries
 
+
+
+def _padded_picks(entries) -> int:
+    """K rounded up to whole blocks of the staged block table."""
+    epb = entries.where.per_block
+    return cdiv(entries.picks.shape[1], epb) * epb
+
+
+def picks_wanted(window, entries, dtype: torch.dtype) -> bool:
+    """V4SERVE_ATTN_STAGE=picks, a CSA launch (picks) over a stored format that the prompt rule left, blocks of whole
+    entries, the staged bytes within STAGE_BUDGET; host-side facts only."""
+    if env_get(STAGE_ENV) != PICKS or entries is None or entries.picks is None:
+        return False
+    if window.pool.codec.kind == "plain" and entries.pool.codec.kind == "plain":
+        return False
+    where = entries.where
+    if where.block_size % where.ratio:
+        return False
+    rows = window.ring_rows.shape[0] if window.pool.codec.kind != "plain" else 0
+    rows += entries.picks.shape[0] * _padded_picks(entries) if entries.pool.codec.kind != "plain" else 0
+    return rows * entries.pool.codec.dim * dtype.itemsize <= STAGE_BUDGET
+
+
+def stage_picks(window, entries, dtype: torch.dtype):
+    """(window, entries) over staged plain rows holding the window rings and only the picked entries (the module
+    docstring): the same tokens' views of the same values, in the same pick order. A launch without picks (HCA,
+    window only) or over plain entries has its window staged alone."""
+    window = _stage_window(window, dtype)
+    if entries is None or entries.picks is None or entries.pool.codec.kind == "plain":
+        return window, entries
+    where, picks = entries.where, entries.picks
+    T, K = picks.shape
+    KP = _padded_picks(entries)
+    nb = KP // where.per_block
+    dev = picks.device
+    out = torch.empty(T * KP, entries.pool.codec.dim, dtype=dtype, device=dev)
+    new_picks = torch.empty_like(picks)
+    if T:
+        BN, DC, views, const = _tiles(entries.pool)
+        bt = where.block_table
+        _stage_picks_kernel[(cdiv(T * KP, BN), const["D"] // DC)](
+            picks, picks.stride(0), where.token_row, bt, bt.stride(0), K, KP, T * KP, where.ratio, where.block_size,
+            where.per_block, where.num_blocks, *views, out, new_picks, **const, num_warps=4,
+            **pdl_launch(entries.pool.data))
+    staged = replace(where, block_table=torch.arange(T * nb, dtype=where.block_table.dtype, device=dev).view(T, nb),
+                     token_row=torch.arange(T, dtype=where.token_row.dtype, device=dev), num_blocks=T * nb)
+    return window, replace(entries, pool=StagedPool(out), where=staged, picks=new_picks)
