@@ -1481,26 +1481,6 @@ if [[ $what == twentyseventh3 ]]; then  # the new defaults (the mHC's collapse a
     --contexts 16384 --chunk-graph-tokens 256,768,1024 --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" \
     | tee "$OUT/bounded_replay_graphs.log" | tail -6
 fi
-if [[ $what == twentyeighth2 ]]; then  # the twenty-seventh's defaults at real shapes in what ~340 s of device
-  # time allows (a start included): the mHC tests with tracebacks, V4.1's decode and 640-token mixed step by family,
-  # then the stored-records model test
-  timeout 65 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
-    "ragged or collapse_apart or gpu_post_pre or gpu_default" > "$OUT/gpu_tests_mhc.log" 2>&1
-  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -12
-  timeout 95 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 4096 \
-    --steps 2 --prefill 0 --mixed 640 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
-    --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-mixed.log"
-  grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_gemm_kernel|_hc_|_collapse" \
-    "$OUT/profile-v41-mixed.log" | head -30
-  timeout 45 python3 -m pytest tests/gpu/test_cuda.py -q -s -p no:cacheprovider -o addopts="" -k stored_records 2>&1 \
-    | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed|agreement" | tail -8
-fi
-if [[ $what == twentyeighth3 ]]; then  # the last ~250 s of device time (a start included): the mHC's GPU tests at
-  # real shapes on the defaults (the ragged prefill grids, post + pre, hc_pre / hc_post at D = 4096 and 5120)
-  timeout 110 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
-    "ragged or gpu_post_pre or gpu_bf16" > "$OUT/gpu_tests_mhc.log" 2>&1
-  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -14
-fi
 if [[ $what == twentyninth1 ]]; then  # what the twenty-eighth could not run (no device came): the mHC's GPU tests on
   # the twenty-seventh's defaults; decode launches' CSA picks staged (V4SERVE_ATTN_STAGE=picks, opt-in): its tests at
   # real shapes, the kernel at V4.1's decode shapes, the graphed V4.1 step A/B at batch 1 and 32; V4.1's profile
