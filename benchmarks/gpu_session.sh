@@ -1483,17 +1483,20 @@ if [[ $what == twentyseventh3 ]]; then  # the new defaults (the mHC's collapse a
 fi
 if [[ $what == twentyninth1 ]]; then  # what the twenty-eighth could not run (no device came): the mHC's GPU tests on
   # the twenty-seventh's defaults; decode launches' CSA picks staged (V4SERVE_ATTN_STAGE=picks, opt-in): its tests at
-  # real shapes, the kernel at V4.1's decode shapes, the graphed V4.1 step A/B at batch 1 and 32; V4.1's profile
+  # real shapes, the kernel at V4.1's decode shapes, the graphed V4.1 step A/B at batch 1 and 32; one token's mHC
+  # over 40 D slices (D = 5120); V4.1's profile (~565 s in all)
   timeout 70 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
     "ragged or collapse_apart or gpu_post_pre or gpu_default" > "$OUT/gpu_tests_mhc.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -10
   timeout 60 python3 -m pytest tests/ops/test_attention_stage.py -q -s -p no:cacheprovider -o addopts="" -rf \
     --tb=short -k picks > "$OUT/gpu_tests_stage.log" 2>&1
   grep -E "^E |passed|failed|^FAILED|bits equal" "$OUT/gpu_tests_stage.log" | cut -c1-160 | sort | uniq -c | tail -10
+  timeout 35 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1 --variants default,s40,split64,split128 \
+    --out "$OUT/mhc-decode.json" 2>&1 | grep -v Warning | tee "$OUT/mhc_decode.log" | tail -5
   timeout 100 python3 benchmarks/kernels/attention.py --format v41 --decode-only --variants default staged-picks \
     --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention-picks.log" | grep -E "csa|hca|HBM copy" | head -16
   for b in 1 32; do
-    timeout 90 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch $b --context 4096 --steps 10 \
+    timeout 80 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch $b --context 4096 --steps 10 \
       --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant \
       "V4SERVE_ATTN_STAGE=picks" --out "$OUT/ab" 2>&1 | grep -v -e Warning -e USDT | tee "$OUT/graph-ab-b$b.log" \
       | grep -E "CUDA graphs|floor|round"

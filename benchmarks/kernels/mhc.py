@@ -154,6 +154,8 @@ PRE_VARIANTS = {
     "default": {}, "dots": {"fma": False}, "fma": {"fma": True}, "dc2048": {"block_dc": 2048},
     "dots-dc2048": {"fma": False, "block_dc": 2048}, "w2": {"num_warps": 2}, "w8": {"num_warps": 8},
     "split16": {"split_d": 16}, "split64": {"split_d": 64, "block_d": 64}, "split128": {"split_d": 128, "block_d": 32},
+    # D = 5120 at one token: the default's 32 slices round up to 256-wide ones (20 programs); 40 of 128
+    "s40": {"split_d": 40},
     # D = 5120 (V4.1): one collapse chunk of 8192 (ptxas on the CPU: hc_post_pre 156 registers at 4 warps, hc_pre 255
     # with spills at 4 warps, 218 without at 8)
     "dc8192": {"block_dc": 8192}, "dc8192-w8": {"block_dc": 8192, "num_warps": 8},
