@@ -284,7 +284,8 @@ def test_grouped_prefill_rows_as_one_batched_gemm(block: int, act: int) -> None:
 @pytest.mark.parametrize("block,act", [(32, 32), (32, 0)])
 def test_prefill_rows_of_32_blocks_on_the_widened_weight(block: int, act: int) -> None:
     """V4.1's plain linears (G = 1, 32 x 32 blocks: no cuBLAS FP8 recipe) take the widened weight from
-    BMM_MIN_ROWS_B32 on the GPU, V4's 128 x 128 ones keep the FP8 paths; the widened product is the reference's computation."""
+    BMM_MIN_ROWS_B32 on the GPU, V4's 128 x 128 ones keep the FP8 paths; the widened product is the reference's
+    computation."""
     g = torch.Generator().manual_seed(13)
     N, K = 80, 256
     q, s = fp8_weight(N, K, block, g)

@@ -321,17 +321,18 @@ def whole_tiles(k_per_split: int, block_k: int) -> bool:
 
 def half_dot_default(rows: int, block: int, on_gpu: bool) -> bool:
     """W8A8 prefill rows below the widened weight's (`_takes_bmm`) of weights whose blocks cuBLAS FP8 has no recipe for
-    (V4.1's 32 x 32) run as W8A16 on the bf16 dot (the same values, no rescale of the accumulator every 32 of K). H100, 128 rows with K
-    split (benchmarks/kernels/fp8_gemm.py, twenty-sixth session), FP8 dots against bf16: wq_b 81.2 / 61.4 us, wo_b
-    91.0 / 70.7, the shared expert's w13 61.0 / 50.4 and w2 35.0 / 32.3, wq_a 30.7 / 30.5, wo_a 50.8 / 51.2."""
+    (V4.1's 32 x 32) run as W8A16 on the bf16 dot (the same values, no rescale of the accumulator every 32 of K).
+    H100, 128 rows with K split (benchmarks/kernels/fp8_gemm.py, twenty-sixth session), FP8 dots against bf16: wq_b
+    81.2 / 61.4 us, wo_b 91.0 / 70.7, the shared expert's w13 61.0 / 50.4 and w2 35.0 / 32.3, wq_a 30.7 / 30.5, wo_a
+    50.8 / 51.2."""
     return on_gpu and block != scaled_mm.BLOCK and 64 < rows < BMM_MIN_ROWS
 
 
 def _takes_bmm(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, block: int,
                cfg: dict | None, dtype: torch.dtype) -> bool:
     """Prefill rows of an FP8 weight on the GPU where the weight is grouped (from BMM_MIN_ROWS) or its blocks are not
-    cuBLAS FP8's 128 (from BMM_MIN_ROWS_B32), for activations of a half dtype (given quantized: the dtype they stand for); cfg {"bmm": True}
-    forces it (benchmarks, tests), any other cfg keeps the Triton kernel."""
+    cuBLAS FP8's 128 (from BMM_MIN_ROWS_B32), for activations of a half dtype (given quantized: the dtype they stand
+    for); cfg {"bmm": True} forces it (benchmarks, tests), any other cfg keeps the Triton kernel."""
     if not fp8_widen.supports(weight, scale) or dtype not in (torch.bfloat16, torch.float16):
         return False
     if cfg is not None:
