@@ -123,6 +123,11 @@ def _tiles(pool) -> tuple[int, int, tuple, dict]:
                            "RD": pool.codec.rope_dim, "BN": BN, "DC": DC}
 
 
+def _window_rows(window) -> int:
+    """Rows the window's staging decodes: its rings' (none over plain records)."""
+    return window.ring_rows.shape[0] if window.pool.codec.kind != "plain" else 0
+
+
 def enabled() -> bool:
     return env_get(STAGE_ENV) not in ("0",)
 
@@ -131,7 +136,7 @@ def staged_bytes(window, entries, dtype: torch.dtype) -> int:
     """Bytes the staging rows of this launch take: the rings' rows and (where entries) every entry the block tables
     address."""
     D = window.pool.data.shape[1] if window.pool.codec.kind == "plain" else window.pool.codec.dim
-    rows = window.ring_rows.shape[0] if window.pool.codec.kind != "plain" else 0
+    rows = _window_rows(window)
     if entries is not None and entries.pool.codec.kind != "plain":
         bt = entries.where.block_table
         rows += bt.shape[0] * bt.shape[1] * entries.where.per_block
@@ -181,7 +186,6 @@ def stage(window, entries, dtype: torch.dtype):
     return window, entries
 
 
-
 def _padded_picks(entries) -> int:
     """K rounded up to whole blocks of the staged block table."""
     epb = entries.where.per_block
@@ -189,18 +193,14 @@ def _padded_picks(entries) -> int:
 
 
 def picks_wanted(window, entries, dtype: torch.dtype) -> bool:
-    """V4SERVE_ATTN_STAGE=picks, a CSA launch (picks) over a stored format that the prompt rule left, blocks of whole
-    entries, the staged bytes within STAGE_BUDGET; host-side facts only."""
+    """V4SERVE_ATTN_STAGE=picks, a CSA launch (picks) over a stored format that the prompt rule left, the staged bytes
+    within STAGE_BUDGET; host-side facts only. (Blocks hold whole entries: cache/spec.py asks block sizes that are
+    multiples of every compress ratio.)"""
     if env_get(STAGE_ENV) != PICKS or entries is None or entries.picks is None:
         return False
-    if window.pool.codec.kind == "plain" and entries.pool.codec.kind == "plain":
-        return False
-    where = entries.where
-    if where.block_size % where.ratio:
-        return False
-    rows = window.ring_rows.shape[0] if window.pool.codec.kind != "plain" else 0
-    rows += entries.picks.shape[0] * _padded_picks(entries) if entries.pool.codec.kind != "plain" else 0
-    return rows * entries.pool.codec.dim * dtype.itemsize <= STAGE_BUDGET
+    stored = entries.pool.codec.kind != "plain"
+    rows = _window_rows(window) + (entries.picks.shape[0] * _padded_picks(entries) if stored else 0)
+    return rows > 0 and rows * entries.pool.codec.dim * dtype.itemsize <= STAGE_BUDGET
 
 
 def stage_picks(window, entries, dtype: torch.dtype):
