@@ -1506,6 +1506,24 @@ if [[ $what == twentyninth1 ]]; then  # what the twenty-eighth could not run (no
     --out "$OUT/v41" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-p2048.log"
   grep -E "^\| (linear|moe|attention|mhc|\*\*total)|chunk|step|_hc_|_collapse" "$OUT/profile-v41-p2048.log" | head -30
 fi
+if [[ $what == twentyninth2 ]]; then  # V4.1's side-stream overlaps (attention_query, indexer_query: off for V4.1
+  # until checked on a GPU): their exactness test on tiny-v41-flash, then the graphed V4.1 step A/B at batch 1 and 32
+  # with all overlaps; the model-level GPU checks on the current defaults; the 16K bounded replay (~560 s in all)
+  timeout 90 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
+    "side_stream_overlap" > "$OUT/gpu_tests_overlap.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_overlap.log" | cut -c1-200 | tail -6
+  for b in 1 32; do
+    timeout 85 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch $b --context 4096 --steps 10 \
+      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant \
+      "V4SERVE_OVERLAP=all" ${AB_EXTRA:-} --out "$OUT/ov" 2>&1 | grep -v -e Warning -e USDT \
+      | tee "$OUT/graph-overlap-b$b.log" | grep -E "CUDA graphs|floor|round"
+  done
+  timeout 110 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -k \
+    "chunk_graphs or stored_records" 2>&1 | tee "$OUT/gpu_tests_model.log" | grep -E "^E |passed|failed|tokens" | tail -8
+  timeout ${BR_TIMEOUT:-180} python3 benchmarks/bounded_replay.py v41-flash-e16-engram1m --contexts 16384 \
+    --chunk-graph-tokens 256,768,1024 --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" \
+    | tee "$OUT/bounded_replay_graphs.log" | tail -6
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
