@@ -378,3 +378,31 @@ def test_unit_temperature_skips_the_division_and_changes_no_bit() -> None:
                                      SamplingBatch(**{**unit.__dict__, "unit_temperature": False}))
     assert torch.equal(process_logits(logits, unit), divided.cpu())
     assert not build([SamplingParams(temperature=0.0), SamplingParams(temperature=0.7, seed=2)], 300).unit_temperature
+
+
+@pytest.mark.parametrize("chunk", [4, 10, 640])
+def test_chunked_argmax_is_torch_argmax_ties_nan_and_all_banned_included(chunk: int) -> None:
+    """The greedy pick over vocabulary chunks (`first_argmax` on a GPU) is torch.argmax's: the first maximal index
+    where a maximum repeats inside a chunk and across chunks, a NaN as the largest, a row all -inf -> 0."""
+    from v4serve.engine.sampler import chunked_argmax
+
+    g = torch.Generator().manual_seed(3)
+    vocab = chunk * 24
+    x = torch.randint(0, 5, (9, vocab), generator=g).float()  # few distinct values: ties everywhere
+    x[1, [chunk + 2, chunk - 1, 5 * chunk]] = 9.0  # repeats across chunks, the first in chunk 0 unless chunk <= 2
+    x[2, [3 * chunk + 1, 3 * chunk]] = 9.0  # inside one chunk
+    x[3] = float("-inf")
+    x[4, [7 * chunk + 3, 2 * chunk]] = float("nan")
+    for dtype in (torch.float32, torch.bfloat16):
+        y = x.to(dtype)
+        assert torch.equal(chunked_argmax(y, chunk), torch.argmax(y, dim=-1))
+    assert chunked_argmax(x, chunk)[3].item() == 0
+
+
+def test_first_argmax_chunks_the_full_vocabulary() -> None:
+    """129,280 logits split into 202 chunks of 640 (the smallest divisor from 512); a vocabulary without one in
+    512-4096 keeps torch.argmax."""
+    from v4serve.engine.sampler import _chunk
+
+    assert _chunk(129280) == 640 and 129280 // 640 == 202
+    assert _chunk(500) == 0 and _chunk(7919) == 0

@@ -291,6 +291,30 @@ def truncate_logits(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return torch.empty_like(x).scatter_(1, order, sorted_x.masked_fill(drop, float("-inf")))
 
 
+def _chunk(vocab: int) -> int:
+    """The smallest divisor of `vocab` from 512 (0: none up to 4096)."""
+    return next((c for c in range(512, min(vocab, 4096) + 1) if vocab % c == 0), 0)
+
+
+def first_argmax(scores: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(scores, -1) (the first maximal index: greedy ties go to the lowest id; a NaN counts as the largest)
+    in two levels over chunks of the vocabulary: CUDA's argmax gives a whole row of 129,280 logits to one thread block
+    (38 us a step on the H100, batch 1); the chunks' maxima (the first in each chunk) spread over many, and the first
+    chunk holding the row's maximum holds its first maximal index."""
+    c = _chunk(scores.shape[-1])
+    if not scores.is_cuda or c == 0 or scores.shape[-1] // c < 8:
+        return torch.argmax(scores, dim=-1)
+    return chunked_argmax(scores, c)
+
+
+def chunked_argmax(scores: torch.Tensor, c: int) -> torch.Tensor:
+    """`first_argmax` over chunks of c logits (c divides the vocabulary), on any device."""
+    rows, vocab = scores.shape
+    best, at = scores.view(rows, vocab // c, c).max(dim=-1)
+    chunk = torch.argmax(best, dim=-1, keepdim=True)
+    return (at.gather(1, chunk) + chunk * c).squeeze(1)
+
+
 @profiled("sampling")
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """Sample one token per row of `logits` [B, V] (any float dtype); see the module docstring."""
@@ -299,8 +323,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     if not batch.all_greedy:
         noise = gumbel_noise(batch.seeds, batch.steps, processed.shape[-1])
         scores = scores + noise.masked_fill_(batch.greedy[:, None], 0.0)
-    # torch.argmax returns the first maximal index: greedy ties go to the lowest id
-    token_ids = torch.argmax(scores, dim=-1)
+    token_ids = first_argmax(scores)
     if not (batch.chosen_logprobs or batch.num_logprobs > 0):
         return SamplerOutput(token_ids=token_ids, logprobs=None)
     log_norm = torch.logsumexp(processed, dim=-1)
