@@ -166,14 +166,19 @@ def test_staged_picks_addressing() -> None:
 
 
 def test_the_picks_rule(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Opt-in (V4SERVE_ATTN_STAGE=picks): CSA launches over a stored format, within the budget; never HCA or
-    window-only launches, plain records, or without the switch. attend(stage=None) then takes it (the same bits as
-    stage="picks"), and prompt chunks keep the prompt rule's staging."""
+    """By default CSA launches over PICK_FORMATS' entries (V4.1's nvfp4), within the budget; V4SERVE_ATTN_STAGE=picks
+    any stored entry format; "prompt" and "0" none; never HCA or window-only launches or plain records.
+    attend(stage=None) then takes it (the same bits as stage="picks"), and prompt chunks keep the prompt rule's
+    staging."""
     args = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=8, rows_tokens=DECODE[0])
     q, cos, sin, fresh, sink, scale, window, entries = args
-    assert not stage.picks_wanted(window, entries, q.dtype)
+    v4_w, v4_e = _case("v4_fp8", "v4_fp8", "picks", EXACT, seed=8, rows_tokens=DECODE[0])[6:]
+    assert stage.picks_wanted(window, entries, q.dtype) and not stage.picks_wanted(v4_w, v4_e, q.dtype)
+    for off in ("0", stage.PROMPT):
+        monkeypatch.setenv(stage.STAGE_ENV, off)
+        assert not stage.picks_wanted(window, entries, q.dtype)
     monkeypatch.setenv(stage.STAGE_ENV, stage.PICKS)
-    assert stage.picks_wanted(window, entries, q.dtype)
+    assert stage.picks_wanted(window, entries, q.dtype) and stage.picks_wanted(v4_w, v4_e, q.dtype)
     dense_w, dense_e = _case("fp8_b32", "nvfp4", "dense", EXACT, seed=8, rows_tokens=DECODE[0])[6:]
     assert not stage.picks_wanted(dense_w, dense_e, q.dtype) and not stage.picks_wanted(window, None, q.dtype)
     plain_w, plain_e = _case("plain", "plain", "picks", EXACT, seed=8, rows_tokens=DECODE[0])[6:]

@@ -7,7 +7,9 @@ V4SERVE_OVERLAP=name[,name...], "all" or "none"; unset, DEFAULT_OVERLAPS (those 
                  the shared output, waits for it (models/v4/moe.py).
   attention_query: the query projection `wq_b` (V4-Flash: a 32 MB weight) beside the window KV's finish, the
                  compressors and the indexer, which read only x and the query latent; the attention waits for it
-                 (models/v4/attention.py, models/v41/attention.py). V4.1: off unless named (its GPU check has not run).
+                 (models/v4/attention.py, models/v41/attention.py). V4.1: off unless named until its GPU exactness
+                 check has passed (H100, graph replay with all overlaps: batch 1 11.39 -> 11.31 ms, batch 32 28.01 ->
+                 27.56; twenty-ninth session, where the check's V4.1 cases ran out of time).
   indexer_query: the indexer's query projection and finish (V4.1: and its head weights) beside the KV finish and the
                  compressors; the indexer's scoring waits for it. Forked before attention_query, so that on the side
                  stream it runs first. V4.1: off unless named, as attention_query.

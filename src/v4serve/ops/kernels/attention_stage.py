@@ -15,11 +15,16 @@ whose rows each read a few hundred of their thousands of entries), the staged by
 steps' block tables are as wide as their longest row; a step of many long rows keeps the in-register decode), and no
 CUDA graph is being captured (a captured step's block table is as wide as max_model_len).
 
-Decode launches (opt-in, `V4SERVE_ATTN_STAGE=picks`, until timed): there each record is read once per token, but
-decoded in registers once per head block and D share of its program grid (8 programs a token with the heads mode's
-16-head blocks, D in halves). `stage_picks` decodes a CSA launch's window rings and only the entries its tokens picked
-(T x K rows, a size fixed by the launch: graph-safe) and renames the picks: pick j of token t becomes staged entry
-j of a block table whose row t addresses staged rows t * Kp .. t * Kp + Kp - 1 (K rounded up to whole blocks).
+Decode launches: there each record is read once per token, but decoded in registers once per head block and D share
+of its program grid (8 programs a token with the heads mode's 16-head blocks, D in halves). `stage_picks` decodes a CSA
+launch's window rings and only the entries its tokens picked (T x K rows, a size fixed by the launch: graph-safe) and
+renames the picks: pick j of token t becomes staged entry j of a block table whose row t addresses staged rows
+t * Kp .. t * Kp + Kp - 1 (K rounded up to whole blocks). Taken by default over PICK_FORMATS' entries (measured);
+HCA and window-only launches keep the in-register decode (their window staged alone was slower: H100, V4.1 HCA at
+64K, T = 32 191 -> 334 us).
+
+V4SERVE_ATTN_STAGE: "0" never stages (the A/B switch), "prompt" only by the prompt rule, "picks" also stages the
+picks over every stored entry format; unset, the prompt rule and the picks over PICK_FORMATS.
 """
 
 from __future__ import annotations
@@ -40,8 +45,13 @@ from .pdl import launch as pdl_launch
 MIN_TOKENS_PER_ROW = 4
 MIN_TOKENS = 16  # below it little decoding is saved, and the launch runs the heads mode (gpu_config)
 STAGE_BUDGET = 512 << 20  # staged bytes per launch (a 2K chunk of one row at 256K context, ratio 1: 512 MiB)
-STAGE_ENV = "V4SERVE_ATTN_STAGE"  # "0": never stage (the A/B switch); "picks": decode's CSA picks too; else the rule
+STAGE_ENV = "V4SERVE_ATTN_STAGE"  # "0", "prompt", "picks" or unset (the module docstring)
 PICKS = "picks"
+PROMPT = "prompt"
+# entry formats whose decode launches stage their CSA picks by default. nvfp4 (V4.1's 288-B entries): H100,
+# `benchmarks/kernels/attention.py --format v41 --decode-only` at 64K (twenty-ninth session), staging included:
+# T = 1 37.2 -> 30.3 us, T = 32 193.5 -> 106.1, T = 64 343.9 -> 208.4. V4's 584-B records are not timed so: opt-in
+PICK_FORMATS = ("nvfp4",)
 
 
 @dataclass(frozen=True)
@@ -193,12 +203,15 @@ def _padded_picks(entries) -> int:
 
 
 def picks_wanted(window, entries, dtype: torch.dtype) -> bool:
-    """V4SERVE_ATTN_STAGE=picks, a CSA launch (picks) over a stored format that the prompt rule left, the staged bytes
-    within STAGE_BUDGET; host-side facts only. (Blocks hold whole entries: cache/spec.py asks block sizes that are
-    multiples of every compress ratio.)"""
-    if env_get(STAGE_ENV) != PICKS or entries is None or entries.picks is None:
+    """A CSA launch (picks) that the prompt rule left, over PICK_FORMATS' entries (V4SERVE_ATTN_STAGE=picks: any
+    stored format, or a stored window alone), the staged bytes within STAGE_BUDGET; host-side facts only. (Blocks hold
+    whole entries: cache/spec.py asks block sizes that are multiples of every compress ratio.)"""
+    mode = env_get(STAGE_ENV)
+    if mode in ("0", PROMPT) or entries is None or entries.picks is None:
         return False
     stored = entries.pool.codec.kind != "plain"
+    if mode != PICKS and entries.pool.codec.kind not in PICK_FORMATS:
+        return False
     rows = _window_rows(window) + (entries.picks.shape[0] * _padded_picks(entries) if stored else 0)
     return rows > 0 and rows * entries.pool.codec.dim * dtype.itemsize <= STAGE_BUDGET
 

@@ -67,7 +67,9 @@ class PreConfig:
     block_dc: int = 0  # D chunk of the collapse and norm passes (0 = block_d): wide when the token block is small
     num_warps: int = 4
     num_stages: int = 2
-    bf16x3: bool | None = None  # the split-fn bf16 GEMM; None = for bf16 x on the GPU
+    # the split-fn bf16 GEMM; None = for bf16 x on the GPU. It reads x as bf16: GPU streams of another dtype take the
+    # fp32 dots instead (float32 streams in bf16 dots lost ~4e-3 of their coefficients' accuracy, H100)
+    bf16x3: bool | None = None
     promote: bool = False  # bf16x3: each D chunk's dots summed apart, then added in float32 (`_dot`'s PROMOTE)
     fma: bool | None = None  # the mixes in fp32 FMAs, no dots (`_chunk_start`); None = for 1-2-token blocks on the GPU
     # hc_post_pre as two launches, hc_post then hc_pre (the same bits): for the tensor-core mixes, whose fused form
@@ -707,7 +709,7 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     block_dc = cfg.block_dc or cfg.block_d
     if any(v & (v - 1) for v in (cfg.block_t, cfg.block_d, block_dc)) or cfg.block_d < 16:
         raise ValueError(f"block sizes must be powers of two (block_d >= 16): {cfg}")
-    x3 = cfg.bf16x3 if cfg.bf16x3 is not None else (x.dtype == torch.bfloat16 and x.is_cuda)
+    x3 = (cfg.bf16x3 if cfg.bf16x3 is not None else x.is_cuda) and (x.dtype == torch.bfloat16 or not x.is_cuda)
     if x3 and acc != torch.float32:
         raise ValueError("the bf16x3 GEMM is for float32 accumulation")
     fma = cfg.fma if cfg.fma is not None else (x.is_cuda and cfg.block_t <= 2)
