@@ -8,8 +8,9 @@ bytes the step must read (window + entry records, queries, outputs) against the 
 run (issue target: >= 60% at batch 32). Prefill: one 4K-token chunk, TFLOP/s on QK + PV against the bf16 matmul
 ceiling (target: >= 35%). Each case is checked against the plain-torch reference first; tile variants are timed side by
 side so the committed config can be chosen from one run. Prompt chunks over stored records are staged by default
-(ops/kernels/attention_stage.py, its decode timed with the attention, and alone in GB/s); the "unstaged" variant
-decodes in registers. "staged-picks" stages a decode launch's window rings and CSA picks (`V4SERVE_ATTN_STAGE=picks`).
+(ops/kernels/attention_stage.py, its decode timed with the attention, and alone in GB/s), and so are decode launches'
+CSA picks over NVFP4 entries (V4.1); the "unstaged" variant decodes in registers everywhere. "staged-picks" stages a
+decode launch's window rings and CSA picks in every stored format (`V4SERVE_ATTN_STAGE=picks`).
 `--swa` adds window-only layers, `--decode-only` / `--prefill-only` pick the shapes.
 """
 

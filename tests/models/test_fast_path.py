@@ -88,13 +88,15 @@ def test_stored_records_staged_for_prompt_chunks_give_the_same_logits(preset: st
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Prompt chunks over stored records (V4's FP8, V4.1's NVFP4 entries and FP8 window rows) decode them once into
     staging rows (ops/kernels/attention_stage.py): the chunked prefill's logits are the bits of the same chunks with
-    the records decoded in registers, and the decode row after them too."""
+    the records decoded in registers, and the decode row after them too. Decode launches' CSA picks are staged by
+    default over V4.1's NVFP4 entries (not V4's records: V4SERVE_ATTN_STAGE=picks), the same bits again."""
     from v4serve.ops.kernels import attention_stage
 
     lm, toks = fast_model(preset), tokens(32, 3)
-    staged_launches = []
-    stage = attention_stage.stage
+    staged_launches, picks_launches = [], []
+    stage, stage_picks = attention_stage.stage, attention_stage.stage_picks
     monkeypatch.setattr(attention_stage, "stage", lambda *a: staged_launches.append(1) or stage(*a))
+    monkeypatch.setattr(attention_stage, "stage_picks", lambda *a: picks_launches.append(1) or stage_picks(*a))
 
     def run() -> torch.Tensor:
         pools = new_pools(lm.config, kv_dtype=kv, dtype=EXACT)
@@ -109,14 +111,10 @@ def test_stored_records_staged_for_prompt_chunks_give_the_same_logits(preset: st
 
     staged = run()
     assert staged_launches  # the prompt chunks took the staging
-    staged_launches.clear()
-    monkeypatch.setenv("V4SERVE_ATTN_STAGE", "0")
-    assert torch.equal(run(), staged)
-    assert not staged_launches
-    # opt-in: decode launches' CSA picks staged too (the 11-token chunk and the decode row): the same bits
-    picks_launches = []
-    stage_picks = attention_stage.stage_picks
-    monkeypatch.setattr(attention_stage, "stage_picks", lambda *a: picks_launches.append(1) or stage_picks(*a))
-    monkeypatch.setenv("V4SERVE_ATTN_STAGE", "picks")
-    assert torch.equal(run(), staged)
-    assert picks_launches and staged_launches
+    assert bool(picks_launches) == (kv == "fp4")  # and V4.1's decode picks (the 11-token chunk and the decode row)
+    for env, prompt, picks in (("0", False, False), ("prompt", True, False), ("picks", True, True)):
+        staged_launches.clear()
+        picks_launches.clear()
+        monkeypatch.setenv("V4SERVE_ATTN_STAGE", env)
+        assert torch.equal(run(), staged)
+        assert bool(staged_launches) == prompt and bool(picks_launches) == picks, env
