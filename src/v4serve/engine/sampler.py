@@ -310,7 +310,7 @@ def first_argmax(scores: torch.Tensor) -> torch.Tensor:
 def chunked_argmax(scores: torch.Tensor, c: int) -> torch.Tensor:
     """`first_argmax` over chunks of c logits (c divides the vocabulary), on any device."""
     rows, vocab = scores.shape
-    best, at = scores.view(rows, vocab // c, c).max(dim=-1)
+    best, at = scores.reshape(rows, vocab // c, c).max(dim=-1)
     chunk = torch.argmax(best, dim=-1, keepdim=True)
     return (at.gather(1, chunk) + chunk * c).squeeze(1)
 
