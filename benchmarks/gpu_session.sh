@@ -1501,6 +1501,21 @@ if [[ $what == thirtieth1 ]]; then  # prepared in the twenty-ninth session (~560
     --chunk-graph-tokens 256,768,1024 --out "$OUT" 2>&1 | grep -v -e Warning -e "Random weights" \
     | tee "$OUT/bounded_replay_graphs.log" | tail -6
 fi
+if [[ $what == thirtieth2 ]]; then  # kernel sweeps prepared in the twenty-ninth session (~330 s): single decode rows
+  # over V4.1's records (HCA at T = 1 took 49.8 us at 64K: 8 programs a token decode each record; fewer head blocks or
+  # the whole D a program), the picks staging over V4's 584-B records (opt-in until timed), one token's mHC over
+  # 40 / 80 / 160 D slices, the graphed V4 step with V4's picks staged
+  timeout 110 python3 benchmarks/kernels/attention.py --format v41 --decode-only --variants default unstaged hk8 \
+    hd1k8 h32d1k8 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention-v41-rows.log" | grep -E "csa|hca" | head -30
+  timeout 90 python3 benchmarks/kernels/attention.py --format v4 --decode-only --variants default staged-picks \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention-v4-picks.log" | grep -E "csa|hca" | head -16
+  timeout 45 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1 --variants default,s40,split64,split128 \
+    --out "$OUT/mhc-decode.json" 2>&1 | grep -v Warning | tee "$OUT/mhc_decode.log" | tail -5
+  timeout 90 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 10 --prefill 0 \
+    --graph-only --kv-cache-dtype fp8 --kv-cache-memory 8589934592 --env-variant "V4SERVE_ATTN_STAGE=picks" \
+    --out "$OUT/ab" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-picks-b32.log" \
+    | grep -E "CUDA graphs|floor|round"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
