@@ -149,20 +149,17 @@ def test_gpu_prefill_defaults_on_ragged_chunks(t: int):
     f, x, post, comb, fn, base, scale, w, cpre = _expansion(t, d, torch.float32, seed=43 + t)
     pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
     if ON_GPU:
-        x, f = x.bfloat16(), f.bfloat16()
-        kw = _kwargs(x, w.bfloat16(), cpre, lagged=True, normed=True)
-        _check_pre(mk.hc_pre(x, *pre_args, **kw, config=cfg), mhc.hc_pre_reference(x, *pre_args, **kw), 1e-2, 1e-4)
-        got = mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=cfg)
-        assert _scaled_err(got[0], mhc.hc_expand(f, x, post, comb)) <= 1e-2
-        _check_pre(got[1:], mhc.hc_pre_reference(got[0], *pre_args, **kw), 1e-2, 1e-4)
-        return
-    x, f = x.bfloat16().float(), f.bfloat16().float()
+        x, f, w, tol_y, tol_c = x.bfloat16(), f.bfloat16(), w.bfloat16(), 1e-2, 1e-4
+    else:
+        x, f, tol_y, tol_c = x.bfloat16().float(), f.bfloat16().float(), 1e-5, 1e-5
     kw = _kwargs(x, w, cpre, lagged=True, normed=True)
-    _check_pre(mk.hc_pre(x, *pre_args, **kw, config=cfg), mhc.hc_pre_reference(x, *pre_args, **kw), 1e-5, 1e-5)
+    _check_pre(mk.hc_pre(x, *pre_args, **kw, config=cfg), mhc.hc_pre_reference(x, *pre_args, **kw), tol_y, tol_c)
     got = mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=cfg)
-    want = mhc.hc_post_pre_reference(f, x, post, comb, *pre_args, **kw)
-    assert _scaled_err(got[0], want[0]) <= 1e-5
-    _check_pre(got[1:], want[1:], 1e-5, 1e-5)
+    expanded = mhc.hc_expand(f, x, post, comb)
+    assert _scaled_err(got[0], expanded) <= tol_y
+    # the pre side: on a GPU over the bf16 streams the kernel wrote (the reference's may round a ulp apart), under
+    # the interpreter over the reference's own (hc_post_pre_reference's composition)
+    _check_pre(got[1:], mhc.hc_pre_reference(got[0] if ON_GPU else expanded, *pre_args, **kw), tol_y, tol_c)
 
 
 @pytest.mark.parametrize("promote", [False, True], ids=["chained", "promoted"])

@@ -30,6 +30,7 @@ exact, and values are non-negative before every right shift, so shifts are logic
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -291,8 +292,9 @@ def truncate_logits(x: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     return torch.empty_like(x).scatter_(1, order, sorted_x.masked_fill(drop, float("-inf")))
 
 
+@functools.cache
 def _chunk(vocab: int) -> int:
-    """The smallest divisor of `vocab` from 512 (0: none up to 4096)."""
+    """The smallest divisor of `vocab` from 512 (0: none up to 4096); once per vocabulary size, not per step."""
     return next((c for c in range(512, min(vocab, 4096) + 1) if vocab % c == 0), 0)
 
 
@@ -301,8 +303,8 @@ def first_argmax(scores: torch.Tensor) -> torch.Tensor:
     in two levels over chunks of the vocabulary: CUDA's argmax gives a whole row of 129,280 logits to one thread block
     (38 us a step on the H100, batch 1); the chunks' maxima (the first in each chunk) spread over many, and the first
     chunk holding the row's maximum holds its first maximal index."""
-    c = _chunk(scores.shape[-1])
-    if not scores.is_cuda or c == 0 or scores.shape[-1] // c < 8:
+    c = _chunk(scores.shape[-1]) if scores.is_cuda else 0
+    if c == 0 or scores.shape[-1] // c < 8:
         return torch.argmax(scores, dim=-1)
     return chunked_argmax(scores, c)
 

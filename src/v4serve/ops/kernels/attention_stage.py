@@ -209,9 +209,10 @@ def picks_wanted(window, entries, dtype: torch.dtype) -> bool:
     mode = env_get(STAGE_ENV)
     if mode in ("0", PROMPT) or entries is None or entries.picks is None:
         return False
-    stored = entries.pool.codec.kind != "plain"
-    if mode != PICKS and entries.pool.codec.kind not in PICK_FORMATS:
+    kind = entries.pool.codec.kind
+    if mode != PICKS and kind not in PICK_FORMATS:
         return False
+    stored = kind != "plain"
     rows = _window_rows(window) + (entries.picks.shape[0] * _padded_picks(entries) if stored else 0)
     return rows > 0 and rows * entries.pool.codec.dim * dtype.itemsize <= STAGE_BUDGET
 

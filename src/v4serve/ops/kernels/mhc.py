@@ -709,7 +709,8 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     block_dc = cfg.block_dc or cfg.block_d
     if any(v & (v - 1) for v in (cfg.block_t, cfg.block_d, block_dc)) or cfg.block_d < 16:
         raise ValueError(f"block sizes must be powers of two (block_d >= 16): {cfg}")
-    x3 = (cfg.bf16x3 if cfg.bf16x3 is not None else x.is_cuda) and (x.dtype == torch.bfloat16 or not x.is_cuda)
+    x3 = cfg.bf16x3 if cfg.bf16x3 is not None else x.is_cuda
+    x3 = x3 and (x.dtype == torch.bfloat16 or not x.is_cuda)  # on a GPU the split GEMM reads x as bf16
     if x3 and acc != torch.float32:
         raise ValueError("the bf16x3 GEMM is for float32 accumulation")
     fma = cfg.fma if cfg.fma is not None else (x.is_cuda and cfg.block_t <= 2)
