@@ -1516,6 +1516,42 @@ if [[ $what == thirtieth2 ]]; then  # kernel sweeps prepared in the twenty-ninth
     --out "$OUT/ab" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-picks-b32.log" \
     | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtieth3 ]]; then  # prepared in the thirtieth session (~330 s): single-row HCA over V4.1's records
+  # at 1-8 rows by KV splits (the new single-row config against GPU_CONFIG's one-wave rule, "heads"), its tests at real
+  # shapes, the graphed V4.1 step at 64K context with it against V4SERVE_ATTN_SINGLE_SPLITS=0 (and the replay's
+  # kernels), then the batch-32 replay's kernels at 4K
+  timeout 40 python3 -m pytest tests/ops/test_attention.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -k \
+    "single_hca or tile_configs or gpu_config" > "$OUT/gpu_tests_attention.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_attention.log" | cut -c1-200 | tail -6
+  timeout 120 python3 benchmarks/kernels/attention.py --format v41 --decode-only --decode-rows 1,2,4,8 --variants \
+    default heads hk2 hk4 hk8 hd1k8 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/attention-v41-single.log" \
+    | grep -E "csa|hca" | head -60
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_ATTN_SINGLE_SPLITS=0" --out "$OUT/b1-64k" 2>&1 | grep -v -e Warning -e USDT \
+    -e "Random weights" | tee "$OUT/graph-b1-64k.log" | grep -E "CUDA graphs|floor|round" 
+  timeout 100 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-trace.log" \
+    | grep -E "CUDA graphs|floor|round"
+fi
+if [[ $what == thirtieth4 ]]; then  # prepared in the thirtieth session (~330 s): the staged picks made once per shared
+  # KV source and picks (StepContext.entry_refs) and the staged addressing without arange launches, their tests at real
+  # shapes, the graphed V4.1 step against V4SERVE_ATTN_STAGE_SHARED=0 at batch 1 (64K) and 32 (4K) with the replays'
+  # kernels, then the paired shared expert's variants at 8 and 32 rows
+  timeout 90 python3 -m pytest tests/ops/test_attention_stage.py tests/models/test_fast_path.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "picks or iota or once_per or stored_records" > "$OUT/gpu_tests_stage.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_stage.log" | cut -c1-200 | tail -6
+  for bc in "1 65536" "32 4096"; do set -- $bc
+    timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch $1 --context $2 --steps 10 \
+      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+      --env-variant "V4SERVE_ATTN_STAGE_SHARED=0" --out "$OUT/b$1" 2>&1 | grep -v -e Warning -e USDT \
+      -e "Random weights" > "$OUT/graph-b$1.log"
+    grep -E "CUDA graphs|floor|round|_stage|arange|_attend|_flash" "$OUT/graph-b$1.log" | cut -c1-150
+  done
+  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/shared_expert.log" | grep v41 | head -24
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

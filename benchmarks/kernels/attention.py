@@ -11,7 +11,8 @@ side so the committed config can be chosen from one run. Prompt chunks over stor
 (ops/kernels/attention_stage.py, its decode timed with the attention, and alone in GB/s), and so are decode launches'
 CSA picks over NVFP4 entries (V4.1); the "unstaged" variant decodes in registers everywhere. "staged-picks" stages a
 decode launch's window rings and CSA picks in every stored format (`V4SERVE_ATTN_STAGE=picks`).
-`--swa` adds window-only layers, `--decode-only` / `--prefill-only` pick the shapes.
+`--swa` adds window-only layers, `--decode-only` / `--prefill-only` pick the shapes, `--decode-rows` the decode row
+counts and `--layers` the layer kinds.
 """
 
 from __future__ import annotations
@@ -236,8 +237,10 @@ def main() -> None:
                     help="record formats to time (default: all; a CUDA fault ends the process, so the session script "
                          "runs one format per process)")
     ap.add_argument("--prefill-only", action="store_true", help="only the 4K prefill chunk (implies --flash-prefill)")
-    ap.add_argument("--decode-only", action="store_true", help="only the decode rows (1, 32, 64)")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode rows (--decode-rows)")
     ap.add_argument("--swa", action="store_true", help="also time window-only layers (V4.1's first two)")
+    ap.add_argument("--decode-rows", default="1,32,64", help="decode rows (one token each) to time, comma-separated")
+    ap.add_argument("--layers", default="", help="only these layer kinds, comma-separated (csa, hca, swa)")
     ap.add_argument("--ptxas", action="store_true",
                     help="no GPU: compile the chosen flash variants for sm_90a and print registers / spills / smem")
     args = ap.parse_args()
@@ -253,7 +256,7 @@ def main() -> None:
     print(describe(ceil), flush=True)
     hbm, bf16 = ceil["hbm_bytes_per_s"], ceil["bf16_flops"]
     rows = []
-    shapes = [("decode", 1, 1), ("decode", 32, 1), ("decode", 64, 1), ("prefill", 1, 4096)]
+    shapes = [("decode", int(r), 1) for r in args.decode_rows.split(",")] + [("prefill", 1, 4096)]
     if args.prefill_only:
         shapes, args.flash_prefill = shapes[-1:], True
     elif args.decode_only:
@@ -263,6 +266,8 @@ def main() -> None:
         if args.format and fname not in args.format:
             continue
         for layer in ("csa", "hca") + (("swa",) if args.swa else ()):
+            if args.layers and layer not in args.layers.split(","):
+                continue
             for phase, R, tpr in shapes:
                 if (args.quick and phase == "decode" and R == 64) or (
                         flash_only and phase == "prefill" and not args.flash_prefill):

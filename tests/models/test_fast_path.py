@@ -89,14 +89,17 @@ def test_stored_records_staged_for_prompt_chunks_give_the_same_logits(preset: st
     """Prompt chunks over stored records (V4's FP8, V4.1's NVFP4 entries and FP8 window rows) decode them once into
     staging rows (ops/kernels/attention_stage.py): the chunked prefill's logits are the bits of the same chunks with
     the records decoded in registers, and the decode row after them too. Decode launches' CSA picks are staged by
-    default over V4.1's NVFP4 entries (not V4's records: V4SERVE_ATTN_STAGE=picks), the same bits again."""
+    default over V4.1's NVFP4 entries (not V4's records: V4SERVE_ATTN_STAGE=picks), the same bits again; the layers
+    that read one KV source with the same picks stage those entries once (StepContext.entry_refs)."""
     from v4serve.ops.kernels import attention_stage
 
     lm, toks = fast_model(preset), tokens(32, 3)
-    staged_launches, picks_launches = [], []
-    stage, stage_picks = attention_stage.stage, attention_stage.stage_picks
+    staged_launches, picks_launches, entry_launches = [], [], []
+    stage, stage_picks, stage_entries = attention_stage.stage, attention_stage.stage_picks, \
+        attention_stage._stage_entries
     monkeypatch.setattr(attention_stage, "stage", lambda *a: staged_launches.append(1) or stage(*a))
     monkeypatch.setattr(attention_stage, "stage_picks", lambda *a: picks_launches.append(1) or stage_picks(*a))
+    monkeypatch.setattr(attention_stage, "_stage_entries", lambda *a: entry_launches.append(1) or stage_entries(*a))
 
     def run() -> torch.Tensor:
         pools = new_pools(lm.config, kv_dtype=kv, dtype=EXACT)
@@ -112,6 +115,8 @@ def test_stored_records_staged_for_prompt_chunks_give_the_same_logits(preset: st
     staged = run()
     assert staged_launches  # the prompt chunks took the staging
     assert bool(picks_launches) == (kv == "fp4")  # and V4.1's decode picks (the 11-token chunk and the decode row)
+    if kv == "fp4":  # fewer entry stagings than staged layers: shared KV sources and picks staged once a step
+        assert 0 < len(entry_launches) < len(picks_launches), (len(entry_launches), len(picks_launches))
     for env, prompt, picks in (("0", False, False), ("prompt", True, False), ("picks", True, True)):
         staged_launches.clear()
         picks_launches.clear()

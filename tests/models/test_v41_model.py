@@ -275,3 +275,25 @@ def test_dspark_draft(tiny):
     assert torch.equal(single.tokens[0], d1.tokens[1])
     assert bool(((d1.confidence > 0) & (d1.confidence < 1)).all())
     assert torch.equal(d1.tokens, d1.logits.argmax(-1))  # greedy: each token is its (Markov-biased) argmax
+
+
+def test_image_tokens_route_with_bias_vl_on_the_fast_path() -> None:
+    """The MoE's router on the Triton path takes bias_vl for image-placeholder tokens inside the kernel (no where
+    launch): the same routed output as the reference body, whose bias is selected per token in torch."""
+    lm = build_model("tiny-v41-flash", seed=3, dtype=torch.float64, with_mtp=False, kernels="triton")
+    ffn = lm.model.layers[2].ffn
+    g = torch.Generator().manual_seed(4)
+    ffn.gate.bias_vl.data = torch.randn(ffn.gate.bias_vl.shape, generator=g, dtype=ffn.gate.bias_vl.dtype) * 3
+    x = torch.randn(9, lm.config.dim, generator=g, dtype=torch.float64)
+    image = torch.zeros(9, dtype=torch.bool)
+    image[[2, 5]] = True
+    with torch.no_grad():
+        fast = ffn(x, image)
+        assert ffn.backend == "triton"
+        for m in ffn.modules():  # the same weights on the reference bodies
+            if hasattr(m, "backend"):
+                m.backend = "reference"
+        ref = ffn(x, image)
+        plain = ffn(x, torch.zeros(9, dtype=torch.bool))
+    assert (fast - ref).abs().max() <= 1e-9 * ref.abs().max()
+    assert not torch.allclose(ref[[2, 5]], plain[[2, 5]])  # bias_vl changed the image tokens' experts

@@ -165,6 +165,43 @@ def test_staged_picks_addressing() -> None:
         assert not staged[:K][~ok].any() and not staged[K:].any()
 
 
+def test_staged_picks_made_once_per_shared_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries with a `derived` memo are staged by the first call and reused by the next ones with the same object
+    (layers that read one KV source with the same picks), per dtype: one staging launch, the same staged entries as
+    without the memo; each call still stages its own window."""
+    window, entries = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=7, rows_tokens=DECODE[1])[6:]
+    shared = dataclasses.replace(entries, derived={})
+    launches = []
+    real = stage._stage_entries
+    monkeypatch.setattr(stage, "_stage_entries", lambda e, d: launches.append(d) or real(e, d))
+    w1, e1 = stage.stage_picks(window, shared, EXACT)
+    w2, e2 = stage.stage_picks(window, shared, EXACT)
+    assert e2 is e1 and e1.derived is None and len(launches) == 1
+    assert w2 is not w1 and torch.equal(w2.pool.data, w1.pool.data)
+    _, alone = stage.stage_picks(window, entries, EXACT)  # no memo: staged again, the same rows
+    assert torch.equal(alone.pool.data, e1.pool.data) and torch.equal(alone.picks, e1.picks) and len(launches) == 2
+    stage.stage_picks(window, shared, torch.float32)  # another dtype: staged apart
+    assert len(launches) == 3 and set(shared.derived) == {("picks", EXACT), ("picks", torch.float32)}
+    monkeypatch.setenv(stage.SHARED_ENV, "0")  # the A/B switch: staged again
+    stage.stage_picks(window, shared, EXACT)
+    assert len(launches) == 4
+
+
+def test_staged_addressing_is_one_iota_buffer() -> None:
+    """The staged ring rows, block table and token rows are arange values viewed from one buffer per device and dtype
+    (no launch per call); a longer request replaces the buffer with a larger one."""
+    window, entries = _case("fp8_b32", "nvfp4", "picks", EXACT, seed=7, rows_tokens=DECODE[1])[6:]
+    w2, e2 = stage.stage_picks(window, entries, EXACT)
+    for got in (w2.ring_rows, e2.where.block_table.reshape(-1), e2.where.token_row):
+        assert torch.equal(got, torch.arange(got.numel(), device=DEVICE))
+        base = stage.iota(1, got.dtype, got.device)
+        assert got.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    n = stage.IOTA_MIN + 5
+    long = stage.iota(n, torch.int32, torch.device("cpu"))
+    assert torch.equal(long, torch.arange(n, dtype=torch.int32)) and stage.iota(3, torch.int32, "cpu").data_ptr() \
+        == long.data_ptr()
+
+
 def test_the_picks_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     """By default CSA launches over PICK_FORMATS' entries (V4.1's nvfp4), within the budget; V4SERVE_ATTN_STAGE=picks
     any stored entry format; "prompt" and "0" none; never HCA or window-only launches or plain records.

@@ -84,6 +84,26 @@ def test_split_grid_matches_reference(cfg, t, dtype):
     _check(rk.route(*args, config=cfg), router.route_reference(*args), dtype)
 
 
+@pytest.mark.parametrize("cfg", [None, rk.Config(block_t=4, block_e=16, block_d=32, split_d=2, epi_t=4)],
+                         ids=["one-pass", "split"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_alternative_bias_per_token(cfg, dtype):
+    """Flagged tokens (V4.1's image tokens) select with the alternative [E] bias inside the kernel: the reference's
+    where-selected [T, E] bias; the flags bool or integer, none or all set; through the entry point too."""
+    x, w, b = _inputs(37, 16, 64, dtype, "e", seed=21)
+    g = torch.Generator().manual_seed(22)
+    b2 = torch.randn(16, generator=g) * 3.0  # large enough to change the picks
+    for alt in (torch.rand(37, generator=g) < 0.5, torch.zeros(37, dtype=torch.bool), torch.ones(37, dtype=torch.int8)):
+        args = (x, w, b, None, None, 6, "sqrtsoftplus", 1.5, 1e-20, True)
+        want = router.route_reference(*args, alt_bias=b2, alt=alt)
+        per_token = torch.where(alt.bool().unsqueeze(1), b2.unsqueeze(0), b.unsqueeze(0))
+        _check(want, router.route_reference(x, w, per_token, *args[3:]), dtype)
+        assert rk.supports(x, w, b, b2, alt)
+        _check(rk.route(*args, config=cfg, alt_bias=b2, alt=alt), want, dtype)
+        _check(router.route(*args, backend=backend.TRITON, alt_bias=b2, alt=alt), want, dtype)
+    assert not rk.supports(x, w, b, b2, torch.ones(37))  # float flags are refused (the reference path takes them)
+
+
 def test_mixed_weight_dtype_and_strides():
     """bf16 gate weight with float32 x (upcast in the kernel), x a non-contiguous view."""
     x, w, b = _inputs(37, 16, 64, torch.float32, "e", seed=5, w_dtype=torch.bfloat16)

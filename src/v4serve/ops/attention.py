@@ -7,7 +7,7 @@ The per-head sink is a raw logit that enters only the softmax denominator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,6 +69,10 @@ class EntryRefs:
     pool: Any
     where: Entries
     picks: torch.Tensor | None = None
+    # values a backend derives from these entries alone (the kernels' staged picks: attention_stage.stage_picks),
+    # kept for the other layers of the step that the caller hands this same object (V4.1's layers that read one KV
+    # source with one index source's picks); None keeps nothing
+    derived: dict | None = field(default=None, compare=False, repr=False)
 
 
 TOKEN_CHUNK = 1024  # tokens whose KV rows the reference gathers at once (bounds long-prefill memory)

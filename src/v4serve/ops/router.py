@@ -17,8 +17,12 @@ from .profiling import family
 
 def route_reference(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
                     token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
-                    norm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (weights [T, k] float32/float64, expert ids [T, k] int64). `bias` is [E] or per token [T, E]."""
+                    norm: bool = True, alt_bias: torch.Tensor | None = None,
+                    alt: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (weights [T, k] float32/float64, expert ids [T, k] int64). `bias` is [E] or per token [T, E]; with `alt`
+    ([T] bool), the tokens it flags take `alt_bias` [E] instead of `bias` [E] (V4.1's image tokens)."""
+    if alt is not None:
+        bias = torch.where(alt.bool().unsqueeze(1), alt_bias.unsqueeze(0), bias.unsqueeze(0))
     a = acc_dtype(x)
     logits = x.to(a) @ gate_w.to(a).t()
     if score_func == "softmax":
@@ -40,13 +44,16 @@ def route_reference(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | 
 
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
           token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
-          norm: bool = True, backend: str = kernels.REFERENCE) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (weights [T, k], expert ids [T, k] int64); see the module docstring."""
+          norm: bool = True, backend: str = kernels.REFERENCE, alt_bias: torch.Tensor | None = None,
+          alt: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (weights [T, k], expert ids [T, k] int64); see the module docstring and route_reference (alt_bias, alt:
+    chosen per token inside the kernel, no launch of its own)."""
     with family("router"):
         if backend == kernels.TRITON:
             from .kernels import router as router_kernels
 
-            if router_kernels.supports(x, gate_w, bias):
+            if router_kernels.supports(x, gate_w, bias, alt_bias, alt):
                 return router_kernels.route(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps,
-                                            norm)
-        return route_reference(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps, norm)
+                                            norm, alt_bias=alt_bias, alt=alt)
+        return route_reference(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps, norm,
+                               alt_bias, alt)

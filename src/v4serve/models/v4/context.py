@@ -27,6 +27,7 @@ class StepContext:
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
         self._compression: dict[int, Compression] = {}
         self._visible: dict[int, torch.Tensor] = {}
+        self._entry_refs: dict[tuple[int, int], EntryRefs] = {}
         # the Triton body writes both RoPE tables in the window's launch; the reference makes each when first asked
         freqs = [inv_freq(config, c, step.device) for c in (False, True)] if backend == TRITON else []
         win = window_addressing(step, pools, freqs, backend)
@@ -80,9 +81,16 @@ class StepContext:
         return self.entries(self.pools.ratio[source], visible)
 
     def entry_refs(self, source: int, picks: torch.Tensor | None = None) -> EntryRefs:
-        """The compressed entries of `source`'s cache each token attends to: its picks (CSA) or all visible (HCA)."""
-        where = self.index_entries(source, self.visible(self.pools.ratio[source]))
-        return EntryRefs(self.pools.compressed[source], where, picks)
+        """The compressed entries of `source`'s cache each token attends to: its picks (CSA) or all visible (HCA).
+        One object per (source, picks) and step: V4.1's layers that read one KV source with one index source's picks
+        share it, and with it what a backend derives from it once (EntryRefs.derived: the staged picks). Sources
+        write their cache before their own attention and no later layer of the step writes it."""
+        key = (source, id(picks))
+        refs = self._entry_refs.get(key)
+        if refs is None or refs.picks is not picks:  # (the cached object holds picks: its id is not reused)
+            where = self.index_entries(source, self.visible(self.pools.ratio[source]))
+            refs = self._entry_refs[key] = EntryRefs(self.pools.compressed[source], where, picks, derived={})
+        return refs
 
     def compression(self, ratio: int) -> Compression:
         """This step's completed groups of a compression ratio, their pool rows and RoPE: the same for every layer of

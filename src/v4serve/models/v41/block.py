@@ -35,9 +35,9 @@ class V41MoE(MoE):
     def forward(self, x: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
         c, nm = self.config, self.numerics
         g = self.gate
-        bias = torch.where(image.unsqueeze(1), g.bias_vl.unsqueeze(0), g.bias.unsqueeze(0))  # selection only
-        weights, ids = route(x, g.weight, bias, None, None, self.topk, c.score_func, c.route_scale, nm.gate_eps,
-                             c.norm_topk_prob, self.backend)
+        # image tokens select with bias_vl (selection only), chosen per token inside the router
+        weights, ids = route(x, g.weight, g.bias, None, None, self.topk, c.score_func, c.route_scale, nm.gate_eps,
+                             c.norm_topk_prob, self.backend, alt_bias=g.bias_vl, alt=image)
         return self.combine(x, weights, ids)
 
 

@@ -81,10 +81,10 @@ def _logits(x_ptr, w_ptr, offs_t, t_mask, offs_e, e_mask, d_lo, d_hi, stride_xt,
 
 @triton.jit
 def _epilogue(logits, offs_t, t_mask, E, bias_ptr, stride_bt, stride_be, tid_ptr, stride_tv, stride_tk, tok_ptr,
-              stride_tok, out_w_ptr, out_id_ptr, rs_hi, rs_lo, eps_hi, eps_lo,
+              stride_tok, out_w_ptr, out_id_ptr, rs_hi, rs_lo, eps_hi, eps_lo, alt_bias_ptr, alt_ptr,
               BLOCK_T: tl.constexpr, E_PAD: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
               SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, HASH: tl.constexpr, NORM: tl.constexpr,
-              ACC: tl.constexpr):
+              ACC: tl.constexpr, HAS_ALT: tl.constexpr):
     """[BLOCK_T, E_PAD] logits -> the k weights and ids of each token, stored."""
     offs_e = tl.arange(0, E_PAD)
     e_mask = offs_e < E
@@ -112,6 +112,10 @@ def _epilogue(logits, offs_t, t_mask, E, bias_ptr, stride_bt, stride_be, tid_ptr
         if HAS_BIAS:
             b = tl.load(bias_ptr + offs_t[:, None] * stride_bt + offs_e[None, :] * stride_be,
                         mask=t_mask[:, None] & e_mask[None, :], other=0.0)
+            if HAS_ALT:  # tokens flagged in alt take the alternative [E] bias (V4.1's image tokens: bias_vl)
+                flag = tl.load(alt_ptr + offs_t, mask=t_mask, other=0) != 0
+                b2 = tl.load(alt_bias_ptr + offs_e, mask=e_mask, other=0.0)
+                b = tl.where(flag[:, None], b2[None, :], b)
             sel = sel + b.to(ACC)
         sel = tl.where(e_mask[None, :], sel, float("-inf"))
 
@@ -142,14 +146,14 @@ def _epilogue(logits, offs_t, t_mask, E, bias_ptr, stride_bt, stride_be, tid_ptr
 
 @step_jit
 def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, out_w_ptr, out_id_ptr,
-                   T, E, D, d_per_split,
+                   alt_bias_ptr, alt_ptr, T, E, D, d_per_split,
                    stride_xt, stride_xd, stride_we, stride_wd, stride_bt, stride_be, stride_tv, stride_tk, stride_tok,
                    rs_hi, rs_lo, eps_hi, eps_lo,
                    K: tl.constexpr, K_PAD: tl.constexpr, E_PAD: tl.constexpr,
                    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_D: tl.constexpr,
                    EPI_T: tl.constexpr, EVEN_D: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr,
                    HASH: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr,
-                   PDL: tl.constexpr = False):
+                   HAS_ALT: tl.constexpr = False, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t = tl.program_id(0)
     pid_e = tl.program_id(1)
@@ -175,13 +179,13 @@ def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, 
                     logits += tl.load(part_ptr + (s * t_pad + offs_r[:, None]) * E_PAD + offs_all[None, :],
                                       mask=(offs_all < E)[None, :], other=0.0, cache_modifier=".cg")
                 _epilogue(logits, offs_r, offs_r < T, E, bias_ptr, stride_bt, stride_be, tid_ptr, stride_tv,
-                          stride_tk, tok_ptr, stride_tok, out_w_ptr, out_id_ptr, rs_hi, rs_lo, eps_hi, eps_lo, EPI_T,
-                          E_PAD, K, K_PAD, SCORE, HAS_BIAS, HASH, NORM, ACC)
+                          stride_tk, tok_ptr, stride_tok, out_w_ptr, out_id_ptr, rs_hi, rs_lo, eps_hi, eps_lo,
+                          alt_bias_ptr, alt_ptr, EPI_T, E_PAD, K, K_PAD, SCORE, HAS_BIAS, HASH, NORM, ACC, HAS_ALT)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         _epilogue(acc, offs_t, t_mask, E, bias_ptr, stride_bt, stride_be, tid_ptr, stride_tv, stride_tk, tok_ptr,
-                  stride_tok, out_w_ptr, out_id_ptr, rs_hi, rs_lo, eps_hi, eps_lo, BLOCK_T, E_PAD, K, K_PAD, SCORE,
-                  HAS_BIAS, HASH, NORM, ACC)
+                  stride_tok, out_w_ptr, out_id_ptr, rs_hi, rs_lo, eps_hi, eps_lo, alt_bias_ptr, alt_ptr, BLOCK_T,
+                  E_PAD, K, K_PAD, SCORE, HAS_BIAS, HASH, NORM, ACC, HAS_ALT)
 
 
 def _e_pad(e: int) -> int:
@@ -208,9 +212,19 @@ def default_config(t: int, e: int, d: int, on_gpu: bool) -> Config:
     return Config(64, min(128, e_pad), block_d=64, split_d=1, num_warps=8, num_stages=3)
 
 
-def supports(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """True where the kernel runs: 2-D float inputs on one device, E <= 1024, bias None / [E] / [T, E]; CUDA without
-    float64 (fp64 exists only for the CPU interpreter), or the CPU under Triton's interpreter (TRITON_INTERPRET)."""
+def supports(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None,
+             alt_bias: torch.Tensor | None = None, alt: torch.Tensor | None = None) -> bool:
+    """True where the kernel runs: 2-D float inputs on one device, E <= 1024, bias None / [E] / [T, E] (with an
+    alternative: both [E], alt [T] bool or integer); CUDA without float64 (fp64 exists only for the CPU interpreter),
+    or the CPU under Triton's interpreter (TRITON_INTERPRET)."""
+    if alt is not None:
+        e = gate_w.shape[0]
+        if bias is None or alt_bias is None or tuple(bias.shape) != (e,) or tuple(alt_bias.shape) != (e,):
+            return False
+        if alt_bias.dtype not in _FLOATS or alt_bias.device != x.device or alt.device != x.device:
+            return False
+        if alt.shape != (x.shape[0],) or alt.dtype.is_floating_point or alt.stride(0) != 1:
+            return False
     if x.dim() != 2 or gate_w.dim() != 2 or x.shape[1] != gate_w.shape[1] or not 1 <= gate_w.shape[0] <= _MAX_E:
         return False
     if x.dtype not in _FLOATS or gate_w.dtype not in _FLOATS or x.device != gate_w.device:
@@ -226,7 +240,8 @@ def supports(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None) -
 
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
           token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
-          norm: bool = True, config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          norm: bool = True, config: Config | None = None, alt_bias: torch.Tensor | None = None,
+          alt: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (weights [T, k] float32/float64, expert ids [T, k] int64), as ops.router.route_reference."""
     t, d = x.shape
     e = gate_w.shape[0]
@@ -265,8 +280,9 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
     tok = token_ids if hashed else id_out
     rs_hi, rs_lo = hi_lo(float(route_scale))
     eps_hi, eps_lo = hi_lo(float(eps))
+    has_alt = has_bias and alt is not None
     _router_kernel[(n_tb, n_eb, split_d)](
-        x, gate_w, b, tid, tok, part, cnt, w_out, id_out,
+        x, gate_w, b, tid, tok, part, cnt, w_out, id_out, alt_bias if has_alt else b, alt if has_alt else id_out,
         t, e, d, d_per_split,
         x.stride(0), x.stride(1), gate_w.stride(0), gate_w.stride(1), stride_bt, stride_be,
         tid.stride(0) if hashed else 0, tid.stride(1) if hashed else 0, tok.stride(0) if hashed else 0,
@@ -275,5 +291,5 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
         BLOCK_E=block_e, BLOCK_D=cfg.block_d, SPLIT_D=split_d, EPI_T=min(cfg.epi_t, cfg.block_t),
         EVEN_D=d % cfg.block_d == 0, SCORE=SCORE_FUNCS[score_func],
         HAS_BIAS=has_bias, HASH=hashed, NORM=bool(norm), ACC=_TL[acc], DOT=_TL[x.dtype] if same_half else _TL[acc],
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
+        HAS_ALT=has_alt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
     return w_out, id_out
