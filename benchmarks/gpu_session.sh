@@ -1552,6 +1552,32 @@ if [[ $what == thirtieth4 ]]; then  # prepared in the thirtieth session (~330 s)
   timeout 60 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/shared_expert.log" | grep v41 | head -24
 fi
+if [[ $what == thirtieth5 ]]; then  # prepared in the thirtieth session (~420 s): the router's per-token alternative
+  # bias and the Engram update kernel at real shapes, single-row CSA launches over staged picks by tile and KV splits,
+  # then the graphed V4.1 step at batch 1 (64K) and 32 (4K) with the replays' kernels (against thirtieth4's)
+  timeout 90 python3 -m pytest tests/ops/test_router.py tests/ops/test_engram.py -q -p no:cacheprovider -o addopts="" \
+    -rf --tb=short -k "gpu or engram" > "$OUT/gpu_tests_router_engram.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_router_engram.log" | cut -c1-200 | tail -6
+  timeout 70 python3 benchmarks/kernels/attention.py --format v41 --decode-only --decode-rows 1 --layers csa \
+    --variants default hk32 r64k10 r64k16 r32k20 r16k40 r32k20w4 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/attention-v41-t1.log" | grep -E "csa"
+  for bc in "1 65536" "32 4096"; do set -- $bc
+    timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch $1 --context $2 --steps 10 \
+      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 40 \
+      --out "$OUT/b$1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/graph-b$1.log"
+    grep -E "CUDA graphs|floor|round|_engram|_router|elementwise|_attend" "$OUT/graph-b$1.log" | cut -c1-150
+  done
+fi
+if [[ $what == thirtieth6 ]]; then  # prepared in the thirtieth session (~180 s): single rows over staged picks on
+  # SINGLE_PICKS_CONFIG, its tests at real shapes and the graphed V4.1 step at batch 1 (64K) against V4SERVE_ATTN_SINGLE=0
+  timeout 60 python3 -m pytest tests/ops/test_attention.py tests/ops/test_attention_stage.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "tile_configs or single or picks" > "$OUT/gpu_tests_single.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_single.log" | cut -c1-200 | tail -6
+  timeout 110 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant "V4SERVE_ATTN_SINGLE=0" \
+    --out "$OUT/b1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1.log" \
+    | grep -E "CUDA graphs|floor|round"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

@@ -43,6 +43,13 @@ VARIANTS = {"default": None, "n16": kernel.Config(16, 16, 4, 4, 1), "n64w8": ker
             "hk2": kernel.Config(16, 32, 2, 8, 1, kv_splits=2), "hk4": kernel.Config(16, 32, 2, 8, 1, kv_splits=4),
             "hk8": kernel.Config(16, 32, 2, 8, 1, kv_splits=8), "hk32": kernel.Config(16, 32, 2, 8, 1, kv_splits=32),
             "hd1k8": kernel.Config(16, 32, 1, 8, 1, kv_splits=8), "h32d1k8": kernel.Config(32, 32, 1, 8, 1, kv_splits=8),
+            # single rows over staged picks (640 rows a token at 64K): one tile a split (64-row tiles over 10 or 16
+            # splits, 32-row ones over 20), or 16-row tiles over 40 (a shorter chain per program)
+            "r64k10": kernel.Config(16, 64, 2, 8, 1, kv_splits=10),
+            "r64k16": kernel.Config(16, 64, 2, 8, 1, kv_splits=16),
+            "r32k20": kernel.Config(16, 32, 2, 8, 1, kv_splits=20),
+            "r16k40": kernel.Config(16, 16, 2, 4, 1, kv_splits=40),
+            "r32k20w4": kernel.Config(16, 32, 2, 4, 1, kv_splits=20),
             "heads": kernel.GPU_CONFIG,  # the "heads" mode's default (prefill over V4 / V4.1 records until 2026-12-04)
             "unstaged": None,  # the default config with the records decoded in registers at prefill too
             "staged-picks": None}  # decode: the window rings and the CSA picks staged first, then gpu_config's choice

@@ -20,6 +20,7 @@ from v4serve.cache.pool import RowPool
 from v4serve.ops import attention as attn
 from v4serve.ops.indexer import Entries
 from v4serve.ops.kernels import attention as kernel
+from v4serve.ops.kernels import attention_stage
 from v4serve.ops.rope import rope_cos_sin
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
@@ -166,7 +167,7 @@ def test_entry_point_dispatches_by_backend() -> None:
 
 @pytest.mark.parametrize("cfg", [kernel.Config(16, 16, 1, 1, 1, 1), kernel.Config(16, 32, 2, 1, 1, 1),
                                  kernel.Config(32, 16, 2, 1, 1, 3), kernel.Config(16, 16, 2, 1, 1, 5),
-                                 kernel.V41_DECODE_CONFIG])
+                                 kernel.V41_DECODE_CONFIG, kernel.SINGLE_PICKS_CONFIG])
 def test_tile_configs_agree(cfg: kernel.Config) -> None:
     """One D chunk or several, other row tiles and head blocks, a token's rows in one program or split over several
     (partials combined by the last to arrive, some splits empty): the same attention."""
@@ -204,6 +205,17 @@ def test_flash_mode_reads_each_token_rows_in_one_launch(cfg) -> None:
     assert _rel(got, ref) < TOL
 
 
+def test_single_picks_switch(monkeypatch) -> None:
+    """V4SERVE_ATTN_SINGLE=0 gives a single row over staged picks GPU_CONFIG again (the A/B switch)."""
+    from types import SimpleNamespace as NS
+
+    window = NS(pool=NS(codec=NS(kind="plain")))
+    staged = NS(pool=attention_stage.StagedPool(torch.zeros(1, 1)), picks=torch.zeros(1))
+    assert kernel.gpu_config(1, window, staged) is kernel.SINGLE_PICKS_CONFIG
+    monkeypatch.setenv(kernel.SINGLE_ENV, "0")
+    assert kernel.gpu_config(1, window, staged) is kernel.GPU_CONFIG
+
+
 def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     """Batched decode (16-128 query tokens) over CSA picks in V4's records or bf16, and over HCA's visible entries in
     bf16, takes flash mode; prefill chunks take the prefill config in every format (window-only layers too); single
@@ -228,6 +240,9 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(2048, *refs("nvfp4", "fp8_b32")) is prefill  # and V4.1's
     assert kernel.gpu_config(129, *refs("nvfp4", "fp8_b32", picks=False)) is prefill
     assert kernel.gpu_config(32, refs("plain")[0], None) is heads  # window-only layers' decode rows
+    staged = NS(pool=attention_stage.StagedPool(torch.zeros(1, 1)), picks=torch.zeros(1))
+    assert kernel.gpu_config(1, refs("plain")[0], staged) is kernel.SINGLE_PICKS_CONFIG  # a row over staged picks
+    assert kernel.gpu_config(2, refs("plain")[0], staged) is heads
     assert kernel.gpu_config(4096, refs("plain")[0], None) is prefill  # and their prompt chunks
 
 

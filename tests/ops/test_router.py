@@ -93,7 +93,8 @@ def test_alternative_bias_per_token(cfg, dtype):
     x, w, b = _inputs(37, 16, 64, dtype, "e", seed=21)
     g = torch.Generator().manual_seed(22)
     b2 = torch.randn(16, generator=g) * 3.0  # large enough to change the picks
-    for alt in (torch.rand(37, generator=g) < 0.5, torch.zeros(37, dtype=torch.bool), torch.ones(37, dtype=torch.int8)):
+    flags = (torch.rand(37, generator=g) < 0.5, torch.zeros(37, dtype=torch.bool), torch.ones(37, dtype=torch.int8))
+    for alt in flags:
         args = (x, w, b, None, None, 6, "sqrtsoftplus", 1.5, 1e-20, True)
         want = router.route_reference(*args, alt_bias=b2, alt=alt)
         per_token = torch.where(alt.bool().unsqueeze(1), b2.unsqueeze(0), b.unsqueeze(0))
@@ -146,22 +147,30 @@ def _near_tie_tokens(x, w, b, k: int) -> torch.Tensor:
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
-@pytest.mark.parametrize("bias", ["e", "te"])
+@pytest.mark.parametrize("bias", ["e", "te", "alt"])
 @pytest.mark.parametrize("t", [1, 64, 256, 4096])
 def test_gpu_real_shapes(t, bias):
+    """alt: V4.1's per-token alternative bias (image tokens' bias_vl), chosen inside the kernel."""
     e, d, k = 256, 4096, 6
-    x, w, b = _inputs(t, e, d, torch.bfloat16, bias, seed=t, device="cuda")
+    x, w, b = _inputs(t, e, d, torch.bfloat16, "e" if bias == "alt" else bias, seed=t, device="cuda")
     b = b.float()
     assert rk.supports(x, w, b) and not rk.supports(x.double(), w.double(), b)
+    alt = {}
+    if bias == "alt":
+        g = torch.Generator().manual_seed(t + 1)
+        alt = {"alt_bias": (torch.randn(e, generator=g) * 0.3).cuda(),
+               "alt": (torch.rand(t, generator=g) < 0.5).cuda()}
+        assert rk.supports(x, w, b, alt["alt_bias"], alt["alt"])
     args = (x, w, b, None, None, k, "sqrtsoftplus", 1.5, 1e-20, True)
-    gw, gi = rk.route(*args)
-    rw, ri = router.route_reference(*args)
+    gw, gi = rk.route(*args, **alt)
+    rw, ri = router.route_reference(*args, **alt)
     bad = (gi != ri).any(-1)
-    near = _near_tie_tokens(x, w, b, k)
+    per_token = torch.where(alt["alt"].unsqueeze(1), alt["alt_bias"].unsqueeze(0), b.unsqueeze(0)) if alt else b
+    near = _near_tie_tokens(x, w, per_token, k)
     assert not (bad & ~near).any(), f"{int((bad & ~near).sum())} tokens differ outside near-ties ({int(bad.sum())} all)"
     same = ~bad
     assert torch.allclose(gw[same], rw[same], rtol=1e-4, atol=0)
-    gw2, gi2 = rk.route(*args)  # the split grid's reduction order is fixed: bitwise repeatable
+    gw2, gi2 = rk.route(*args, **alt)  # the split grid's reduction order is fixed: bitwise repeatable
     assert torch.equal(gw, gw2) and torch.equal(gi, gi2)
 
 

@@ -8,6 +8,8 @@ projects with `wkv` to one key per stream [hc, dim] plus one shared value [dim].
     gate_k = sigmoid(sign(dot_k) * sqrt(max(|dot_k|, 1e-6)))
     X_k   <- X_k + gate_k * value                                  (gate 0 for dead tokens: image placeholders)
 
+(ops/engram.py `engram_mix`: one launch on the Triton path.)
+
 The tables are large (~98 GB FP8 each for V4.1-Flash) and only 24 rows per token are read, so `EngramTable`
 keeps the stored FP8 rows with their per-32 e8m0 scales (never a dequantized copy) and can live in host memory
 (pinned): a step then gathers its rows on the host and copies only those to the device.
@@ -23,14 +25,14 @@ from torch import nn
 
 from ...config import ModelConfig
 from ...dist import parallel
+from ...ops import backend as kernels
 from ...ops import quant
+from ...ops.engram import engram_mix
 from ...ops.linear import Linear, scale_bytes
 from ...ops.precision import wide
 from ...ops.shard import VOCAB
 from ..sharding import row_share
 from ..v4.modules import param
-
-GATE_FLOOR = 1e-6  # |dot| floor under the signed square root (the reference's clamp value)
 
 
 class EngramTable(nn.Module):
@@ -116,6 +118,7 @@ class Engram(nn.Module):
         self.wkv = Linear(self.columns * c.engram_head_dim, (c.hc_mult + 1) * c.dim)
         self.q_weight = param(c.hc_mult, c.dim)
         self.k_weight = param(c.hc_mult, c.dim)
+        self.backend = kernels.current()
 
     def forward(self, x: torch.Tensor, rows: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         """x [T, hc, D] streams; rows [T, columns] this layer's row ids; live [T] bool -> updated streams."""
@@ -124,10 +127,4 @@ class Engram(nn.Module):
         emb = self.tp.all_reduce(self.embed(rows, x.dtype).reshape(T, -1))  # TP: each rank's rows, summed
         kv = wide(self.wkv(emb))
         key, value = kv[:, : n * D].view(T, n, D), kv[:, n * D:]
-        h = wide(x)
-        rstd = torch.rsqrt(h.square().mean(-1) + c.norm_eps) * torch.rsqrt(key.square().mean(-1) + c.norm_eps)
-        w = self.q_weight.float() * self.k_weight.float()  # only ever used as a product
-        dot = (h * w * key).sum(-1) * rstd * D ** -0.5  # [T, hc]
-        gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(GATE_FLOOR).sqrt(), dot))
-        gate = gate * live.unsqueeze(1).to(gate.dtype)
-        return (h + gate.unsqueeze(-1) * value.unsqueeze(1)).to(x.dtype)
+        return engram_mix(x, key, value, (self.q_weight, self.k_weight), live, c.norm_eps, self.backend)

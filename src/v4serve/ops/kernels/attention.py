@@ -100,6 +100,12 @@ FLASH_DECODE_TOKENS = (16, 128)
 # v41 --decode-only, twenty-fifth session): T=32 382 -> 190 us, T=64 740 -> 338 us against GPU_CONFIG; single rows
 # keep GPU_CONFIG (37.2 us; 8 or 32 splits 37.0 / 35.6).
 V41_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stages=1, kv_splits=8)
+# A single decode row over staged picks (attention_stage.stage_picks: 128 window + up to 512 picked bf16 rows): 64-row
+# tiles over 10 KV splits, one tile a split. H100, V4.1 at 64K, staging included (attention.py --format v41
+# --decode-only --decode-rows 1 --layers csa, thirtieth session): 24.9 -> 21.9 us (32-row tiles over 20 splits 26.1,
+# 16-row over 40 43.2, GPU_CONFIG over 32 31.3).
+SINGLE_PICKS_CONFIG = Config(heads=16, rows=64, dsplit=2, num_warps=8, num_stages=1, kv_splits=10)
+SINGLE_ENV = "V4SERVE_ATTN_SINGLE"  # A/B switch: "0" gives those rows GPU_CONFIG
 FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # record format -> entry kinds timed
 # Prefill chunks (more than 128 query tokens) take flash mode where timed: over bf16 records at 64K context, a 4K-token
 # chunk (benchmarks/kernels/attention.py --format bf16 --prefill-only, H200): the decode config took CSA 18.36 -> 5.86
@@ -553,12 +559,16 @@ def gpu_config(tokens: int, window, entries) -> Config:
     """The measured choice on the GPU: prefill chunks take prefill_config() in every record format (window-only
     layers too: twenty-fifth session); batched decode takes flash mode where it was timed (FLASH_DECODE_FORMATS: CSA
     picks over V4's 584-B records; CSA picks and HCA's visible entries over bf16 records, which staged rows are:
-    attention_stage.py) and V4.1's records take V41_DECODE_CONFIG; GPU_CONFIG otherwise."""
+    attention_stage.py) and V4.1's records take V41_DECODE_CONFIG; a single row over staged picks SINGLE_PICKS_CONFIG;
+    GPU_CONFIG otherwise."""
     lo, hi = FLASH_DECODE_TOKENS
     if tokens > hi:
         return prefill_config()
-    if entries is None or tokens < lo:
+    if entries is None:
         return GPU_CONFIG
+    if tokens < lo:
+        staged = isinstance(entries.pool, attention_stage.StagedPool) and entries.picks is not None
+        return SINGLE_PICKS_CONFIG if tokens == 1 and staged and env_get(SINGLE_ENV) != "0" else GPU_CONFIG
     if (window.pool.codec.kind, entries.pool.codec.kind) == ("fp8_b32", "nvfp4"):
         return V41_DECODE_CONFIG
     if window.pool.codec.kind != entries.pool.codec.kind:
