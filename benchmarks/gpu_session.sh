@@ -1578,6 +1578,25 @@ if [[ $what == thirtieth6 ]]; then  # prepared in the thirtieth session (~180 s)
     --out "$OUT/b1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1.log" \
     | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyfirst1 ]]; then  # prepared in the thirtieth session (~470 s): the attention tests the thirtieth's
+  # last call cut (single rows over staged picks, the shared staging) to the end, V4.1's step profile by op family at
+  # batch 1 and 32 (64K / 4K) on the thirtieth's defaults, the graphed V4 step with V4's picks staged (never timed)
+  timeout 150 python3 -m pytest tests/ops/test_attention.py tests/ops/test_attention_stage.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "tile_configs or single or picks or iota or once_per" \
+    > "$OUT/gpu_tests_attention.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_attention.log" | cut -c1-200 | tail -6
+  for bc in "1 65536" "32 4096"; do set -- $bc
+    timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch $1 --context $2 --steps 2 \
+      --prefill 0 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/p$1" 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-b$1.log"
+    grep -E "^\| (mhc|linear|moe|router|indexer|attention|compressor|other|\*\*total)|decode" "$OUT/profile-v41-b$1.log" \
+      | head -14
+  done
+  timeout 110 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 10 --prefill 0 \
+    --graph-only --kv-cache-dtype fp8 --kv-cache-memory 8589934592 --env-variant "V4SERVE_ATTN_STAGE=picks" \
+    --out "$OUT/v4" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-picks-b32.log" \
+    | grep -E "CUDA graphs|floor|round"
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

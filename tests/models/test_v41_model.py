@@ -297,3 +297,21 @@ def test_image_tokens_route_with_bias_vl_on_the_fast_path() -> None:
         plain = ffn(x, torch.zeros(9, dtype=torch.bool))
     assert (fast - ref).abs().max() <= 1e-9 * ref.abs().max()
     assert not torch.allclose(ref[[2, 5]], plain[[2, 5]])  # bias_vl changed the image tokens' experts
+
+
+def test_layers_sharing_a_source_and_picks_share_their_entry_refs(tiny) -> None:
+    """StepContext.entry_refs: one EntryRefs (with its `derived` memo) for the layers that read one KV source with
+    the same picks; a new pair replaces it (groups of layers are consecutive: the last group's staged rows are
+    freed)."""
+    from v4serve.models.v4.context import StepContext
+
+    c = tiny.config
+    pools = KVPools(make_cache_spec(c, block_size=32), num_blocks=8, num_slots=2)
+    ctx = StepContext(build_step([RowSpec(_tokens(40, 1), 0, 0, [0, 1])]), c, pools)
+    p1, p2 = torch.zeros(40, 4, dtype=torch.long), torch.ones(40, 4, dtype=torch.long)
+    source = c.kv_source_layers[0]
+    first = ctx.entry_refs(source, p1)
+    assert ctx.entry_refs(source, p1) is first and first.derived == {} and first.picks is p1
+    second = ctx.entry_refs(source, p2)
+    assert second is not first and second.picks is p2
+    assert ctx.entry_refs(source, p1) is not first  # replaced by the second pair

@@ -84,11 +84,14 @@ class StepContext:
         """The compressed entries of `source`'s cache each token attends to: its picks (CSA) or all visible (HCA).
         One object per (source, picks) and step: V4.1's layers that read one KV source with one index source's picks
         share it, and with it what a backend derives from it once (EntryRefs.derived: the staged picks). Sources
-        write their cache before their own attention and no later layer of the step writes it."""
+        write their cache before their own attention and no later layer of the step writes it. Such layers are
+        consecutive, so only the last pair is kept: a group's staged rows are freed when the next group starts, as
+        a layer's own were before (T x 512 rows of D a group)."""
         key = (source, id(picks))
         refs = self._entry_refs.get(key)
-        if refs is None or refs.picks is not picks:  # (the cached object holds picks: its id is not reused)
+        if refs is None or refs.picks is not picks:  # (the kept object holds picks: its id is not reused)
             where = self.index_entries(source, self.visible(self.pools.ratio[source]))
+            self._entry_refs.clear()
             refs = self._entry_refs[key] = EntryRefs(self.pools.compressed[source], where, picks, derived={})
         return refs
 
