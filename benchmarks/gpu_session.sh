@@ -1578,9 +1578,10 @@ if [[ $what == thirtieth6 ]]; then  # prepared in the thirtieth session (~180 s)
     --out "$OUT/b1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1.log" \
     | grep -E "CUDA graphs|floor|round"
 fi
-if [[ $what == thirtyfirst1 ]]; then  # prepared in the thirtieth session (~470 s): the attention tests the thirtieth's
+if [[ $what == thirtyfirst1 ]]; then  # prepared in the thirtieth session (~530 s): the attention tests the thirtieth's
   # last call cut (single rows over staged picks, the shared staging) to the end, V4.1's step profile by op family at
-  # batch 1 and 32 (64K / 4K) on the thirtieth's defaults, the graphed V4 step with V4's picks staged (never timed)
+  # batch 1 and 32 (64K / 4K) on the thirtieth's defaults, the Engram kernel's microbenchmark (never run), the graphed
+  # V4 step with V4's picks staged (never timed)
   timeout 150 python3 -m pytest tests/ops/test_attention.py tests/ops/test_attention_stage.py -q -p no:cacheprovider \
     -o addopts="" -rf --tb=short -k "tile_configs or single or picks or iota or once_per" \
     > "$OUT/gpu_tests_attention.log" 2>&1
@@ -1592,6 +1593,7 @@ if [[ $what == thirtyfirst1 ]]; then  # prepared in the thirtieth session (~470 
     grep -E "^\| (mhc|linear|moe|router|indexer|attention|compressor|other|\*\*total)|decode" "$OUT/profile-v41-b$1.log" \
       | head -14
   done
+  timeout 60 python3 benchmarks/kernels/engram.py --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/engram.log" | tail -6
   timeout 110 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 10 --prefill 0 \
     --graph-only --kv-cache-dtype fp8 --kv-cache-memory 8589934592 --env-variant "V4SERVE_ATTN_STAGE=picks" \
     --out "$OUT/v4" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-picks-b32.log" \

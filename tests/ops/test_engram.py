@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from v4serve.ops import backend
-from v4serve.ops.engram import GATE_FLOOR, engram_mix, engram_mix_reference, engram_weight
+from v4serve.ops.engram import GATE_FLOOR, engram_mix, engram_mix_reference
 from v4serve.ops.kernels import engram as kernel
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
@@ -40,7 +40,7 @@ def _inputs(t: int, d: int, dtype: torch.dtype, seed: int):
     dev = torch.device(DEVICE)
     kv = kv.to(dev)
     key, value = kv[:, : HC * d].view(t, HC, d), kv[:, HC * d:]
-    return x.to(dev), key, value, (q_w.to(dev), k_w.to(dev)), live.to(dev)
+    return x.to(dev), key, value, q_w.to(dev), k_w.to(dev), live.to(dev)
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
@@ -59,62 +59,61 @@ def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("block", [None, 32])
 def test_kernel_matches_reference(dtype: torch.dtype, t: int, d: int, block: int | None) -> None:
     """Whole rows in one chunk (96: a masked tail) and 32-wide chunks (several per pass)."""
-    x, key, value, w, live = _inputs(t, d, dtype, seed=d + t)
-    got = kernel.engram_mix(x, key, value, w, live, 1e-6, block=block)
-    want = engram_mix_reference(x, key, value, w, live, 1e-6)
+    x, key, value, qw, kw, live = _inputs(t, d, dtype, seed=d + t)
+    got = kernel.engram_mix(x, key, value, qw, kw, live, 1e-6, block=block)
+    want = engram_mix_reference(x, key, value, qw, kw, live, 1e-6)
     _close(got, want, dtype)
     if t > 1:  # the dead token: its streams as they came (the update's gate is 0)
         assert torch.equal(got[1], x[1])
     # the clamp case really is one: the reference's dot for token 0, stream 2 lies in (-GATE_FLOOR, 0)
     h = x[0, 2].to(key.dtype)
     rstd = torch.rsqrt(h.square().mean() + 1e-6) * torch.rsqrt(key[0, 2].square().mean() + 1e-6)
-    dot = float((h * engram_weight(w)[2] * key[0, 2]).sum() * rstd * d ** -0.5)
+    dot = float((h * (qw.float() * kw.float())[2] * key[0, 2]).sum() * rstd * d ** -0.5)
     assert -GATE_FLOOR < dot < 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_a_given_weight_and_strided_streams(dtype: torch.dtype) -> None:
-    """The weight as one tensor (the product given) and x read through strides (a view of wider streams)."""
-    x, key, value, w, live = _inputs(3, 96, dtype, seed=7)
+def test_strided_streams(dtype: torch.dtype) -> None:
+    """x read through strides (a view of wider streams)."""
+    x, key, value, qw, kw, live = _inputs(3, 96, dtype, seed=7)
     wide_x = torch.zeros(3, HC, 128, dtype=dtype, device=x.device)
     wide_x[..., :96] = x
     xs = wide_x[..., :96]
-    weight = engram_weight(w)
-    got = kernel.engram_mix(xs, key, value, weight, live, 1e-6, block=64)
-    _close(got, engram_mix_reference(x, key, value, weight, live, 1e-6), dtype)
+    got = kernel.engram_mix(xs, key, value, qw, kw, live, 1e-6, block=64)
+    _close(got, engram_mix_reference(x, key, value, qw, kw, live, 1e-6), dtype)
     assert got.is_contiguous()
 
 
 def test_zero_streams_take_the_floor() -> None:
     """x = 0: every dot is 0, the floor gives each live stream the gate sigmoid(+sqrt(GATE_FLOOR)), as the reference."""
-    x, key, value, w, live = _inputs(2, 64, torch.float32, seed=3)
+    x, key, value, qw, kw, live = _inputs(2, 64, torch.float32, seed=3)
     x = torch.zeros_like(x)
-    got = kernel.engram_mix(x, key, value, w, live, 1e-6)
-    torch.testing.assert_close(got, engram_mix_reference(x, key, value, w, live, 1e-6), rtol=1e-6, atol=0)
+    got = kernel.engram_mix(x, key, value, qw, kw, live, 1e-6)
+    torch.testing.assert_close(got, engram_mix_reference(x, key, value, qw, kw, live, 1e-6), rtol=1e-6, atol=0)
     gate = torch.sigmoid(torch.tensor(GATE_FLOOR).sqrt()).item()
     torch.testing.assert_close(got[0], gate * value[0].expand(HC, -1), rtol=1e-6, atol=0)
     assert torch.equal(got[1], x[1])  # dead
 
 
 def test_entry_point_dispatches_by_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    x, key, value, w, live = _inputs(3, 96, torch.float32, seed=11)
+    x, key, value, qw, kw, live = _inputs(3, 96, torch.float32, seed=11)
     calls = []
     real = kernel.engram_mix
     monkeypatch.setattr(kernel, "engram_mix", lambda *a: calls.append(1) or real(*a))
-    ref = engram_mix(x, key, value, w, live, 1e-6)
-    assert not calls and torch.equal(ref, engram_mix_reference(x, key, value, w, live, 1e-6))
-    got = engram_mix(x, key, value, w, live, 1e-6, backend.TRITON)
+    ref = engram_mix(x, key, value, qw, kw, live, 1e-6)
+    assert not calls and torch.equal(ref, engram_mix_reference(x, key, value, qw, kw, live, 1e-6))
+    got = engram_mix(x, key, value, qw, kw, live, 1e-6, backend.TRITON)
     assert calls == [1]
     _close(got, ref, torch.float32)
     # inputs the kernel does not take run the reference: a float liveness mask
-    assert not kernel.supports(x, key, value, w, live.float())
-    assert torch.equal(engram_mix(x, key, value, w, live.float(), 1e-6, backend.TRITON), ref)
+    assert not kernel.supports(x, key, value, qw, kw, live.float())
+    assert torch.equal(engram_mix(x, key, value, qw, kw, live.float(), 1e-6, backend.TRITON), ref)
     assert calls == [1]
 
 
 def test_no_tokens() -> None:
-    x, key, value, w, live = _inputs(1, 64, torch.float32, seed=1)
-    got = kernel.engram_mix(x[:0], key[:0], value[:0], w, live[:0], 1e-6)
+    x, key, value, qw, kw, live = _inputs(1, 64, torch.float32, seed=1)
+    got = kernel.engram_mix(x[:0], key[:0], value[:0], qw, kw, live[:0], 1e-6)
     assert got.shape == (0, HC, 64) and got.dtype == x.dtype
 
 
@@ -123,8 +122,8 @@ import torch
 from v4serve.ops.kernels import engram as kernel
 x = torch.randn(1, 4, 5120).to(torch.bfloat16)
 kv = torch.randn(1, 5 * 5120)
-w = (torch.ones(4, 5120, dtype=torch.bfloat16), torch.ones(4, 5120, dtype=torch.bfloat16))
-done = compile_launches(lambda: kernel.engram_mix(x, kv[:, :4 * 5120].view(1, 4, 5120), kv[:, 4 * 5120:], w,
+w = torch.ones(4, 5120, dtype=torch.bfloat16)
+done = compile_launches(lambda: kernel.engram_mix(x, kv[:, :4 * 5120].view(1, 4, 5120), kv[:, 4 * 5120:], w, w,
                                                   torch.ones(1, dtype=torch.bool), 1e-6))
 ptx = done[0][1].asm["ptx"]
 print(len(done), done[0][0], "griddepcontrol.wait" in ptx, "sqrt.rn.f32" in ptx, "div.rn.f32" in ptx)

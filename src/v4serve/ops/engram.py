@@ -20,39 +20,28 @@ from .precision import wide
 
 GATE_FLOOR = 1e-6  # |dot| floor under the signed square root (the reference's clamp value)
 
-Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
-
-def engram_weight(weight: Weight) -> torch.Tensor:
-    """The per-stream weight [hc, D]: a tensor as given, or the pair (q_weight, k_weight) multiplied in float32 (the
-    layer's only use of them is this product)."""
-    if isinstance(weight, tuple):
-        q, k = weight
-        return q.float() * k.float()
-    return weight
-
-
-def engram_mix_reference(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight: Weight,
-                         live: torch.Tensor, eps: float) -> torch.Tensor:
+def engram_mix_reference(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_weight: torch.Tensor,
+                         k_weight: torch.Tensor, live: torch.Tensor, eps: float) -> torch.Tensor:
     D = x.shape[-1]
     h = wide(x)
     rstd = torch.rsqrt(h.square().mean(-1) + eps) * torch.rsqrt(key.square().mean(-1) + eps)
-    w = engram_weight(weight)
+    w = q_weight.float() * k_weight.float()  # only ever used as a product
     dot = (h * w * key).sum(-1) * rstd * D ** -0.5  # [T, hc]
     gate = torch.sigmoid(torch.copysign(dot.abs().clamp_min(GATE_FLOOR).sqrt(), dot))
     gate = gate * live.unsqueeze(1).to(gate.dtype)
     return (h + gate.unsqueeze(-1) * value.unsqueeze(1)).to(x.dtype)
 
 
-def engram_mix(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight: Weight, live: torch.Tensor,
-               eps: float, backend: str = REFERENCE) -> torch.Tensor:
+def engram_mix(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_weight: torch.Tensor,
+               k_weight: torch.Tensor, live: torch.Tensor, eps: float, backend: str = REFERENCE) -> torch.Tensor:
     """x [T, hc, D] streams; key [T, hc, D] and value [T, D] (float32, or float64; views of one projection are fine);
-    weight: q_weight * k_weight [hc, D], or the pair (q_weight, k_weight) [hc, D] each, multiplied in float32 (by the
-    kernel itself on the Triton path: no launches of their own); live [T] bool (False: the token's gate is 0);
-    eps: the RMS epsilon -> the updated streams [T, hc, D] in x's dtype (a new tensor)."""
+    q_weight, k_weight [hc, D] (multiplied in float32: by the kernel itself on the Triton path, no launches of their
+    own); live [T] bool (False: the token's gate is 0); eps: the RMS epsilon -> the updated streams [T, hc, D] in x's
+    dtype (a new tensor)."""
     if backend == TRITON:
         from .kernels import engram as kernel
 
-        if kernel.supports(x, key, value, weight, live):
-            return kernel.engram_mix(x, key, value, weight, live, eps)
-    return engram_mix_reference(x, key, value, weight, live, eps)
+        if kernel.supports(x, key, value, q_weight, k_weight, live):
+            return kernel.engram_mix(x, key, value, q_weight, k_weight, live, eps)
+    return engram_mix_reference(x, key, value, q_weight, k_weight, live, eps)

@@ -27,7 +27,7 @@ class StepContext:
         self._rope: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
         self._compression: dict[int, Compression] = {}
         self._visible: dict[int, torch.Tensor] = {}
-        self._entry_refs: dict[tuple[int, int], EntryRefs] = {}
+        self._shared_entries: tuple[int, EntryRefs] | None = None  # (source, refs) of the last entry_refs call
         # the Triton body writes both RoPE tables in the window's launch; the reference makes each when first asked
         freqs = [inv_freq(config, c, step.device) for c in (False, True)] if backend == TRITON else []
         win = window_addressing(step, pools, freqs, backend)
@@ -87,12 +87,12 @@ class StepContext:
         write their cache before their own attention and no later layer of the step writes it. Such layers are
         consecutive, so only the last pair is kept: a group's staged rows are freed when the next group starts, as
         a layer's own were before (T x 512 rows of D a group)."""
-        key = (source, id(picks))
-        refs = self._entry_refs.get(key)
-        if refs is None or refs.picks is not picks:  # (the kept object holds picks: its id is not reused)
-            where = self.index_entries(source, self.visible(self.pools.ratio[source]))
-            self._entry_refs.clear()
-            refs = self._entry_refs[key] = EntryRefs(self.pools.compressed[source], where, picks, derived={})
+        last = self._shared_entries
+        if last is not None and last[0] == source and last[1].picks is picks:
+            return last[1]
+        where = self.index_entries(source, self.visible(self.pools.ratio[source]))
+        refs = EntryRefs(self.pools.compressed[source], where, picks, derived={})
+        self._shared_entries = (source, refs)
         return refs
 
     def compression(self, ratio: int) -> Compression:

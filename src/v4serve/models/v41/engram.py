@@ -127,4 +127,4 @@ class Engram(nn.Module):
         emb = self.tp.all_reduce(self.embed(rows, x.dtype).reshape(T, -1))  # TP: each rank's rows, summed
         kv = wide(self.wkv(emb))
         key, value = kv[:, : n * D].view(T, n, D), kv[:, n * D:]
-        return engram_mix(x, key, value, (self.q_weight, self.k_weight), live, c.norm_eps, self.backend)
+        return engram_mix(x, key, value, self.q_weight, self.k_weight, live, c.norm_eps, self.backend)

@@ -204,7 +204,7 @@ def stage(window, entries, dtype: torch.dtype):
         bt = where.block_table
         R, nb, epb = bt.shape[0], bt.shape[1], where.per_block
         blocks = torch.where(bt < 0, where.num_blocks, bt).long()
-        src = (blocks.unsqueeze(2) * epb + torch.arange(epb, device=bt.device)).reshape(-1)
+        src = (blocks.unsqueeze(2) * epb + iota(epb, torch.int64, bt.device)).reshape(-1)
         data = decode_rows(entries.pool, src, dtype)
         staged_bt = iota(R * nb, bt.dtype, bt.device).view(R, nb)
         entries = replace(entries, pool=StagedPool(data), where=replace(where, block_table=staged_bt,

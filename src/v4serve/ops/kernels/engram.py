@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..engram import GATE_FLOOR, Weight
+from ..engram import GATE_FLOOR
 from ..precision import hi_lo
 from . import interpreting, next_pow2, step_jit
 from .finish import cast_rounded, rms_inv, widen
@@ -35,21 +35,10 @@ _EXACT = {"enable_fp_fusion": False}  # the update's product and sum round separ
 _GPU_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-@triton.jit
-def _weight(qw_ptr, kw_ptr, d, m, PAIR: tl.constexpr, ACC: tl.constexpr):
-    """The weight at columns d of one stream: q_weight * k_weight in float32 (the reference's product), or as given."""
-    if PAIR:
-        q = widen(tl.load(qw_ptr + d, mask=m, other=0.0), tl.float32)
-        k = widen(tl.load(kw_ptr + d, mask=m, other=0.0), tl.float32)
-        return (q * k).to(ACC)
-    else:
-        return widen(tl.load(qw_ptr + d, mask=m, other=0.0), ACC)
-
-
 @step_jit
 def _engram_mix_kernel(x_ptr, key_ptr, value_ptr, qw_ptr, kw_ptr, live_ptr, out_ptr, sx_t, sx_n, sk_t, sk_n, sv_t,
-                       sw_n, so_t, so_n, eps_hi, eps_lo, D: tl.constexpr, BD: tl.constexpr, PAIR: tl.constexpr,
-                       F64: tl.constexpr, FLOOR: tl.constexpr, SCALE: tl.constexpr, PDL: tl.constexpr = False):
+                       sw_n, so_t, so_n, eps_hi, eps_lo, D: tl.constexpr, BD: tl.constexpr, F64: tl.constexpr,
+                       FLOOR: tl.constexpr, SCALE: tl.constexpr, PDL: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     ACC: tl.constexpr = tl.float64 if F64 else tl.float32
     t = tl.program_id(0).to(tl.int64)
@@ -65,7 +54,9 @@ def _engram_mix_kernel(x_ptr, key_ptr, value_ptr, qw_ptr, kw_ptr, live_ptr, out_
         m = d < D
         h = widen(tl.load(x_row + d, mask=m, other=0.0), ACC)
         kk = widen(tl.load(key_row + d, mask=m, other=0.0), ACC)
-        w = _weight(qw_ptr + k * sw_n, kw_ptr + k * sw_n, d, m, PAIR, ACC)
+        # q_weight * k_weight in float32, the reference's product
+        w = (widen(tl.load(qw_ptr + k * sw_n + d, mask=m, other=0.0), tl.float32)
+             * widen(tl.load(kw_ptr + k * sw_n + d, mask=m, other=0.0), tl.float32)).to(ACC)
         ss_x += h * h
         ss_k += kk * kk
         s_dot += h * w * kk  # (h * w) * key, the reference's order
@@ -99,16 +90,15 @@ def _engram_mix_kernel(x_ptr, key_ptr, value_ptr, qw_ptr, kw_ptr, live_ptr, out_
         tl.store(o_row + d, cast_rounded(h + gate * v, out_ptr.dtype.element_ty, F64), mask=m)
 
 
-def supports(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight: Weight, live: torch.Tensor) -> bool:
-    ws = weight if isinstance(weight, tuple) else (weight,)
+def supports(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+             live: torch.Tensor) -> bool:
     if x.dim() != 3 or key.shape != x.shape or value.shape != (x.shape[0], x.shape[2]) or live.shape != x.shape[:1]:
         return False
-    if live.dtype != torch.bool or any(w.shape != x.shape[1:] for w in ws):
+    if live.dtype != torch.bool or q_weight.shape != x.shape[1:] or k_weight.shape != x.shape[1:]:
         return False
-    tensors = (x, key, value, live, *ws)
-    if any(t.device != x.device for t in tensors):
+    floats = (x, key, value, q_weight, k_weight)
+    if any(t.device != x.device for t in (*floats, live)):
         return False
-    floats = (x, key, value, *ws)
     if x.is_cuda:
         return all(t.dtype in _GPU_DTYPES for t in floats)
     return x.device.type == "cpu" and interpreting() and all(t.dtype in (*_GPU_DTYPES, torch.float64) for t in floats)
@@ -118,26 +108,23 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()  # the kernel walks D with unit stride
 
 
-def engram_mix(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, weight: Weight, live: torch.Tensor,
-               eps: float, block: int | None = None) -> torch.Tensor:
+def engram_mix(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, q_weight: torch.Tensor,
+               k_weight: torch.Tensor, live: torch.Tensor, eps: float, block: int | None = None) -> torch.Tensor:
     """ops.engram.engram_mix_reference in one launch (shapes there). `block`: the D chunk (a power of two; tests use
     small ones to cross several chunks and a masked tail)."""
     T, n, D = x.shape
-    x, key, value = _rows(x), _rows(key), _rows(value)
-    pair = isinstance(weight, tuple)
-    qw, kw = (_rows(weight[0]), _rows(weight[1])) if pair else (_rows(weight), _rows(weight))
-    if pair and qw.stride(0) != kw.stride(0):
+    x, key, value, qw, kw = (_rows(t) for t in (x, key, value, q_weight, k_weight))
+    if qw.stride(0) != kw.stride(0):
         qw, kw = qw.contiguous(), kw.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if T == 0 or n == 0 or D == 0:
         return out
-    # the pair's product is float32 whatever their dtype (the reference's .float()); a given weight promotes
-    f64 = any(t.dtype == torch.float64 for t in (x, key, value, *(() if pair else (qw,))))
+    f64 = any(t.dtype == torch.float64 for t in (x, key, value))  # the weights' product is float32 (as .float())
     bd = block or min(next_pow2(D), (1 << 16) if interpreting() else MAX_BLOCK)  # the interpreter pays per chunk
     eps_hi, eps_lo = hi_lo(float(eps))
     live8 = _rows(live).view(torch.int8)
     _engram_mix_kernel[(T, n)](
         x, key, value, qw, kw, live8, out, x.stride(0), x.stride(1), key.stride(0), key.stride(1), value.stride(0),
-        qw.stride(0), out.stride(0), out.stride(1), eps_hi, eps_lo, D=D, BD=bd, PAIR=pair, F64=f64, FLOOR=GATE_FLOOR,
+        qw.stride(0), out.stride(0), out.stride(1), eps_hi, eps_lo, D=D, BD=bd, F64=f64, FLOOR=GATE_FLOOR,
         SCALE=D ** -0.5, num_warps=max(1, min(8, bd // 256)), **pdl_launch(out), **_EXACT)
     return out
