@@ -53,9 +53,11 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=0, help="count a mixed step: the rows beside a new prompt")
     ap.add_argument("--dtype", default="bfloat16", help="the GPU's activation dtype picks the GPU's kernels")
     args = ap.parse_args()
-    eng = LLMEngine(args.model, EngineConfig(device="cpu", max_num_seqs=args.batch, max_model_len=args.context + 64,
+    budget = max(256, args.prompt + args.batch)
+    eng = LLMEngine(args.model, EngineConfig(device="cpu", max_num_seqs=args.batch,
+                                             max_model_len=args.context + 64 + args.batch * -(-args.context // budget),
                                              enable_prefix_caching=False, kernels="triton", dtype=args.dtype,
-                                             max_num_batched_tokens=max(256, args.prompt + args.batch)))
+                                             max_num_batched_tokens=budget))
     g = torch.Generator().manual_seed(0)
     start_decoding(eng, args.batch, args.context, 16, g, warm_steps=1)
     if args.prompt:

@@ -1599,6 +1599,61 @@ if [[ $what == thirtyfirst1 ]]; then  # prepared in the thirtieth session (~530 
     --out "$OUT/v4" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-picks-b32.log" \
     | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyfirst2 ]]; then  # prepared in the thirty-first session (~560 s): the decode MoE's K loop with whole
+  # tiles unmasked and the dequant's scale pairs as they come (945 -> 855 SASS a gate-up tile) against the tree before
+  # (base/src, carried inside .snap): the MoE microbenchmark at V4.1's shapes (T = 1, 32; 16 experts), the MoE tests at
+  # real shapes, the graphed V4.1 step at batch 1 (64K), base then new
+  BASE=/tmp/site:$PWD/base/src
+  for v in base new; do
+    PY=$PYTHONPATH; [[ $v == base ]] && PY=$BASE
+    PYTHONPATH=$PY timeout 90 python3 benchmarks/kernels/moe.py --model v41-flash-e16-engram1m --experts 16 --quick \
+      --no-prefill --no-reference --tokens 1,32 2>&1 | grep -v Warning | sed "s/^/[$v] /" | tee -a "$OUT/moe.log" \
+      | grep -E "T=|HBM copy"
+  done
+  timeout 150 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    > "$OUT/gpu_tests_moe.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_moe.log" | cut -c1-200 | tail -6
+  for v in base new; do
+    PY=$PYTHONPATH; [[ $v == base ]] && PY=$BASE
+    PYTHONPATH=$PY timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 \
+      --steps 10 --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+      $([[ $v == new ]] && echo --out "$OUT/b1") 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
+      | sed "s/^/[$v] /" | tee -a "$OUT/graph-b1.log" | grep -E "CUDA graphs|floor|round"
+  done
+fi
+if [[ $what == thirtyfirst3 ]]; then  # prepared in the thirty-first session (~560 s): V4.1's batched decode attention
+  # over staged picks in flash mode (the graph's 85 us a layer at batch 32) against the heads mode (V4SERVE_ATTN_BATCHED=
+  # heads) and against no staging, in the graphed step at batch 32 (4K) and the microbenchmark at 32 rows (64K); the
+  # MoE's GPU tests for the dequant's scale pairs; the attention tests the thirtieth's last call cut, to the end
+  timeout 210 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --env-variant "V4SERVE_ATTN_BATCHED=heads" --env-variant "V4SERVE_ATTN_STAGE=0" --out "$OUT/b32" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor|round"
+  timeout 90 python3 benchmarks/kernels/attention.py --format v41 --decode-only --decode-rows 32 --layers csa \
+    --variants default heads hd1k8 h32d1k8 h32w8 f32r32w8pk4 2>&1 | grep -v Warning | tee "$OUT/attention-t32.log" \
+    | grep -E "csa|HBM copy"
+  timeout 120 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "ptx_dequant or v4_flash or cuda_graph or real_shapes or bf16" > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-200 | tail -6
+  timeout 150 python3 -m pytest tests/ops/test_attention.py tests/ops/test_attention_stage.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "tile_configs or single or picks or iota or once_per or batched" \
+    >> "$OUT/gpu_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-200 | tail -6
+fi
+if [[ $what == thirtyfirst4 ]]; then  # prepared in the thirty-first session (~360 s): V4.1 at batch 32 (4K) with all 32
+  # rows decoding (decoding.start_decoding now covers the steps its prompts take; before, ~10 rows were left): the
+  # graphed step with its replay's kernels, then the eager profile by op family
+  timeout 170 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --out "$OUT/g32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/graph-b32.log"
+  grep -E "CUDA graphs|floor|span|_flash|_gate_up|_down|_decode_gemm|_hc_post_pre|_select|_logits" "$OUT/graph-b32.log" \
+    | cut -c1-120
+  timeout 150 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 2 \
+    --prefill 0 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/p32" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-b32.log"
+  grep -E "^\| (mhc|linear|moe|router|indexer|attention|compressor|other|\*\*total)|decode|_attend|_flash" \
+    "$OUT/profile-v41-b32.log" | head -16
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

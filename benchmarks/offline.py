@@ -121,7 +121,10 @@ def bench_engine(args, dev: torch.device, results: dict) -> LLMEngine:
     V = eng.model_config.vocab_size
     for b in args.batches:
         prompts = [torch.randint(0, V, (args.context,), generator=g).tolist() for _ in range(b)]
-        sp = SamplingParams(max_tokens=args.decode_steps + 8, temperature=0, ignore_eos=True)
+        # the rows prefilled first decode while the others prefill (a token a step): their limit covers those steps,
+        # so that every timed step has all b rows
+        fill = b * -(-args.context // args.batched_tokens)
+        sp = SamplingParams(max_tokens=args.decode_steps + 8 + fill, temperature=0, ignore_eos=True)
         for p in prompts:
             eng.add_request(p, sp)
         sync(dev)

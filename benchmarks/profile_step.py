@@ -285,8 +285,9 @@ def main() -> int:
 
         ceil = measure_ceilings()
         print(describe(ceil), flush=True)
-    mml = max(args.context, args.prefill) + 256
     chunk = max(args.prefill, 2048)
+    # room for the tokens every row decodes: while the batch's prompts are prefilled (decoding.fill_steps), then 256
+    mml = max(args.context, args.prefill) + 256 + args.batch * -(-args.context // chunk)
 
     def engine(eager: bool) -> LLMEngine:
         return LLMEngine(args.model, EngineConfig(

@@ -246,6 +246,24 @@ def test_gpu_config_takes_flash_mode_where_it_was_timed() -> None:
     assert kernel.gpu_config(4096, refs("plain")[0], None) is prefill  # and their prompt chunks
 
 
+def test_batched_decode_switch(monkeypatch) -> None:
+    """V4SERVE_ATTN_BATCHED=heads gives batched decode over plain picks (staged V4.1 records, bf16 ones) GPU_CONFIG
+    instead of flash mode; HCA's dense entries, stored formats and single rows are left alone."""
+    from types import SimpleNamespace as NS
+
+    window = NS(pool=NS(codec=NS(kind="plain")))
+    staged = NS(pool=attention_stage.StagedPool(torch.zeros(1, 1)), picks=torch.zeros(1))
+    dense = NS(pool=attention_stage.StagedPool(torch.zeros(1, 1)), picks=None)
+    v4 = NS(pool=NS(codec=NS(kind="v4_fp8")), picks=torch.zeros(1))
+    assert kernel.gpu_config(32, window, staged) is kernel.FLASH_DECODE_CONFIG
+    monkeypatch.setenv(kernel.BATCHED_ENV, "heads")
+    assert kernel.gpu_config(32, window, staged) is kernel.GPU_CONFIG
+    assert kernel.gpu_config(128, window, staged) is kernel.GPU_CONFIG
+    assert kernel.gpu_config(32, window, dense) is kernel.FLASH_DECODE_CONFIG
+    assert kernel.gpu_config(32, NS(pool=NS(codec=NS(kind="v4_fp8"))), v4) is kernel.FLASH_DECODE_CONFIG
+    assert kernel.gpu_config(1, window, staged) is kernel.SINGLE_PICKS_CONFIG
+
+
 def test_prefill_config_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """$V4SERVE_ATTN_PREFILL (A/B runs) names the prefill chunks' flash config; decode rows keep theirs; a malformed
     value is an error that says the form."""

@@ -106,6 +106,11 @@ V41_DECODE_CONFIG = Config(heads=32, rows=32, dsplit=1, num_warps=8, num_stages=
 # 16-row over 40 43.2, GPU_CONFIG over 32 31.3).
 SINGLE_PICKS_CONFIG = Config(heads=16, rows=64, dsplit=2, num_warps=8, num_stages=1, kv_splits=10)
 SINGLE_ENV = "V4SERVE_ATTN_SINGLE"  # A/B switch: "0" gives those rows GPU_CONFIG
+# A/B switch for batched decode (16-128 tokens) over plain picks (bf16 records, or staged ones): "heads" gives them
+# GPU_CONFIG, "flash" (or unset) FLASH_DECODE_CONFIG. H100, V4.1 at batch 32 and 4K over staged picks (thirty-first
+# session, `profile_step.py --graph-only`, two rounds): replay 23.1 / 24.3 ms in flash mode, 26.3 / 27.1 with heads
+# (unstaged, V41_DECODE_CONFIG: 27.9 / 27.0); at 64K, 32 rows (`attention.py --format v41`): flash 103 us, heads 188
+BATCHED_ENV = "V4SERVE_ATTN_BATCHED"
 FLASH_DECODE_FORMATS = {"v4_fp8": ("picks",), "plain": ("picks", "dense")}  # record format -> entry kinds timed
 # Prefill chunks (more than 128 query tokens) take flash mode where timed: over bf16 records at 64K context, a 4K-token
 # chunk (benchmarks/kernels/attention.py --format bf16 --prefill-only, H200): the decode config took CSA 18.36 -> 5.86
@@ -574,6 +579,8 @@ def gpu_config(tokens: int, window, entries) -> Config:
     if window.pool.codec.kind != entries.pool.codec.kind:
         return GPU_CONFIG
     kind = "picks" if entries.picks is not None else "dense"
+    if kind == "picks" and entries.pool.codec.kind == "plain" and env_get(BATCHED_ENV) == "heads":
+        return GPU_CONFIG
     return FLASH_DECODE_CONFIG if kind in FLASH_DECODE_FORMATS.get(entries.pool.codec.kind, ()) else GPU_CONFIG
 
 
