@@ -1654,6 +1654,36 @@ if [[ $what == thirtyfirst4 ]]; then  # prepared in the thirty-first session (~3
   grep -E "^\| (mhc|linear|moe|router|indexer|attention|compressor|other|\*\*total)|decode|_attend|_flash" \
     "$OUT/profile-v41-b32.log" | head -16
 fi
+if [[ $what == thirtysecond1 ]]; then  # prepared in the thirty-first session (~480 s): the decode GEMV's and the paired
+  # shared expert's `deq` form (W8A8 values as bf16 dots chained over K: fp8_gemv.block_dot DEQ, never run on a GPU) —
+  # its tests at real shapes, the V4.1 linears at 8 and 32 rows by variant, the graphed V4.1 step at batch 32 (4K, all
+  # rows) against V4SERVE_GEMV_DEQ=1
+  timeout 120 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "dequantized or one_launch or paired_kernel_matches" > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-200 | tail -6
+  timeout 90 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,swap,deq,deq-swap \
+    --shapes v41_wq_a,v41_wo_b,v41_wq_b,v41_wo_a\(grouped\),v41_shared_w2 2>&1 | grep -v Warning \
+    | tee "$OUT/gemv-deq.log" | grep -E "^\||HBM copy" | head -40
+  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 --variants default,deq,deq-swap 2>&1 \
+    | grep -v Warning | tee -a "$OUT/gemv-deq.log" | grep -E "^\|" | head -20
+  timeout 190 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant "V4SERVE_GEMV_DEQ=1" \
+    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
+    | grep -E "CUDA graphs|floor|round"
+fi
+if [[ $what == thirtysecond2 ]]; then  # prepared in the thirty-first session (~400 s): V4.1 eager profile by op family
+  # at batch 32 / 4K with all 32 rows (the fill fixed; the thirty-first's was cut by a 150 s timeout), then the
+  # attention tests the thirtieth's and thirty-first's calls cut, to the end
+  timeout 260 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 2 \
+    --prefill 0 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/p32" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-b32.log"
+  grep -E "^\| (mhc|linear|moe|router|indexer|attention|compressor|other|\*\*total)|decode" "$OUT/profile-v41-b32.log" \
+    | head -14
+  timeout 200 python3 -m pytest tests/ops/test_attention.py tests/ops/test_attention_stage.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "tile_configs or single or picks or iota or once_per or batched" \
+    > "$OUT/gpu_tests_attention.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_attention.log" | cut -c1-200 | tail -6
+fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
     --prefill 0 --top 25 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \

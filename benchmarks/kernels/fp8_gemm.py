@@ -50,6 +50,9 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
                    "swap-s6": {"swap": True, "num_stages": 6}, "swap-bk256": {"swap": True, "BK": 256},
                    "swap-s2": {"swap": True, "num_stages": 2}, "swap-bn128w8": {"swap": True, "BN": 128, "num_warps": 8},
+                   # W8A8 values on bf16 tensor cores (fp8_gemv.block_dot DEQ: both operands dequantized, one dot
+                   # chained over K instead of a product waited for and scaled per block)
+                   "deq": {"deq": True}, "deq-swap": {"deq": True, "swap": True},
                    # up to 4 rows on the CUDA cores (fp8_gemv.fma_acc; x quantized in registers at every size unless
                    # "prequant"), "programs": the split target
                    "fma": {"fma": True, "BK": 512}, "fma-pre": {"fma": True, "BK": 512, "prequant": True},
@@ -112,6 +115,7 @@ def run(make, graph: bool, copies) -> float:
 SHARED = {"v4": (4096, 2048, 128), "v41": (5120, 2304, 32)}
 PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "split_half": "half",
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
+                   "deq": {"deq": True}, "deq-swap": {"deq": True, "swap": True},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
                    "fma-p264": {"fma": True, "BK": 512, "programs": 264}, "fma-bn32": {"fma": True, "BK": 512, "BN": 32},

@@ -177,6 +177,33 @@ def test_one_launch_decode_gemm(block: int, act: int, swap: bool) -> None:
 
 
 @pytest.mark.parametrize("block", [32, 128])
+@pytest.mark.parametrize("swap", [False, True])
+def test_decode_gemm_dequantized_bf16_dots(block: int, swap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8_gemv's `deq` form (W8A8 on bf16 tensor cores: both e4m3 operands times their power-of-two scales, exact in
+    bf16, one dot chained over K) equals the reference as the FP8 dots do, with in-register and prequantized
+    activations, the same bits twice; V4SERVE_GEMV_DEQ=1 gives the tensor-core configs it (not the one-row CUDA-core
+    form, not W8A16)."""
+    g = torch.Generator().manual_seed(3 * block + swap)
+    for M, G, N, K in ((2, 1, 96, 1024), (5, 1, 200, 768), (32, 1, 64, 512), (3, 4, 48, 512)):
+        q, s = fp8_weight(G * N, K, block, g)
+        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
+        ref = grouped_linear_reference(x.float(), q, s, block, block)
+        cfg = {"deq": True, "swap": swap}
+        out = fp8_gemv.run(x, q, s, block, block, torch.float32, cfg)
+        assert rel(out, ref) < F32_TOL, (M, G, N, K, rel(out, ref))
+        assert torch.equal(out, fp8_gemv.run(x, q, s, block, block, torch.float32, cfg))
+        assert rel(fp8_gemv.run(x, q, s, block, block, torch.float32, cfg, prequant=True), ref) < F32_TOL
+    if not GPU:
+        monkeypatch.setattr(fp8_gemv, "interpreting", lambda: False)  # the GPU's configs
+    assert not fp8_gemv.config(32, 4096, 8192, 1, 32)["deq"]
+    monkeypatch.setenv(fp8_gemv.DEQ_ENV, "1")
+    assert fp8_gemv.config(32, 4096, 8192, 1, 32)["deq"] and fp8_gemv.config(2, 4096, 8192, 1, 128)["deq"]
+    assert not fp8_gemv.config(32, 4096, 8192, 8, 128, w8a8=False)["deq"]
+    one = fp8_gemv.config(1, 4096, 8192, 1, 32)  # one row: the CUDA-core form (by default), else deq too
+    assert one["fma"] != bool(one.get("deq"))
+
+
+@pytest.mark.parametrize("block", [32, 128])
 @pytest.mark.parametrize("act", [0, 1])
 def test_few_row_gemv_on_the_cuda_cores(block: int, act: int) -> None:
     """fp8_gemv's `fma` form (up to FMA_MAX_ROWS rows: whole weight tiles widened in registers once for all rows,
@@ -713,11 +740,12 @@ aligned = ("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "part_ptr", "y_ptr", "ys_ptr", 
            "stride_xm", "stride_xg", "stride_wn", "stride_ym", "stride_yg")
 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
 out = {}
-for case in ("False", "True", "quant_out", "fma"):
-    const = dict(SB=128, A_FP8=case == "fma", A_PRE=case not in ("quant_out", "fma"), BM=1 if case == "fma" else 16,
+for case in ("False", "True", "quant_out", "fma", "deq"):
+    const = dict(SB=32 if case == "deq" else 128, A_FP8=case == "fma", A_PRE=case not in ("quant_out", "fma"),
+                 BM=1 if case == "fma" else 32 if case == "deq" else 16,
                  BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
-                 SWAP=case == "True", W_SCALED=True, QG=128 if case == "quant_out" else 0,
-                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1)
+                 SWAP=case in ("True", "deq"), W_SCALED=True, QG=128 if case == "quant_out" else 0,
+                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq")
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
@@ -726,7 +754,8 @@ for case in ("False", "True", "quant_out", "fma"):
     out[case] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
                  "e4m3_stores": ptx.count("st.global.b8") + ptx.count("st.global.v2.b8") + ptx.count("st.global.v4.b8"),
                  "loads_16B": ptx.count("ld.global.v4"), "byte_loads": ptx.count("ld.global.b8"),
-                 "e4m3_cvt": ptx.count("cvt.rn.f16x2.e4m3x2")}
+                 "e4m3_cvt": ptx.count("cvt.rn.f16x2.e4m3x2"), "bf16_wgmma": ptx.count(".bf16.bf16"),
+                 "waits": ptx.count("wgmma.wait_group")}
 print(json.dumps(out))
 """
 
@@ -744,6 +773,8 @@ def test_decode_gemv_fp8_dot_is_wgmma_when_swapped_on_sm90() -> None:
     fma = dots["fma"]
     assert fma["wgmma"] == fma["mma_sync"] == 0 and fma["loads_16B"] >= 16 and fma["byte_loads"] <= 4, dots
     assert fma["e4m3_cvt"] >= 64 * 512 // 128 // 2, dots
+    # the dequantized form (cfg "deq", 32-wide blocks, 32 rows): bf16 wgmma on the weight tile, no FP8 MMA
+    assert dots["deq"]["bf16_wgmma"] == dots["deq"]["wgmma"] > 0 and dots["deq"]["mma_sync"] == 0, dots
     one = fp8_gemv.config(1, 4096, 8192, 1, 128)  # one row: swapped, or on the CUDA cores (the GPU's default)
     assert (one["swap"] or one["fma"]) and fp8_gemv.config(32, 4096, 8192, 1, 128)["swap"]
     assert not fp8_gemv.config(64, 4096, 8192, 1, 128)["swap"]

@@ -98,6 +98,29 @@ def test_paired_kernel_matches_composition(block: int, act: int, swap: bool) -> 
 
 
 @pytest.mark.parametrize("block", [128, 32])
+@pytest.mark.parametrize("swap", [False, True])
+def test_paired_kernel_dequantized_bf16_dots(block: int, swap: bool) -> None:
+    """The paired kernel's `deq` form (fp8_gemv.block_dot's DEQ: W8A8 values as bf16 dots chained over K) matches
+    its composition from fp8_gemv's same form and the reference."""
+    g = torch.Generator().manual_seed(11 * block + swap)
+    for M, N, K, clamp, splits in CASES:
+        if K % block:
+            continue
+        cfg = {"swap": swap, "deq": True, **({"splits": splits} if splits else {})}
+        w1, w3 = fp8_weight(N, K, block, g), fp8_weight(N, K, block, g)
+        x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
+        ref, rg, ru = reference_h(x, w1, w3, block, block, 0.0)
+        limit = clipping_limit(rg, ru) if clamp else 0.0
+        if clamp:
+            ref = reference_h(x, w1, w3, block, block, limit)[0]
+        h = fp8_swiglu.run(x, *w1, *w3, block, block, limit, cfg)
+        assert torch.equal(h, fp8_swiglu.run(x, *w1, *w3, block, block, limit, cfg))
+        exact = composed_h(x, w1, w3, block, block, limit, {**fp8_swiglu.paired_config(M, N, K, block), **cfg})
+        assert ulps(h, exact) <= (1 if GPU else 0), (M, N, K, limit, ulps(h, exact))
+        assert rel(h, ref) < 1.6e-2, (M, N, K, limit, rel(h, ref))
+
+
+@pytest.mark.parametrize("block", [128, 32])
 @pytest.mark.parametrize("act", [0, 1])
 def test_one_row_paired_kernel_on_the_cuda_cores(block: int, act: int) -> None:
     """The paired kernel's `fma` form (one row, fp8_gemv.fma_acc for both weights) is fp8_gemv's fma form for w1 and

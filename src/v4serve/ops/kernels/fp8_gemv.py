@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..backend import fused
+from ..env import get as env_get
 from ..quant import Quantized
 from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
@@ -51,6 +52,9 @@ _COUNTERS = ArrivalCounters()
 # One row on the CUDA cores (fma_acc) by default on the GPU; V4SERVE_GEMV_FMA=0 keeps it on the tensor cores (A/B)
 FMA_ONE_ROW = os.environ.get("V4SERVE_GEMV_FMA", "1") != "0"
 FMA_MAX_ROWS = 4  # the CUDA-core form's row limit (cfg "fma"; by default one row only): each row costs an FMA a value
+# Rows on the tensor cores (W8A8) as bf16 dots of the dequantized operands (cfg "deq", block_dot's DEQ): not timed yet,
+# so off unless V4SERVE_GEMV_DEQ=1 (the A/B switch, read per config: a graph recaptured under it takes it)
+DEQ_ENV = "V4SERVE_GEMV_DEQ"
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
@@ -81,12 +85,21 @@ def e8m0_to_f32(b):
 
 @triton.jit
 def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr, SWAP: tl.constexpr = False,
-              W_SCALED: tl.constexpr = True):
+              W_SCALED: tl.constexpr = True, DEQ: tl.constexpr = False):
     """acc + one scale block's x [BM, SB] @ w [BN, SB]^T: FP8 x FP8 on the tensor cores with both scales applied to the
     block's product (FP8: x in e4m3), or W8A16, the weight tile dequantized to x's dtype (exact) for a half-precision
     dot. SWAP: acc is the transpose [BN, BM], w @ x^T: the weight is wgmma's 64-row operand, read from shared memory
     (BM = 16 puts x there; sm_90 has FP8 MMAs only as wgmma: its mma.sync form converts both operands to f16 first).
-    W_SCALED false: a plain weight in x's dtype, used as it is."""
+    W_SCALED false: a plain weight in x's dtype, used as it is. DEQ (with FP8): both e4m3 operands times their
+    power-of-two scales as bf16 (exact), one bf16 dot chained into acc: no product to wait for and scale per block
+    (V4.1's 32-wide blocks make that a wait and three float ops an accumulator element every 32 of K)."""
+    if FP8 and DEQ:
+        w = (w.to(tl.float32) * w_scale[:, None]).to(tl.bfloat16)
+        x = (x.to(tl.float32) * x_scale[:, None]).to(tl.bfloat16)
+        lhs, rhs = (w, x) if SWAP else (x, w)
+        if INTERPRET:  # the interpreter's bf16 dot is wrong (kernels.interpreting); the values are exact
+            return tl.dot(lhs.to(tl.float32), tl.trans(rhs.to(tl.float32)), acc, input_precision="ieee")
+        return tl.dot(lhs, tl.trans(rhs), acc)
     if not FP8 and W_SCALED:
         w = (w.to(tl.float32) * w_scale[:, None]).to(x.dtype)
     if SWAP:
@@ -180,7 +193,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
                         W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
-                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1):
+                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1,
+                        DEQ: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -228,7 +242,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                     x, x_scale = quantize_rows(x)
                 else:  # W8A16: no activation scale
                     x_scale = w_scale
-                acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED)
+                acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED, DEQ)
     if SWAP:
         acc = tl.trans(acc)
     # a quantization group wider than a tile spans TILES tiles: the last of all their programs finishes it
@@ -298,7 +312,7 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     if plain:
         splits = max(1, splits // 2)
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap,
-            "fma": False}
+            "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1"}
 
 
 def fma_config(N: int, K: int, G: int) -> dict:
@@ -401,5 +415,5 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), **pdl_launch(y))
+        EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")), **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y

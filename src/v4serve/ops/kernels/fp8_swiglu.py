@@ -82,7 +82,7 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
                         SB: tl.constexpr, A_FP8: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
-                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False):
+                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -121,8 +121,8 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
                     x, x_scale = quantize_rows(x)
                 else:  # W8A16: no activation scale
                     x_scale = s1
-                acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET, SWAP)
-                acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET, SWAP)
+                acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET, SWAP, True, DEQ)
+                acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET, SWAP, True, DEQ)
     if SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -188,5 +188,5 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, **pdl_launch(x2))
+        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), **pdl_launch(x2))
     return h
