@@ -61,6 +61,17 @@ def clipping_limit(g: torch.Tensor, u: torch.Tensor) -> float:
     return limit
 
 
+def case_inputs(M: int, N: int, K: int, clamp: bool, block: int, act: int, g: torch.Generator):
+    """A case's weights, activations, reference h and clipping limit (0 without the clamp)."""
+    w1, w3 = fp8_weight(N, K, block, g), fp8_weight(N, K, block, g)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
+    ref, rg, ru = reference_h(x, w1, w3, block, act, 0.0)
+    limit = clipping_limit(rg, ru) if clamp else 0.0
+    if clamp:
+        ref = reference_h(x, w1, w3, block, act, limit)[0]
+    return w1, w3, x, ref, limit
+
+
 # (M, N, K, clamp, splits): N and K ragged against the interpreter's tiles (BN = next power of two up to 256, BK 128)
 CASES = [(1, 96, 384, False, None), (3, 200, 416, True, None), (17, 300, 256, True, 1), (64, 72, 160, False, None),
          (64, 40, 640, True, None)]
@@ -77,12 +88,7 @@ def test_paired_kernel_matches_composition(block: int, act: int, swap: bool) -> 
         if K % block and act:  # V4's 128 blocks: K ragged against the tile only without activation quantization
             continue
         cfg = {"swap": swap, **({"splits": splits} if splits else {})}
-        w1, w3 = fp8_weight(N, K, block, g), fp8_weight(N, K, block, g)
-        x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
-        ref, rg, ru = reference_h(x, w1, w3, block, act, 0.0)
-        limit = clipping_limit(rg, ru) if clamp else 0.0
-        if clamp:
-            ref = reference_h(x, w1, w3, block, act, limit)[0]
+        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, act, g)
         assert fp8_swiglu.supports(x, (*w1, block), (*w3, block), act)
         want_splits = splits or fp8_swiglu.paired_config(M, N, K, block, bool(act))["splits"]
         if not GPU:  # the interpreter's default splits these K (the GPU's paired_config halves fp8_gemv's splits)
@@ -107,12 +113,7 @@ def test_paired_kernel_dequantized_bf16_dots(block: int, swap: bool) -> None:
         if K % block:
             continue
         cfg = {"swap": swap, "deq": True, **({"splits": splits} if splits else {})}
-        w1, w3 = fp8_weight(N, K, block, g), fp8_weight(N, K, block, g)
-        x = torch.randn(M, K, generator=g).to(torch.bfloat16).to(DEV)
-        ref, rg, ru = reference_h(x, w1, w3, block, block, 0.0)
-        limit = clipping_limit(rg, ru) if clamp else 0.0
-        if clamp:
-            ref = reference_h(x, w1, w3, block, block, limit)[0]
+        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
         h = fp8_swiglu.run(x, *w1, *w3, block, block, limit, cfg)
         assert torch.equal(h, fp8_swiglu.run(x, *w1, *w3, block, block, limit, cfg))
         exact = composed_h(x, w1, w3, block, block, limit, {**fp8_swiglu.paired_config(M, N, K, block), **cfg})
