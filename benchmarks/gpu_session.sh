@@ -1671,9 +1671,9 @@ if [[ $what == thirtysecond1 ]]; then  # prepared in the thirty-first session (~
     --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
     | grep -E "CUDA graphs|floor|round"
 fi
-if [[ $what == thirtysecond2 ]]; then  # prepared in the thirty-first session (~400 s): V4.1 eager profile by op family
-  # at batch 32 / 4K with all 32 rows (the fill fixed; the thirty-first's was cut by a 150 s timeout), then the
-  # attention tests the thirtieth's and thirty-first's calls cut, to the end
+if [[ $what == thirtysecond2 ]]; then  # prepared in the thirty-first session (~480 s): V4.1 eager profile by op family
+  # at batch 32 / 4K with all 32 rows (the fill fixed; the thirty-first's was cut by a 150 s timeout), the attention
+  # tests the thirtieth's and thirty-first's calls cut, to the end, and flash variants for batched decode
   timeout 260 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 2 \
     --prefill 0 --no-graphs --top 25 --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/p32" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" > "$OUT/profile-v41-b32.log"
@@ -1683,6 +1683,11 @@ if [[ $what == thirtysecond2 ]]; then  # prepared in the thirty-first session (~
     -o addopts="" -rf --tb=short -k "tile_configs or single or picks or iota or once_per or batched" \
     > "$OUT/gpu_tests_attention.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_attention.log" | cut -c1-200 | tail -6
+  # batched decode over staged picks by flash variant (the default at 32 rows and 64K: 103 us, 3.6% of HBM): 64 heads
+  # a program on wgmma with the output halves, wider row tiles, 16 heads on 4 warps
+  timeout 80 python3 benchmarks/kernels/attention.py --format v41 --decode-only --decode-rows 32 --layers csa \
+    --variants default f64r32w8h f64r32w8hp f64r16w8h f64r64w16hp f32r64w8p f16r32w4p 2>&1 | grep -v Warning \
+    | tee "$OUT/attention-t32.log" | grep -E "csa|HBM copy"
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
