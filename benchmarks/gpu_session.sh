@@ -426,6 +426,16 @@ if [[ $what == selprof ]]; then  # where the binned select's time goes: ncu's so
   timeout 60 $NCU -i "$OUT/select-b1.ncu-rep" --page details > "$OUT/select-details.txt" 2>&1
   head -c 2000 "$OUT/select-source.csv"; grep -E "Duration|Warp Cycles|Issued" "$OUT/select-details.txt" | head
 fi
+if [[ $what == moeprof ]]; then  # where the decode MoE gate-up's K loop waits (thirty-first session: 10% fewer SASS
+  # instructions did not change its time): ncu's warp-state and source counters of one T=1 launch, per SASS line
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  (cd benchmarks/kernels && timeout 150 $NCU --clock-control none -k regex:"gate_up" --launch-skip 4 \
+    --launch-count 1 --section SourceCounters --section WarpStateStats --section SchedulerStats -o "$OUT/gate-up-t1" \
+    -f python3 ncu_targets.py moe 1 > "$OUT/ncu-moe.log" 2>&1)
+  timeout 60 $NCU -i "$OUT/gate-up-t1.ncu-rep" --page source --csv --print-source sass > "$OUT/gate-up-sass.csv" 2>&1
+  timeout 60 $NCU -i "$OUT/gate-up-t1.ncu-rep" --page details > "$OUT/gate-up-details.txt" 2>&1
+  grep -E "Duration|Warp Cycles|Issued|Eligible|Active Warps|Stall" "$OUT/gate-up-details.txt" | head -30
+fi
 if [[ $what == next3 ]]; then  # prepared for the eighth session: the mHC small-case failures with their assertions,
   # where the binned select's time goes (ncu source view), then the ops tests at real shapes (then `b32` on its own)
   OUT=$OUT MHC_TIMEOUT=110 bash "$0" mhcpp; OUT=$OUT bash "$0" selprof
