@@ -1696,7 +1696,7 @@ if [[ $what == thirtysecond2 ]]; then  # prepared in the thirty-first session (~
   # batched decode over staged picks by flash variant (the default at 32 rows and 64K: 103 us, 3.6% of HBM): 64 heads
   # a program on wgmma with the output halves, wider row tiles, 16 heads on 4 warps
   timeout 80 python3 benchmarks/kernels/attention.py --format v41 --decode-only --decode-rows 32 --layers csa \
-    --variants default f64r32w8h f64r32w8hp f64r16w8h f64r64w16hp f32r64w8p f16r32w4p 2>&1 | grep -v Warning \
+    --variants default f64r16w8hp f64r16w8h f64r32w8hp f64r32w8h f32r64w8p f16r32w4p 2>&1 | grep -v Warning \
     | tee "$OUT/attention-t32.log" | grep -E "csa|HBM copy"
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
