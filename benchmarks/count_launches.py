@@ -23,7 +23,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from decoding import start_decoding  # noqa: E402
+from decoding import prompt_steps, start_decoding  # noqa: E402
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
@@ -55,7 +55,7 @@ def main() -> int:
     args = ap.parse_args()
     budget = max(256, args.prompt + args.batch)
     eng = LLMEngine(args.model, EngineConfig(device="cpu", max_num_seqs=args.batch,
-                                             max_model_len=args.context + 64 + args.batch * -(-args.context // budget),
+                                             max_model_len=args.context + 64 + prompt_steps(args.batch, args.context, budget),
                                              enable_prefix_caching=False, kernels="triton", dtype=args.dtype,
                                              max_num_batched_tokens=budget))
     g = torch.Generator().manual_seed(0)

@@ -8,10 +8,16 @@ from v4serve.engine.llm_engine import LLMEngine
 from v4serve.engine.sampling_params import SamplingParams
 
 
+def prompt_steps(batch: int, context: int, budget: int) -> int:
+    """Steps that `batch` prompts of `context` tokens take in chunks of a step's token budget, one after another: the
+    tokens a row whose prompt is done may decode meanwhile (a token a step), so room its limit and max_model_len
+    need."""
+    return batch * -(-context // max(1, budget))
+
+
 def fill_steps(eng: LLMEngine, batch: int, context: int, warm_steps: int = 2) -> int:
-    """Steps `start_decoding` may take: every prompt in chunks of the step's token budget, one after another (rows
-    whose prompt is done decode in those steps too, a token a step), then the warm-up steps."""
-    return batch * -(-context // max(1, eng.cfg.max_num_batched_tokens)) + warm_steps
+    """Steps `start_decoding` may take: the prompts' (prompt_steps), then the warm-up steps."""
+    return prompt_steps(batch, context, eng.cfg.max_num_batched_tokens) + warm_steps
 
 
 def start_decoding(eng: LLMEngine, batch: int, context: int, max_tokens: int, generator: torch.Generator,

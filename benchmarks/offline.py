@@ -17,8 +17,10 @@ import traceback
 
 import torch
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+from decoding import prompt_steps  # noqa: E402
 from v4serve.engine.config import EngineConfig  # noqa: E402
 from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
 from v4serve.engine.sampling_params import SamplingParams  # noqa: E402
@@ -121,9 +123,9 @@ def bench_engine(args, dev: torch.device, results: dict) -> LLMEngine:
     V = eng.model_config.vocab_size
     for b in args.batches:
         prompts = [torch.randint(0, V, (args.context,), generator=g).tolist() for _ in range(b)]
-        # the rows prefilled first decode while the others prefill (a token a step): their limit covers those steps,
-        # so that every timed step has all b rows
-        fill = b * -(-args.context // args.batched_tokens)
+        # the rows prefilled first decode while the others prefill: their limit covers those steps, so that every timed
+        # step has all b rows
+        fill = prompt_steps(b, args.context, args.batched_tokens)
         sp = SamplingParams(max_tokens=args.decode_steps + 8 + fill, temperature=0, ignore_eos=True)
         for p in prompts:
             eng.add_request(p, sp)

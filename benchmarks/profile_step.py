@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 import floors  # noqa: E402
 import replay_trace  # noqa: E402
-from decoding import start_decoding  # noqa: E402
+from decoding import prompt_steps, start_decoding  # noqa: E402
 
 from v4serve.engine.config import EngineConfig  # noqa: E402
 from v4serve.engine.llm_engine import LLMEngine  # noqa: E402
@@ -286,8 +286,8 @@ def main() -> int:
         ceil = measure_ceilings()
         print(describe(ceil), flush=True)
     chunk = max(args.prefill, 2048)
-    # room for the tokens every row decodes: while the batch's prompts are prefilled (decoding.fill_steps), then 256
-    mml = max(args.context, args.prefill) + 256 + args.batch * -(-args.context // chunk)
+    # room for the tokens every row decodes: while the batch's prompts are prefilled, then 256
+    mml = max(args.context, args.prefill) + 256 + prompt_steps(args.batch, args.context, chunk)
 
     def engine(eager: bool) -> LLMEngine:
         return LLMEngine(args.model, EngineConfig(
