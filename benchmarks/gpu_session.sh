@@ -15,6 +15,7 @@ export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$TRITON_CACHE_DIR"
 [[ -f .tcache.tgz ]] && cat .tcache.tgz $(ls .tcache.tgz.1 2>/dev/null) | tar -xJf - -C "$TRITON_CACHE_DIR" 2>/dev/null
 save_cache() {
+  [[ -n ${NO_CACHE_RETURN:-} ]] && return  # gpu_multi.sh returns the cache once, after all its modes
   # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs)
   local ex=(--exclude="*.ptx" --exclude="*.llir" --exclude="*.ttir" --exclude="*.ttgir" --exclude="*.source")
   tar -cJf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
@@ -1698,6 +1699,33 @@ if [[ $what == thirtysecond2 ]]; then  # prepared in the thirty-first session (~
   timeout 80 python3 benchmarks/kernels/attention.py --format v41 --decode-only --decode-rows 32 --layers csa \
     --variants default f64r16w8hp f64r16w8h f64r32w8hp f64r32w8h f32r64w8p f16r32w4p 2>&1 | grep -v Warning \
     | tee "$OUT/attention-t32.log" | grep -E "csa|HBM copy"
+fi
+if [[ $what == thirtysecond3 ]]; then  # the thirty-second session: 1-token mHC mixes in 2-D ("flat": no shared-memory
+  # layout conversions of fn's tiles, D summed inside a warp; sm_90 SASS of hc_post_pre at T = 1: 77 -> 15 barriers a
+  # chunk) against the 3-D form ("noflat"), and 1-token blocks at T = 32 (bt1, flat there too); the GPU tests
+  timeout 100 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32 --variants default,noflat,bt1 2>&1 \
+    | grep -v Warning | tee "$OUT/mhc-flat.log" | grep -E "hc_pre|failed"
+  timeout 150 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "post_pre or split_grid or gpu_bf16" > "$OUT/gpu_tests_mhc.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -6
+fi
+if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
+  # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
+  # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  prof() {  # $1 = name, $2 = kernel regex, rest = ncu_targets.py arguments
+    local name=$1 rx=$2; shift 2
+    (cd benchmarks/kernels && timeout 150 $NCU --clock-control none -k regex:"$rx" --launch-skip 4 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --section SchedulerStats --section LaunchStats \
+      --section Occupancy --section SpeedOfLight -o "/tmp/$name" -f python3 ncu_targets.py "$@" > "/tmp/ncu-$name.log" 2>&1)
+    tail -3 "/tmp/ncu-$name.log"
+    timeout 60 $NCU -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name-sass.csv" 2>&1
+    timeout 60 $NCU -i "/tmp/$name.ncu-rep" --page details > "$OUT/$name-details.txt" 2>&1
+    grep -E "Duration|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved Occ|Theoretical Occ|Memory Thr" \
+      "$OUT/$name-details.txt" | head -24
+  }
+  prof mhc-t1 "hc_post_pre" mhc 1 5120
+  prof gate-up-t1 "gate_up" moe 1
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \

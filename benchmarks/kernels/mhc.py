@@ -152,6 +152,8 @@ def measure(t: int, hbm: float) -> dict:
 # where the time goes
 PRE_VARIANTS = {
     "default": {}, "dots": {"fma": False}, "fma": {"fma": True}, "dc2048": {"block_dc": 2048},
+    # 1-token blocks: the FMA mixes as [1, rows, D chunk] products (before the thirty-second session), not "flat"
+    "noflat": {"flat": False},
     "dots-dc2048": {"fma": False, "block_dc": 2048}, "w2": {"num_warps": 2}, "w8": {"num_warps": 8},
     "split16": {"split_d": 16}, "split64": {"split_d": 64, "block_d": 64}, "split128": {"split_d": 128, "block_d": 32},
     # D = 5120 at one token: the default's 32 slices round up to 256-wide ones (20 programs); 40 of 128

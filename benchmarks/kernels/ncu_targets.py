@@ -4,7 +4,8 @@
         python3 benchmarks/kernels/ncu_targets.py moe 1
 
 Targets: `moe T` (the routed experts over FP4 stacks, the default config, T tokens of random routing), `gemv N K`
-(one FP8 block-scaled decode linear, M = 1) and `indexer B` (the lightning indexer's logits + select at 64K context,
+(one FP8 block-scaled decode linear, M = 1), `mhc T D` (the mHC seam `hc_post_pre`: the expansion and the next
+sub-layer's hc_pre with its norm, T tokens of streams D wide, n = 4, fn on its own copy a call) and `indexer B` (the lightning indexer's logits + select at 64K context,
 16K entries, top-512, B decode rows, MXFP4 keys). Each call uses other weights than the one before (the
 routed experts hit differ; the GEMV rotates copies), so a profiled launch reads its weights from HBM even when
 ncu keeps the caches. Prints nothing but the op's name and the calls made: the figures are ncu's.
@@ -21,14 +22,15 @@ from moe import ACT_GROUP, BEFORE, LIMIT, inputs, make_experts
 
 from v4serve.ops import backend
 from v4serve.ops.kernels import indexer as ik
+from v4serve.ops.kernels import mhc as hk
 from v4serve.ops.kernels import moe as mk
 from v4serve.ops.linear import linear
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("target", choices=("moe", "gemv", "indexer"))
-    ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K; indexer: B")
+    ap.add_argument("target", choices=("moe", "gemv", "indexer", "mhc"))
+    ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K; indexer: B; mhc: T D")
     ap.add_argument("--calls", type=int, default=8)
     args = ap.parse_args()
     if args.target == "moe":
@@ -36,6 +38,18 @@ def main() -> None:
         calls = [inputs(args.shape[0], seed=s) for s in range(args.calls)]
         for x, w, ids in calls:
             mk.experts_forward(x, ex, w, ids, LIMIT, ACT_GROUP, BEFORE)
+    elif args.target == "mhc":
+        t, d = args.shape
+        n, iters, eps = 4, 20, 1e-6
+        x = torch.randn(t, n, d, device="cuda").bfloat16()
+        f = torch.randn(t, d, device="cuda").bfloat16()
+        post = torch.rand(t, n, device="cuda") * 2
+        comb = torch.softmax(torch.randn(t, n, n, device="cuda"), dim=-1)
+        base, scale = torch.randn((2 + n) * n, device="cuda"), torch.ones(3, device="cuda")
+        w = torch.ones(d, device="cuda").bfloat16()
+        for _ in range(args.calls):
+            fn = torch.randn((2 + n) * n, n * d, device="cuda") * (n * d) ** -0.5
+            hk.hc_post_pre(f, x, post, comb, fn, base, scale, n, iters, eps, eps, norm_weight=w, norm_eps2=eps)
     elif args.target == "indexer":
         b = args.shape[0]
         base = make_pool("mxfp4", b, seed=b)

@@ -89,8 +89,12 @@ def test_post_matches_reference(dtype, t, d):
 
 @pytest.mark.parametrize("cfg,t", [(mk.PreConfig(block_t=16, block_d=32, split_d=2), 37),
                                    (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64), 3),
-                                   (mk.PreConfig(block_t=2, block_d=16, split_d=4, block_dc=128, fma=True), 3)],
-                         ids=["t16,split2", "t1,split3", "t2,split3,fma,one-chunk"])
+                                   (mk.PreConfig(block_t=2, block_d=16, split_d=4, block_dc=128, fma=True), 3),
+                                   (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=128, fma=True), 3),
+                                   (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=128, fma=True,
+                                                 flat=False), 3)],
+                         ids=["t16,split2", "t1,split3", "t2,split3,fma,one-chunk", "t1,split3,flat",
+                              "t1,split3,fma-3d"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_split_grid_matches_reference(cfg, t, dtype):
     """The decode grid: D slices in separate programs, the last arrival finishes the token block (D=96 leaves
@@ -245,6 +249,8 @@ def _expansion(t: int, d: int, dtype: torch.dtype, seed: int, device: str = DEVI
 POST_PRE_CONFIGS = {"token-blocks": mk.PreConfig(block_t=16, block_d=32, split_d=1),
                     "split": mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64),
                     "split,fma,one-chunk": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True),
+                    "split,fma-3d": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True, flat=False),
+                    "split,fma,t2": mk.PreConfig(block_t=2, block_d=32, split_d=2, block_dc=64, fma=True),
                     "post-apart": mk.PreConfig(block_t=8, block_d=32, split_d=2, post_apart=True)}
 
 

@@ -28,7 +28,8 @@ into three bf16 parts (hi + mid + lo = fn to 24 bits) so that the tensor cores g
 products are exact in fp32. The interpreter multiplies raw bf16 bits in tl.dot, so there the split parts go through
 fp32 dots (tests exercise the split that way). Blocks of 1-2 tokens on the GPU ("fma", `PreConfig.fma`) take no dots:
 elementwise fp32 products summed over each D chunk once, a GEMV (H200, T=1: hc_pre 15.0 -> 11.5 us, the 16-row MMA
-tiles were 1/16 used and their operands went through shared memory).
+tiles were 1/16 used and their operands went through shared memory). A 1-token block's FMA mixes are 2-D ("flat":
+fn's [rows, D chunk] tile times the token's row, in the tile's load layout, summed over D inside a warp).
 
 hc_post, one launch: out_k = post_k f + sum_j comb[j, k] x_j over a 2-D grid of (token block, D chunk).
 
@@ -72,6 +73,10 @@ class PreConfig:
     bf16x3: bool | None = None
     promote: bool = False  # bf16x3: each D chunk's dots summed apart, then added in float32 (`_dot`'s PROMOTE)
     fma: bool | None = None  # the mixes in fp32 FMAs, no dots (`_chunk_start`); None = for 1-2-token blocks on the GPU
+    # fma on 1-token blocks: fn's [rows, D chunk] tiles times the token's row in 2-D ("flat"), summed over D within a
+    # warp, instead of [1, rows, D chunk] products whose layout spread D over the warps (sm_90 SASS of hc_post_pre at
+    # T = 1, D = 5120: 77 barriers and 8 shared-memory layout conversions of fn tiles per chunk)
+    flat: bool = True
     # hc_post_pre as two launches, hc_post then hc_pre (the same bits): for the tensor-core mixes, whose fused form
     # was 4-5x slower than the pre side alone at prefill sizes (H200, `mhc.py --sweep`, nineteenth session)
     post_apart: bool = False
@@ -154,7 +159,7 @@ def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.c
              MIX: tl.constexpr, INTERPRET: tl.constexpr):
     """One stream's D chunk xt [BT, BD] into the mixes: fn's columns kk (pre/post rows f_pp, comb rows f_c; d_mask
     unless EVEN_D), the dots and sum(x^2). MIX "fma": no dots, the accumulators are `_chunk_start`'s products and
-    squares, summed over D once per chunk by `_chunk_end`."""
+    squares, summed over D once per chunk by `_chunk_end`; "flat" the same for one token in 2-D tiles."""
     if EVEN_D:  # no mask along D keeps the loads vectorised
         wpp = tl.load(f_pp + kk, mask=pp_mask[:, None], other=0.0)
         wc = tl.load(f_c + kk)
@@ -166,6 +171,10 @@ def _mix_add(acc_pp, acc_c, ss, xt, f_pp, f_c, kk, pp_mask, d_mask, EVEN_D: tl.c
         ss = tl.fma(xf, xf, ss)
         acc_pp = tl.fma(xf[:, None, :], wpp.to(ACC)[None, :, :], acc_pp)
         acc_c = tl.fma(xf[:, None, :], wc.to(ACC)[None, :, :], acc_c)
+    elif MIX == "flat":  # one token: its row [1, BD] broadcast over fn's rows, 2-D products in fn's load layout
+        ss = tl.fma(xf, xf, ss)
+        acc_pp = tl.fma(xf, wpp.to(ACC), acc_pp)
+        acc_c = tl.fma(xf, wc.to(ACC), acc_c)
     else:
         ss += tl.sum(xf * xf, axis=1)
         acc_pp = _dot(acc_pp, xt, wpp, ACC, MIX != "ieee", INTERPRET, MIX == "x3p")
@@ -182,15 +191,19 @@ def _chunk_start(acc_pp, acc_c, ss, BLOCK_T: tl.constexpr, PP: tl.constexpr, NN:
     if MIX == "fma":
         return (tl.zeros([BLOCK_T, PP, BLOCK_D], ACC), tl.zeros([BLOCK_T, NN, BLOCK_D], ACC),
                 tl.zeros([BLOCK_T, BLOCK_D], ACC))
+    elif MIX == "flat":  # BLOCK_T = 1
+        return tl.zeros([PP, BLOCK_D], ACC), tl.zeros([NN, BLOCK_D], ACC), tl.zeros([1, BLOCK_D], ACC)
     else:
         return acc_pp, acc_c, ss
 
 
 @triton.jit
 def _chunk_end(acc_pp, acc_c, ss, c_pp, c_c, c_ss, MIX: tl.constexpr):
-    """The mixes after a D chunk: "fma" sums the chunk's products over D (once for all n streams)."""
+    """The mixes after a D chunk: "fma" / "flat" sum the chunk's products over D (once for all n streams)."""
     if MIX == "fma":
         return acc_pp + tl.sum(c_pp, axis=2), acc_c + tl.sum(c_c, axis=2), ss + tl.sum(c_ss, axis=1)
+    elif MIX == "flat":
+        return acc_pp + tl.sum(c_pp, axis=1)[None, :], acc_c + tl.sum(c_c, axis=1)[None, :], ss + tl.sum(c_ss, axis=1)
     else:
         return c_pp, c_c, c_ss
 
@@ -714,7 +727,10 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     if x3 and acc != torch.float32:
         raise ValueError("the bf16x3 GEMM is for float32 accumulation")
     fma = cfg.fma if cfg.fma is not None else (x.is_cuda and cfg.block_t <= 2)
-    mix = "fma" if fma else ("x3p" if cfg.promote else "x3") if x3 else "ieee"
+    if fma:
+        mix = "flat" if cfg.flat and cfg.block_t == 1 else "fma"
+    else:
+        mix = ("x3p" if cfg.promote else "x3") if x3 else "ieee"
     pp = max(16, next_pow2(2 * n))
     n_tb = cdiv(t, cfg.block_t)
     d_per_split = cdiv(cdiv(d, cfg.split_d), cfg.block_d) * cfg.block_d
