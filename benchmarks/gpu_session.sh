@@ -1708,6 +1708,10 @@ if [[ $what == thirtysecond3 ]]; then  # the thirty-second session: 1-token mHC 
   timeout 150 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
     -k "post_pre or split_grid or gpu_bf16" > "$OUT/gpu_tests_mhc.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -6
+  timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_MHC_FLAT=0" --out "$OUT/b1-64k" 2>&1 | grep -v -e Warning -e USDT \
+    -e "Random weights" | tee "$OUT/graph-b1-64k.log" | grep -E "CUDA graphs|floor|round|hc_"
 fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at

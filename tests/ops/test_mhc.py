@@ -109,6 +109,13 @@ def test_split_grid_matches_reference(cfg, t, dtype):
     assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
+def test_flat_switch(monkeypatch):
+    """The decode grids' 1-token FMA mixes are 2-D unless V4SERVE_MHC_FLAT=0 (the A/B switch)."""
+    assert mk.default_pre_config(1, 5120, on_gpu=True).flat
+    monkeypatch.setenv(mk.FLAT_ENV, "0")
+    assert not mk.default_pre_config(1, 5120, on_gpu=True).flat
+
+
 def test_gpu_default_configs():
     """The GPU's default grids (split D, wide collapse chunks; bf16x3 off for float32 x), run by the interpreter."""
     # bf16 prefill chunks: the bf16x3 GEMM promoted per D chunk (chained through the tensor cores' accumulator it

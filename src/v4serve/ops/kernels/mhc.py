@@ -44,6 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env import get as env_get
 from ..peer_sum import PartialSum
 from ..precision import hi_lo
 from . import cdiv, interpreting, next_pow2, step_jit
@@ -58,6 +59,9 @@ _COUNTERS = ArrivalCounters()
 # the fused post+pre launch must give the bits of hc_post then hc_pre (on the H200, 7 of 24 small cases differed).
 # The hot products are explicit tl.fma calls, which stay fused.
 _EXACT = {"enable_fp_fusion": False}
+
+
+FLAT_ENV = "V4SERVE_MHC_FLAT"  # "0": the decode grids' 1-token FMA mixes in 3-D, as before `PreConfig.flat` (A/B)
 
 
 @dataclass(frozen=True)
@@ -664,7 +668,7 @@ def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreCo
     # these grids (H100, D = 5120, `mhc.py --sweep`, twenty-sixth session: T = 640 245.6 against 119.9 us; T = 256
     # 106.6 / 77.0; T = 1024 364.7 / 179.8)
     return PreConfig(block_t=block_t, block_d=128, split_d=max(1, min(split_d, d // 128)), block_dc=block_dc,
-                     num_warps=4, post_apart=t > 64)
+                     num_warps=4, post_apart=t > 64, flat=env_get(FLAT_ENV) != "0")
 
 
 def default_post_config(t: int, d: int, on_gpu: bool) -> PostConfig:
