@@ -1706,7 +1706,7 @@ if [[ $what == thirtysecond3 ]]; then  # the thirty-second session: 1-token mHC 
   timeout 100 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32 --variants default,noflat,bt1 2>&1 \
     | grep -v Warning | tee "$OUT/mhc-flat.log" | grep -E "hc_pre|failed"
   timeout 150 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
-    -k "post_pre or split_grid or gpu_bf16" > "$OUT/gpu_tests_mhc.log" 2>&1
+    -k "post_pre or split_grid or gpu_bf16 or hc_head" > "$OUT/gpu_tests_mhc.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -6
   timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
     --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
