@@ -127,7 +127,8 @@ def test_gpu_default_configs():
     # above 64 tokens hc_post_pre as hc_post then hc_pre (fused, twice hc_pre's time on the H100 at D = 5120)
     assert [mk.default_pre_config(t, 5120, on_gpu=True).post_apart for t in (1, 64, 65, 640, 1024)] == [
         False, False, True, True, True]
-    assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (64, 128, 129)] == [2, 2, 64]
+    assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (1, 32, 33, 64, 128, 129)] == [
+        1, 1, 2, 2, 2, 64]
     # 129-4096 bf16 tokens: 64-token tensor-core mixes, the collapse apart; float32 streams keep the FMA grids
     assert [mk.default_pre_config(t, 5120, on_gpu=True).collapse_apart for t in (128, 129, 4096, 4097)] == [
         False, True, True, False]

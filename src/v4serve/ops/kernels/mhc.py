@@ -658,7 +658,9 @@ def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreCo
     # hc_post_pre 360 -> 158 us against 16-token blocks over 4)
     # up to 128 (V4.1's decoder suffixes, batched decode): 2-token blocks too, with hc_post apart (H100, D = 5120,
     # twenty-sixth session, T = 128: hc_post_pre 80.7 -> 60.6 us against 8-token blocks, hc_pre 53.0 / 55.5)
-    block_t, split_d = ((1, 32) if t <= 4 else (2, 32) if t <= 128 else (8, 8))
+    # up to 32 tokens, 1-token blocks (their mixes "flat"; H100, D = 5120, T = 32, `mhc.py --sweep`, thirty-second
+    # session: hc_pre 23.45 -> 18.25 us, hc_post_pre 31.64 -> 21.36 against 2-token blocks; 33-128 tokens not timed)
+    block_t, split_d = ((1, 32) if t <= 32 else (2, 32) if t <= 128 else (8, 8))
     # the finishing collapse: ~4096-element tiles, so that a 1-token block crosses D=4096 in one step (its y then
     # stays in registers for the norm) rather than 32 latency-bound ones; a single token crosses V4.1's D=5120 in
     # one 8192 tile too (H200, `mhc.py --sweep --dim 5120`: hc_pre 16.3 -> 15.4 us, hc_post_pre 17.9 -> 16.7 us)
