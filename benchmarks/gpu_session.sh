@@ -1713,6 +1713,21 @@ if [[ $what == thirtysecond3 ]]; then  # the thirty-second session: 1-token mHC 
     --env-variant "V4SERVE_MHC_FLAT=0" --out "$OUT/b1-64k" 2>&1 | grep -v -e Warning -e USDT \
     -e "Random weights" | tee "$OUT/graph-b1-64k.log" | grep -E "CUDA graphs|floor|round|hc_"
 fi
+if [[ $what == thirtythird1 ]]; then  # prepared in the thirty-second session (~500 s): the T <= 32 rule (1-token mHC
+  # blocks with flat mixes; micro at T = 32: hc_post_pre 31.6 -> 21.4 us) in the graphed V4.1 step at batch 32 / 4K
+  # against 740918f (2-token blocks), carried as base/src inside .snap (`git archive 740918f src | tar -x -C
+  # .snap/base`); then the mHC sweep at 8, 16 and 64 tokens for the rule's edges (1- against 2-token blocks)
+  BASE=/tmp/site:$PWD/base/src
+  for v in base new; do
+    PY=$PYTHONPATH; [[ $v == base ]] && PY=$BASE
+    PYTHONPATH=$PY timeout 170 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 \
+      --steps 10 --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+      $([[ $v == new ]] && echo --replay-trace 1 --top 30 --out "$OUT/b32") 2>&1 | grep -v -e Warning -e USDT \
+      -e "Random weights" | sed "s/^/[$v] /" | tee -a "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor|round|hc_"
+  done
+  timeout 120 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 8,16,64 --variants default,bt1,bt2 2>&1 \
+    | grep -v Warning | tee "$OUT/mhc-edges.log" | grep -E "hc_pre|failed"
+fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
   # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)

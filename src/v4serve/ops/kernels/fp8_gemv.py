@@ -52,8 +52,9 @@ _COUNTERS = ArrivalCounters()
 # One row on the CUDA cores (fma_acc) by default on the GPU; V4SERVE_GEMV_FMA=0 keeps it on the tensor cores (A/B)
 FMA_ONE_ROW = os.environ.get("V4SERVE_GEMV_FMA", "1") != "0"
 FMA_MAX_ROWS = 4  # the CUDA-core form's row limit (cfg "fma"; by default one row only): each row costs an FMA a value
-# Rows on the tensor cores (W8A8) as bf16 dots of the dequantized operands (cfg "deq", block_dot's DEQ): not timed yet,
-# so off unless V4SERVE_GEMV_DEQ=1 (the A/B switch, read per config: a graph recaptured under it takes it)
+# Rows on the tensor cores (W8A8) as bf16 dots of the dequantized operands (cfg "deq", block_dot's DEQ): slower than
+# the FP8 dots at 8 and 32 rows on every V4.1 shape (H100, thirty-second session: wo_b 41.7 -> 85.9 us, wq_b 29.8 ->
+# 56.8 at 32 rows), so off unless V4SERVE_GEMV_DEQ=1 (read per config: a graph recaptured under it takes it)
 DEQ_ENV = "V4SERVE_GEMV_DEQ"
 
 
