@@ -8,7 +8,8 @@ Targets: `moe T` (the routed experts over FP4 stacks, the default config, T toke
 sub-layer's hc_pre with its norm, T tokens of streams D wide, n = 4, fn on its own copy a call) and `indexer B`
 (the lightning indexer's logits + select at 64K context, 16K entries, top-512, B decode rows, MXFP4 keys). Each call
 uses other weights than the one before (the routed experts hit differ; the GEMV rotates copies), so a profiled launch
-reads its weights from HBM even when ncu keeps the caches. Prints nothing but the op's name and the calls made: the figures are ncu's.
+reads its weights from HBM even when ncu keeps the caches. Prints nothing but the op's name and the calls made: the
+figures are ncu's.
 """
 
 from __future__ import annotations
