@@ -15,8 +15,7 @@ for mode in "$@"; do  # each mode cut at DEADLINE seconds (default 550) after th
   NO_CACHE_RETURN=1 OUT="$W/$mode" timeout $left bash benchmarks/gpu_session.sh "$mode"
 done
 tar -czf "$OUT/results.tgz" -C $W . 2>/dev/null
-# gpu_session.sh left the cache in /tmp/tcache; return it whole if it fits one file
-ex=(--exclude="*.ptx" --exclude="*.llir" --exclude="*.ttir" --exclude="*.ttgir" --exclude="*.source")
-tar -cJf /tmp/tcache.tgz "${ex[@]}" -C /tmp/tcache . 2>/dev/null && (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )) \
-  && cp /tmp/tcache.tgz "$OUT/tcache.tgz"
+# gpu_session.sh left the cache in /tmp/tcache
+source benchmarks/tcache.sh
+TRITON_CACHE_DIR=/tmp/tcache save_cache
 ls -la "$OUT"

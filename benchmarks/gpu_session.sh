@@ -14,20 +14,9 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export TRITON_CACHE_DIR=/tmp/tcache
 mkdir -p "$TRITON_CACHE_DIR"
 [[ -f .tcache.tgz ]] && cat .tcache.tgz $(ls .tcache.tgz.1 2>/dev/null) | tar -xJf - -C "$TRITON_CACHE_DIR" 2>/dev/null
-save_cache() {
-  [[ -n ${NO_CACHE_RETURN:-} ]] && return  # gpu_multi.sh returns the cache once, after all its modes
-  # the cubins and their metadata are what a later compile reuses (Triton reads a kernel's group without its IRs)
-  local ex=(--exclude="*.ptx" --exclude="*.llir" --exclude="*.ttir" --exclude="*.ttgir" --exclude="*.source")
-  tar -cJf /tmp/tcache.tgz "${ex[@]}" -C "$TRITON_CACHE_DIR" . 2>/dev/null || return
-  # at most 8 files come back from $OUT: a cache whose second part would not (a truncated archive) is not returned
-  local n; n=$(find "$OUT" -type f | wc -l)
-  if (( $(stat -c %s /tmp/tcache.tgz) < 16000000 )); then (( n < 8 )) && cp /tmp/tcache.tgz "$OUT/tcache.tgz"
-  elif (( n > 6 )); then echo "Triton cache not returned: $n files in \$OUT leave no room for its two parts"
-  elif (( $(stat -c %s /tmp/tcache.tgz) < 30000000 )); then
-    head -c 15000000 /tmp/tcache.tgz > "$OUT/tcache.tgz"; tail -c +15000001 /tmp/tcache.tgz > "$OUT/tcache.tgz.1"
-  else echo "Triton cache $(du -h /tmp/tcache.tgz | cut -f1) compressed: too large to return"; fi
-}
-trap save_cache EXIT
+source benchmarks/tcache.sh
+# gpu_multi.sh returns the cache once, after all its modes
+[[ -z ${NO_CACHE_RETURN:-} ]] && trap save_cache EXIT
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 git rev-parse --short HEAD 2>/dev/null || true
 agentx_run() {  # the AgentX-style target (v4-flash-l8-e16, 4 and 16 sessions, graphs for 1-32 rows) with the server
@@ -44,6 +33,19 @@ agentx_run() {  # the AgentX-style target (v4-flash-l8-e16, 4 and 16 sessions, g
     grep -h "steps:" $f | sed 's/.*running/running/' | head -8  # the step times by kind, per stats interval
   done
   tar -czf "$OUT/agentx.tgz" -C $W .
+}
+ncu_prof() {  # one launch under Nsight Compute: $1 = name, $2 = kernel regex, rest = ncu_targets.py arguments; the
+  # report stays in /tmp, its per-SASS-line counters and details page come back in $OUT
+  local ncu name=$1 rx=$2; shift 2
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  (cd benchmarks/kernels && timeout 150 $ncu --clock-control none -k regex:"$rx" --launch-skip 4 --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --section Occupancy --section SpeedOfLight -o "/tmp/$name" -f python3 ncu_targets.py "$@" > "/tmp/ncu-$name.log" 2>&1)
+  tail -3 "/tmp/ncu-$name.log"
+  timeout 60 $ncu -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name-sass.csv" 2>&1
+  timeout 60 $ncu -i "/tmp/$name.ncu-rep" --page details > "$OUT/$name-details.txt" 2>&1
+  grep -E "Duration|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved Occ|Theoretical Occ|Memory Thr" \
+    "$OUT/$name-details.txt" | head -24
 }
 prefill8k() {  # the engine's 8K prompt alone (v4-flash-e16, batch 1, one step), $1 = V4SERVE_ATTN_PREFILL ("": default)
   V4SERVE_ATTN_PREFILL=$1 timeout ${P8K_TIMEOUT:-170} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
@@ -429,13 +431,7 @@ if [[ $what == selprof ]]; then  # where the binned select's time goes: ncu's so
 fi
 if [[ $what == moeprof ]]; then  # where the decode MoE gate-up's K loop waits (thirty-first session: 10% fewer SASS
   # instructions did not change its time): ncu's warp-state and source counters of one T=1 launch, per SASS line
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  (cd benchmarks/kernels && timeout 150 $NCU --clock-control none -k regex:"gate_up" --launch-skip 4 \
-    --launch-count 1 --section SourceCounters --section WarpStateStats --section SchedulerStats -o "$OUT/gate-up-t1" \
-    -f python3 ncu_targets.py moe 1 > "$OUT/ncu-moe.log" 2>&1)
-  timeout 60 $NCU -i "$OUT/gate-up-t1.ncu-rep" --page source --csv --print-source sass > "$OUT/gate-up-sass.csv" 2>&1
-  timeout 60 $NCU -i "$OUT/gate-up-t1.ncu-rep" --page details > "$OUT/gate-up-details.txt" 2>&1
-  grep -E "Duration|Warp Cycles|Issued|Eligible|Active Warps|Stall" "$OUT/gate-up-details.txt" | head -30
+  ncu_prof gate-up-t1 "gate_up" moe 1
 fi
 if [[ $what == next3 ]]; then  # prepared for the eighth session: the mHC small-case failures with their assertions,
   # where the binned select's time goes (ncu source view), then the ops tests at real shapes (then `b32` on its own)
@@ -1731,20 +1727,8 @@ fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
   # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  prof() {  # $1 = name, $2 = kernel regex, rest = ncu_targets.py arguments
-    local name=$1 rx=$2; shift 2
-    (cd benchmarks/kernels && timeout 150 $NCU --clock-control none -k regex:"$rx" --launch-skip 4 --launch-count 1 \
-      --section SourceCounters --section WarpStateStats --section SchedulerStats --section LaunchStats \
-      --section Occupancy --section SpeedOfLight -o "/tmp/$name" -f python3 ncu_targets.py "$@" > "/tmp/ncu-$name.log" 2>&1)
-    tail -3 "/tmp/ncu-$name.log"
-    timeout 60 $NCU -i "/tmp/$name.ncu-rep" --page source --csv --print-source sass > "$OUT/$name-sass.csv" 2>&1
-    timeout 60 $NCU -i "/tmp/$name.ncu-rep" --page details > "$OUT/$name-details.txt" 2>&1
-    grep -E "Duration|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved Occ|Theoretical Occ|Memory Thr" \
-      "$OUT/$name-details.txt" | head -24
-  }
-  prof mhc-t1 "hc_post_pre" mhc 1 5120
-  prof gate-up-t1 "gate_up" moe 1
+  ncu_prof mhc-t1 "hc_post_pre" mhc 1 5120
+  ncu_prof gate-up-t1 "gate_up" moe 1
 fi
 if [[ $what == b32 ]]; then  # the V4 step at batch 32 (its eager profile needs more than 115 s)
   timeout ${B32_TIMEOUT:-400} python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 2 \
