@@ -1709,20 +1709,67 @@ if [[ $what == thirtysecond3 ]]; then  # the thirty-second session: 1-token mHC 
     --env-variant "V4SERVE_MHC_FLAT=0" --out "$OUT/b1-64k" 2>&1 | grep -v -e Warning -e USDT \
     -e "Random weights" | tee "$OUT/graph-b1-64k.log" | grep -E "CUDA graphs|floor|round|hc_"
 fi
-if [[ $what == thirtythird1 ]]; then  # prepared in the thirty-second session (~500 s): the T <= 32 rule (1-token mHC
-  # blocks with flat mixes; micro at T = 32: hc_post_pre 31.6 -> 21.4 us) in the graphed V4.1 step at batch 32 / 4K
-  # against 740918f (2-token blocks), carried as base/src inside .snap (`git archive 740918f src | tar -x -C
-  # .snap/base`); then the mHC sweep at 8, 16 and 64 tokens for the rule's edges (1- against 2-token blocks)
-  BASE=/tmp/site:$PWD/base/src
-  for v in base new; do
-    PY=$PYTHONPATH; [[ $v == base ]] && PY=$BASE
-    PYTHONPATH=$PY timeout 170 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 \
-      --steps 10 --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
-      $([[ $v == new ]] && echo --replay-trace 1 --top 30 --out "$OUT/b32") 2>&1 | grep -v -e Warning -e USDT \
-      -e "Random weights" | sed "s/^/[$v] /" | tee -a "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor|round|hc_"
-  done
+if [[ $what == thirtythird1 ]]; then  # the thirty-third session (~300 s): the T <= 32 rule (1-token mHC blocks with
+  # flat mixes; micro at T = 32: hc_post_pre 31.6 -> 21.4 us) in the graphed V4.1 step at batch 32 / 4K against the
+  # rule before (V4SERVE_MHC_ONE_TOKEN_MAX=4: 2-token blocks from 5 tokens), interleaved in one process; then the mHC
+  # sweep at 8, 16 and 64 tokens for the rule's edges (1- against 2-token blocks)
+  timeout 240 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_MHC_ONE_TOKEN_MAX=4" --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT \
+    -e "Random weights" | tee "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor|round|hc_"
   timeout 120 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 8,16,64 --variants default,bt1,bt2 2>&1 \
     | grep -v Warning | tee "$OUT/mhc-edges.log" | grep -E "hc_pre|failed"
+fi
+if [[ $what == thirtythird2 ]]; then  # the thirty-third session (~330 s; the prefetch was slower everywhere and is
+  # reverted, so this mode now times the default four times): the gate-up's L2 prefetch of the down's W2
+  # (V4SERVE_MOE_PREFETCH start / keep = evict_last / after the K loop) — its GPU tests, the MoE alone at 1 and 8
+  # tokens (64 experts of V4.1's geometry: 1.1 GB, past the L2) per mode, then the graphed V4.1 step at batch 1 / 64K
+  timeout 150 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "prefetch or async_copies or cuda_graph_replay or v4_flash_shapes" > "$OUT/gpu_tests_moe.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_moe.log" | cut -c1-200 | tail -6
+  for m in 0 start keep after; do
+    V4SERVE_MOE_PREFETCH=$m timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --no-prefill \
+      --tokens 1,8 --quick 2>&1 | grep -v Warning | sed "s/^/[$m] /" | tee -a "$OUT/moe-prefetch.log" \
+      | grep -E "T=|HBM copy" | cut -c1-160
+  done
+  timeout 200 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_MOE_PREFETCH=start" --env-variant "V4SERVE_MOE_PREFETCH=keep" \
+    --env-variant "V4SERVE_MOE_PREFETCH=after" --out "$OUT/b1-64k" 2>&1 | grep -v -e Warning -e USDT \
+    -e "Random weights" | tee "$OUT/graph-b1-64k.log" | grep -E "CUDA graphs|floor|round|_kernel\` \| 40"
+fi
+if [[ $what == thirtythird3 ]]; then  # the thirty-third session (~400 s): the decode MoE's tile and split variants
+  # over V4.1's geometry (D = 5120, I = 2304, 1 x 32 groups; the defaults were tuned on V4's 4096 / 2048), at 1 token
+  # (64 experts: past the L2) and 32 (16 experts, as the e16 step); the mHC's GPU tests with 1-token blocks to 64
+  # tokens, and the rule's next edge (65-128 tokens: 1- against 2-token blocks)
+  timeout 150 python3 -m pytest tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "post_pre or split_grid or gpu_bf16 or gpu_default" > "$OUT/gpu_tests_mhc.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_mhc.log" | cut -c1-200 | tail -6
+  timeout 60 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 96,128 --variants default,bt1,bt2 2>&1 \
+    | grep -v Warning | tee "$OUT/mhc-edges.log" | grep -E "hc_pre|failed"
+  (cd benchmarks/kernels && timeout 200 python3 moe.py --model v41-flash --experts 64 --no-prefill --no-reference --tokens 1 \
+    --variants default,s2/1,s2/2,s3/2,split8/4,k64s6,up-n64,dn-n64,w8,dn-s4,gu-n64k64,gu-k64,gu-n64,s4,k256s2,gu-n64k64-dn64 \
+    2>&1 | grep -v Warning | tee "$OUT/moe-v41-t1.log" | grep -E "T=|HBM copy" | cut -c1-150)
+  (cd benchmarks/kernels && timeout 120 python3 moe.py --model v41-flash --experts 16 --no-prefill --no-reference --tokens 32 \
+    --variants default,s2/1,s2/2,s3/2,mid,dn-s4,s4,w8,k64s6 2>&1 | grep -v Warning | tee "$OUT/moe-v41-t32.log" \
+    | grep -E "T=|HBM copy" | cut -c1-150)
+fi
+if [[ $what == thirtythird4 ]]; then  # the thirty-third session (~400 s): V4.1's one-row-an-expert MoE on the narrow
+  # tiles (64-wide gate-up over 64 of K, 64-wide down; the micro at T = 1: 96.9 -> 89.7 us) in the graphed V4.1 step
+  # at batch 1 / 64K against DECODE's tiles (V4SERVE_MOE_NARROW=0); its GPU tests and the mHC's with 1-token blocks to
+  # 128 tokens; the MoE alone at 1, 2 and 4 tokens (64 experts) both ways
+  timeout 170 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_MOE_NARROW=0" --out "$OUT/b1-64k" 2>&1 | grep -v -e Warning -e USDT \
+    -e "Random weights" | tee "$OUT/graph-b1-64k.log" | grep -E "CUDA graphs|floor|round|_kernel\` \| 40"
+  timeout 150 python3 -m pytest tests/ops/test_moe.py tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" \
+    -rf --tb=short -k "v41_flash_one_row or gpu_bf16 or cuda_graph_replay" > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-200 | tail -6
+  for v in 1 0; do
+    (cd benchmarks/kernels && V4SERVE_MOE_NARROW=$v timeout 45 python3 moe.py --model v41-flash --experts 64 \
+      --no-prefill --no-reference --quick --tokens 1,2,4 2>&1 | grep -v Warning | sed "s/^/[narrow=$v] /" \
+      | tee -a "$OUT/moe-narrow.log" | grep -E "T=" | cut -c1-150)
+  done
 fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import common
 import torch
@@ -248,7 +249,7 @@ def reference(x, ex, w, i):
     return moe.experts_reference(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE)
 
 
-def compile_only(names: list[str] | None) -> None:
+def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
     """--compile-only, no GPU needed (run without TRITON_INTERPRET): each variant's gate-up and down kernels
     built for sm_90 by Triton and ptxas with the constexprs and 16-divisible pointers/strides `experts_forward`
     would launch them with at these shapes. Prints registers, local memory (spills), shared memory, the MMA the
@@ -278,6 +279,13 @@ def compile_only(names: list[str] | None) -> None:
             f.flush()
             use = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], check=True,
                                  capture_output=True, text=True).stdout
+        if sass_dir:  # --sass DIR: each kernel's SASS, for reading its K loop
+            out = Path(sass_dir) / f"{fn.__name__}-w{gemm.num_warps}-s{gemm.num_stages}-{len(list(Path(sass_dir).iterdir()))}.sass"
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(k.asm["cubin"])
+                f.flush()
+                out.write_text(subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", f.name], check=True,
+                                              capture_output=True, text=True).stdout)
         ir = k.asm["ttgir"]
         regs, stack = re.search(r"REG:(\d+)", use).group(1), re.search(r"STACK:(\d+)", use).group(1)
         mma = "wgmma" if "warp_group_dot" in ir else "mma.sync" if "nvidia_mma" in ir else "no-mma"
@@ -339,6 +347,7 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated variant names to time (default: all)")
     ap.add_argument("--no-reference", action="store_true")
     ap.add_argument("--compile-only", action="store_true", help="build the decode variants for sm_90, no GPU needed")
+    ap.add_argument("--sass", default=None, help="with --compile-only: write each kernel's SASS into this folder")
     ap.add_argument("--experts", type=int, default=E, help="routed experts (16: the e16 presets, every expert hit)")
     ap.add_argument("--tokens", default=None, help="comma-separated decode token counts (default 1,8,32,64)")
     ap.add_argument("--no-prefill", action="store_true")
@@ -364,7 +373,7 @@ def main() -> None:
     if a.compile_only:
         global CONFIG_DEVICE
         CONFIG_DEVICE = None
-        return compile_only(a.variants.split(",") if a.variants else None)
+        return compile_only(a.variants.split(",") if a.variants else None, a.sass)
     ceil = common.measure_ceilings()
     hbm, fp8 = ceil["hbm_bytes_per_s"], ceil["fp8_flops"]
     print(common.describe(ceil), flush=True)

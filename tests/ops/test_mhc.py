@@ -127,8 +127,12 @@ def test_gpu_default_configs():
     # above 64 tokens hc_post_pre as hc_post then hc_pre (fused, twice hc_pre's time on the H100 at D = 5120)
     assert [mk.default_pre_config(t, 5120, on_gpu=True).post_apart for t in (1, 64, 65, 640, 1024)] == [
         False, False, True, True, True]
-    assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (1, 32, 33, 64, 128, 129)] == [
-        1, 1, 2, 2, 2, 64]
+    assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (1, 32, 33, 64, 65, 128, 129)] == [
+        1, 1, 1, 1, 1, 1, 64]
+    # the A/B switch of the 1-token edge: "4" is the rule before (2-token blocks from 5 tokens)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(mk.ONE_TOKEN_ENV, "4")
+        assert [mk.default_pre_config(t, 5120, on_gpu=True).block_t for t in (1, 4, 5, 32, 33)] == [1, 1, 2, 2, 2]
     # 129-4096 bf16 tokens: 64-token tensor-core mixes, the collapse apart; float32 streams keep the FMA grids
     assert [mk.default_pre_config(t, 5120, on_gpu=True).collapse_apart for t in (128, 129, 4096, 4097)] == [
         False, True, True, False]
@@ -347,7 +351,7 @@ def test_gpu_post_pre_bf16(t):
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda and a GPU")
 @pytest.mark.parametrize("lagged_normed", [False, True], ids=["own-pre", "lagged+normed"])
-@pytest.mark.parametrize("t", [1, 64, 528, 2048, 4096])
+@pytest.mark.parametrize("t", [1, 64, 100, 528, 2048, 4096])
 @pytest.mark.parametrize("d", [4096, 5120])
 def test_gpu_bf16(d, t, lagged_normed):
     x, fn, base, scale, w, cpre = _inputs(t, d, torch.bfloat16, seed=t + d, device="cuda")

@@ -156,7 +156,16 @@ def test_default_config_selection(monkeypatch):
     eight, thirty_two = mk.select_config(8 * 6, 16), mk.select_config(32 * 6, 16)
     assert (eight.gate_up.split_k, eight.down.split_k) == (1, 1)
     assert (thirty_two.block_m, thirty_two.gate_up.split_k, thirty_two.down.split_k) == (16, 3, 2)
-    # the production decode tiles (larger than this problem): masks only
+    # one row an expert with 1 x 32 groups (V4.1): the narrow tiles, K shares for 6 / 5 CTAs an SM; not with 1 x 128
+    narrow = mk.select_config(6, 384, 5120, 2304, act_group=32)
+    assert (narrow.gate_up, narrow.down) == (dataclasses.replace(mk.NARROW_GATE_UP, split_k=3), mk.NARROW_DOWN)
+    assert mk.select_config(6, 384, 5120, 2304, act_group=128).gate_up.block_n == 128
+    assert mk.select_config(12, 384, 5120, 2304, act_group=32).gate_up.block_n == 64  # 12 experts, a row each
+    assert mk.select_config(32 * 6, 16, 5120, 2304, act_group=32).gate_up.block_n == 128  # 12 rows an expert
+    monkeypatch.setenv(mk.NARROW_ENV, "0")
+    assert mk.select_config(6, 384, 5120, 2304, act_group=32).gate_up.block_n == 128
+    monkeypatch.delenv(mk.NARROW_ENV)
+    # the production decode tiles (larger than this problem): masks only (T=3, k=2: a row an expert, narrow tiles)
     check(3, 64, 32, 8, 2, torch.float32, 32, True, 1.0, config=None)
     # the decode body from the environment (an A/B switch for the step), never for the prefill configs
     monkeypatch.setenv(mk.DECODE_BODY_ENV, "fp8")
@@ -524,6 +533,15 @@ def test_v4_flash_shapes_bf16(T):
 
 
 @gpu_only
+@pytest.mark.parametrize("narrow", ["1", "0"])
+def test_v41_flash_one_row_an_expert_bf16(narrow, monkeypatch):
+    # D=5120, I=2304, 1 x 32 activation groups, 8 experts, k=6: one row an expert hit, the narrow tiles (split K 3)
+    monkeypatch.setenv(mk.NARROW_ENV, narrow)
+    assert (mk.select_config(6, 8, 5120, 2304, DEV, act_group=32).gate_up.block_n == 64) == (narrow == "1")
+    check(1, 5120, 2304, 8, 6, torch.bfloat16, 32, True, 10.0, config=None, experts=_v41_experts())
+
+
+@gpu_only
 @pytest.mark.parametrize("body", ["swap", "fma", "fp8"])
 @pytest.mark.parametrize("T", [1, 8, 64])
 def test_v4_flash_decode_bodies_bf16(body, T):
@@ -593,7 +611,7 @@ def test_gate_up_finish_in_the_kernel_at_real_shapes(T):
         assert torch.equal(out, want)
 
 
-_FLASH: dict[int, moe.ExpertWeights] = {}
+_FLASH: dict[int | str, moe.ExpertWeights] = {}
 
 
 def _flash_experts(E: int = 16) -> moe.ExpertWeights:
@@ -613,6 +631,13 @@ def _flash_experts(E: int = 16) -> moe.ExpertWeights:
             (w1, s1), (w3, s3), (w2, s2) = stack(2048, 4096), stack(2048, 4096), stack(4096, 2048)
             _FLASH[E] = moe.ExpertWeights(w1, w2, w3, s1, s2, s3, 128)
     return _FLASH[E]
+
+
+def _v41_experts() -> moe.ExpertWeights:
+    """8 experts of V4.1-Flash's shapes (D=5120, I=2304), quantized once per session."""
+    if "v41" not in _FLASH:
+        _FLASH["v41"] = make_experts(8, 5120, 2304, seed=8)
+    return _FLASH["v41"]
 
 
 SM90_LOOP = """

@@ -61,6 +61,8 @@ _COUNTERS = ArrivalCounters()
 _EXACT = {"enable_fp_fusion": False}
 
 
+# up to how many tokens the decode grid takes 1-token blocks (default 128; "4": the rule of the thirty-first session)
+ONE_TOKEN_ENV = "V4SERVE_MHC_ONE_TOKEN_MAX"
 FLAT_ENV = "V4SERVE_MHC_FLAT"  # "0": the decode grids' 1-token FMA mixes in 3-D, as before `PreConfig.flat` (A/B)
 
 
@@ -658,9 +660,13 @@ def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreCo
     # hc_post_pre 360 -> 158 us against 16-token blocks over 4)
     # up to 128 (V4.1's decoder suffixes, batched decode): 2-token blocks too, with hc_post apart (H100, D = 5120,
     # twenty-sixth session, T = 128: hc_post_pre 80.7 -> 60.6 us against 8-token blocks, hc_pre 53.0 / 55.5)
-    # up to 32 tokens, 1-token blocks (their mixes "flat"; H100, D = 5120, T = 32, `mhc.py --sweep`, thirty-second
-    # session: hc_pre 23.45 -> 18.25 us, hc_post_pre 31.64 -> 21.36 against 2-token blocks; 33-128 tokens not timed)
-    block_t, split_d = ((1, 32) if t <= 32 else (2, 32) if t <= 128 else (8, 8))
+    # up to 128 tokens, 1-token blocks (their mixes "flat"; H100, D = 5120, `mhc.py --sweep`, against 2-token blocks:
+    # T = 32 hc_pre 23.45 -> 18.25 us, hc_post_pre 31.64 -> 21.36 (thirty-second session); T = 64 33.36 -> 25.91 and
+    # 43.66 -> 30.67, T = 96 46.22 -> 32.73 and 50.43 -> 37.27, T = 128 55.61 -> 38.49 and 60.72 -> 43.49 (thirty-third).
+    # The graphed V4.1 step at batch 32 / 4K: replay 23.20 -> 22.63 ms against 1-token blocks to 4 tokens only
+    # (`V4SERVE_MHC_ONE_TOKEN_MAX=4`)
+    one = int(env_get(ONE_TOKEN_ENV) or 128)
+    block_t, split_d = ((1, 32) if t <= one else (2, 32) if t <= 128 else (8, 8))
     # the finishing collapse: ~4096-element tiles, so that a 1-token block crosses D=4096 in one step (its y then
     # stays in registers for the norm) rather than 32 latency-bound ones; a single token crosses V4.1's D=5120 in
     # one 8192 tile too (H200, `mhc.py --sweep --dim 5120`: hc_pre 16.3 -> 15.4 us, hc_post_pre 17.9 -> 16.7 us)

@@ -580,10 +580,19 @@ MID = MoeConfig(32, GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3), grou
 PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), group_m=8)
 
 
-def _split(ctas: int, k_tiles: int, sms: int, waves: int = 1) -> int:
-    """Split K until the grid has about `waves` x 3 CTAs per SM (rounded down for one wave, to nearest for more),
-    keeping >= 4 K tiles per share."""
-    per = 3 * sms * waves / max(1, ctas)
+# One row an expert with activation groups of at most 64 (V4.1's 1 x 32): 64-wide gate-up tiles over 64 of K (whole
+# groups of h in a tile, so the in-kernel split-K finish applies; V4's 1 x 128 would need the SwiGLU launch) and
+# 64-wide down tiles, their K shares sized for 6 and 5 CTAs an SM. H100, `benchmarks/kernels/moe.py --model v41-flash
+# --experts 64 --tokens 1` (thirty-third session): 96.9 -> 89.7 us a layer (38.6 -> 41.7% of HBM); the gate-up's tiles
+# alone 92.0, every other tile or split variant 96.6-143.7. `V4SERVE_MOE_NARROW=0` keeps DECODE's tiles (A/B).
+NARROW_GATE_UP, NARROW_DOWN = GemmConfig(64, 64, 4, 4), GemmConfig(64, 128, 4, 3)
+NARROW_ENV = "V4SERVE_MOE_NARROW"
+
+
+def _split(ctas: int, k_tiles: int, sms: int, waves: int = 1, per_sm: int = 3) -> int:
+    """Split K until the grid has about `waves` x per_sm CTAs per SM (rounded down for one wave, to nearest for
+    more), keeping >= 4 K tiles per share."""
+    per = per_sm * sms * waves / max(1, ctas)
     return max(1, min(4, int(per) if waves == 1 else round(per), k_tiles // 4))
 
 
@@ -650,6 +659,10 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device and device.type == "cuda" else 132
     gu, dn = DECODE.gate_up, DECODE.down
     blocks = hit * cdiv(cdiv(rows, hit), DECODE.block_m)
+    if per_expert <= 1 and 0 < act_group <= 64 and env_get(NARROW_ENV) != "0":
+        gu = replace(NARROW_GATE_UP, split_k=_split(blocks * cdiv(inter, 64), cdiv(dim, 64), sms, per_sm=6))
+        dn = replace(NARROW_DOWN, split_k=_split(blocks * cdiv(dim, 64), cdiv(inter, 128), sms, per_sm=5))
+        return replace(DECODE, gate_up=gu, down=dn, body=body or _decode_body())
     # Few experts with many rows each (the e16 presets at batch 32: 16 experts x 12 rows, one 16-row block each): K
     # shares for about two waves (H200, benchmarks/kernels/moe.py --experts 16, T=32: split 3 / 2 161.3 us, the one-wave
     # rule's 1 / 1 186.2 us; at T=8, 3 rows an expert, 1 / 1 stays best, 134.8 against 138.6)
