@@ -1768,6 +1768,22 @@ if [[ $what == thirtythird4 ]]; then  # the thirty-third session (~330 s): V4.1'
   timeout 50 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32 --variants default,s40,split64,split128 \
     2>&1 | grep -v Warning | tee "$OUT/mhc-splits.log" | grep -E "hc_pre|failed"
 fi
+if [[ $what == thirtythird5 ]]; then  # thirtythird4 cut to what fits the session's last 330 s of budget: the graphed
+  # V4.1 step at batch 1 / 64K, narrow MoE tiles against DECODE's (V4SERVE_MOE_NARROW=0) and with the moe_combine fusion
+  # (timed on V4 in the fourteenth session: batch 1 -0.16 ms; its GPU check never run); the fused combine's output at
+  # V4.1's shapes against the reference (the benchmark checks T = 1 and 8 first); then the mHC's D slices
+  F=norm_quant,head_weight_round,moe_combine
+  timeout 190 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_MOE_NARROW=0" --env-variant "V4SERVE_FUSIONS=$F" --out "$OUT/b1-64k" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1-64k.log" \
+    | grep -E "CUDA graphs|floor|round|_kernel\` \| 40"
+  (cd benchmarks/kernels && V4SERVE_FUSIONS=$F timeout 50 python3 moe.py --model v41-flash --experts 64 --no-prefill \
+    --no-reference --quick --tokens 1 2>&1 | grep -v Warning | tee "$OUT/moe-combine.log" | grep -E "T=|error" \
+    | cut -c1-200)
+  timeout 50 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32 --variants default,s40,split64,split128 \
+    2>&1 | grep -v Warning | tee "$OUT/mhc-splits.log" | grep -E "hc_pre|failed"
+fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
   # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)
