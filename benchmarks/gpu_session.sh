@@ -1784,6 +1784,27 @@ if [[ $what == thirtythird5 ]]; then  # thirtythird4 cut to what fits the sessio
   timeout 50 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32 --variants default,s40,split64,split128 \
     2>&1 | grep -v Warning | tee "$OUT/mhc-splits.log" | grep -E "hc_pre|failed"
 fi
+if [[ $what == thirtyfourth1 ]]; then  # prepared in the thirty-third session (~480 s): (1) the moe_combine fusion's
+  # GPU check, which gates it at one-token steps (timed: V4.1 batch 1 / 64K replay 9.93 -> 9.83 ms) — the tiny models'
+  # graph = eager with it on and the fusion tests; (2) variants around the narrow MoE tiles at 1 token (64 experts) and
+  # at 2 and 4 tokens over the released 384 (still a row an expert); (3) the mHC split grid's D slices at 1, 32 and
+  # 128 tokens (split64 at T = 1: hc_pre 12.31 -> 11.03 us, hc_post_pre 14.20 -> 13.95)
+  F=norm_quant,head_weight_round,moe_combine
+  V4SERVE_FUSIONS=$F timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
+    -k "graph_decode_equals_eager" > "$OUT/combine_graph_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/combine_graph_tests.log" | cut -c1-200 | tail -4
+  V4SERVE_FUSIONS=all timeout 100 python3 -m pytest tests/models/test_fusions.py -q -p no:cacheprovider \
+    -o addopts="" > "$OUT/fusion_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/fusion_tests.log" | cut -c1-200 | tail -4
+  (cd benchmarks/kernels && timeout 110 python3 moe.py --model v41-flash --experts 64 --no-prefill --no-reference \
+    --tokens 1 --variants default,gu-n32k64,nw-dn-k64,nw-dn-n32,nw-w2,nw-gu-s6,nw-split,s2/1 2>&1 | grep -v Warning \
+    | tee "$OUT/moe-narrow-t1.log" | grep -E "T=" | cut -c1-150)
+  (cd benchmarks/kernels && timeout 70 python3 moe.py --model v41-flash --no-prefill --no-reference --tokens 2,4 \
+    --variants default,nw-dn-k64,nw-split 2>&1 | grep -v Warning | tee "$OUT/moe-narrow-t24.log" | grep -E "T=" \
+    | cut -c1-150)
+  timeout 60 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32,128 --variants default,s40,split64 \
+    2>&1 | grep -v Warning | tee "$OUT/mhc-splits.log" | grep -E "hc_pre|failed"
+fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
   # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)

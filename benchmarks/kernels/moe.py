@@ -103,6 +103,17 @@ VARIANTS = {
         "gu-n64": lambda t: fit(t, G(64, 128, 4, 3), None, 4, 0),
         "gu-n64k64-dn64": lambda t: fit(t, G(64, 64, 4, 4), G(64, 128, 4, 3), 6, 5),
         "gu-n32k64": lambda t: fit(t, G(32, 64, 4, 4), None, 8, 0),
+        # around the narrow tiles (V4.1's one row an expert, mk.NARROW_*: 64 x 64 gate-up for 6 CTAs an SM, 64 x 128
+        # down for 5): narrower or shallower down tiles, two warps a CTA, deeper gate-up pipelines, more K shares
+        "nw-dn-k64": lambda t: fit(t, G(64, 64, 4, 4), G(64, 64, 4, 4), 6, 6),
+        "nw-dn-n32": lambda t: fit(t, G(64, 64, 4, 4), G(32, 128, 4, 3), 6, 8),
+        "nw-w2": lambda t: fit(t, G(64, 64, 2, 4), G(64, 128, 2, 3), 8, 8),
+        "nw-gu-s6": lambda t: fit(t, G(64, 64, 4, 6), G(64, 128, 4, 3), 6, 5),
+        "nw-split": lambda t: fit(t, G(64, 64, 4, 4), G(64, 128, 4, 3), 8, 7),
+        # the narrow tiles with each K tile's scale bytes loaded an iteration ahead (MoeConfig.ahead): under 4 bytes a
+        # thread they are no async copy, so each iteration waits for them (compile-only: "sync-loads")
+        "nw-ahead": lambda t: replace(fit(t, G(64, 64, 4, 4), G(64, 128, 4, 3), 6, 5), ahead=True),
+        "nw-ahead-dn-k64": lambda t: replace(fit(t, G(64, 64, 4, 4), G(64, 64, 4, 4), 6, 6), ahead=True),
         # with every K-loop load an async copy (EVEN_K): deeper pipelines, wider K tiles
         "s4": lambda t: with_split(mk.MoeConfig(16, G(128, 128, 4, 4), G(128, 128, 4, 4)),
                                    auto(t).gate_up.split_k, auto(t).down.split_k),
@@ -305,7 +316,7 @@ def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
         cfg = make(t) or auto(t)
         gu, dn, dot = cfg.gate_up, cfg.down, cfg.body == "dot"
         quant_h = I % ACT_GROUP == 0 and (gu.block_n % ACT_GROUP == 0 or gu.split_k > 1)
-        body = {} if dot else {"BODY": cfg.body, "FOLD": mk.FOLDS[cfg.fold]}
+        body = {"AHEAD": cfg.ahead} if dot else {"BODY": cfg.body, "FOLD": mk.FOLDS[cfg.fold]}
         fp8 = cfg.body == "fp8"  # x and h as e4m3 bytes with float32 scales
         act = {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"} if fp8 else {
             "x_ptr": "*bf16", "h_ptr": "*bf16"}

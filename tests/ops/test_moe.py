@@ -119,6 +119,21 @@ def test_split_k(dtype, act_group, before):
     check(5, 96, 64, 6, 3, dtype, act_group, before, 2.0, config=cfg, skew=2)
 
 
+@pytest.mark.parametrize("D,I,split", [(96, 64, 1), (96, 64, 3), (160, 96, 2)])
+def test_scales_loaded_ahead(D, I, split):
+    """MoeConfig.ahead: each K tile's scale bytes loaded an iteration before their use (and the ones past a K share's
+    end masked) give the bits of the loads in place — whole and ragged last K tiles (D = 96, 160 on 64-wide ones),
+    split K, several row blocks of an expert; only the dot body takes it."""
+    if ON_GPU:
+        pytest.skip("float64 under the CPU interpreter (the GPU runs it in test_v41_flash_one_row_an_expert_bf16)")
+    cfg = mk.MoeConfig(16, mk.GemmConfig(32, 64, split_k=split), mk.GemmConfig(32, 64, split_k=split))
+    ahead = dataclasses.replace(cfg, ahead=True)
+    out = check(5, D, I, 6, 3, torch.float64, 32, True, 2.0, config=ahead, skew=2)
+    assert torch.equal(out, check(5, D, I, 6, 3, torch.float64, 32, True, 2.0, config=cfg, skew=2))
+    with pytest.raises(ValueError, match="ahead"):
+        dataclasses.replace(cfg, body="swap", ahead=True)
+
+
 @pytest.mark.parametrize("body", ["dot", "swap", "fma"])
 @pytest.mark.parametrize("dtype,act_group,before", [(torch.float64, 32, True), (torch.float32, 0, False)])
 def test_gate_up_split_k_finished_in_the_kernel(body, dtype, act_group, before):
@@ -162,6 +177,11 @@ def test_default_config_selection(monkeypatch):
     assert mk.select_config(6, 384, 5120, 2304, act_group=128).gate_up.block_n == 128
     assert mk.select_config(12, 384, 5120, 2304, act_group=32).gate_up.block_n == 64  # 12 experts, a row each
     assert mk.select_config(32 * 6, 16, 5120, 2304, act_group=32).gate_up.block_n == 128  # 12 rows an expert
+    assert not narrow.ahead  # (opt-in until timed)
+    monkeypatch.setenv(mk.AHEAD_ENV, "1")
+    assert mk.select_config(6, 384, 5120, 2304, act_group=32).ahead
+    assert not mk.select_config(6, 256, 4096, 2048).ahead  # DECODE's 4-byte scale rows are async copies already
+    monkeypatch.delenv(mk.AHEAD_ENV)
     monkeypatch.setenv(mk.NARROW_ENV, "0")
     assert mk.select_config(6, 384, 5120, 2304, act_group=32).gate_up.block_n == 128
     monkeypatch.delenv(mk.NARROW_ENV)
@@ -533,12 +553,19 @@ def test_v4_flash_shapes_bf16(T):
 
 
 @gpu_only
-@pytest.mark.parametrize("narrow", ["1", "0"])
-def test_v41_flash_one_row_an_expert_bf16(narrow, monkeypatch):
-    # D=5120, I=2304, 1 x 32 activation groups, 8 experts, k=6: one row an expert hit, the narrow tiles (split K 3)
+@pytest.mark.parametrize("narrow,ahead", [("1", "0"), ("1", "1"), ("0", "0")])
+def test_v41_flash_one_row_an_expert_bf16(narrow, ahead, monkeypatch):
+    # D=5120, I=2304, 1 x 32 activation groups, 8 experts, k=6: one row an expert hit, the narrow tiles (split K 3),
+    # with the scale bytes loaded an iteration ahead (V4SERVE_MOE_AHEAD) or in place
     monkeypatch.setenv(mk.NARROW_ENV, narrow)
-    assert (mk.select_config(6, 8, 5120, 2304, DEV, act_group=32).gate_up.block_n == 64) == (narrow == "1")
-    check(1, 5120, 2304, 8, 6, torch.bfloat16, 32, True, 10.0, config=None, experts=_v41_experts())
+    monkeypatch.setenv(mk.AHEAD_ENV, ahead)
+    cfg = mk.select_config(6, 8, 5120, 2304, DEV, act_group=32)
+    assert (cfg.gate_up.block_n == 64, cfg.ahead) == (narrow == "1", ahead == "1" and narrow == "1")
+    out = check(1, 5120, 2304, 8, 6, torch.bfloat16, 32, True, 10.0, config=None, experts=_v41_experts(), seed=3)
+    if ahead == "1":  # the same bits as the loads in place
+        monkeypatch.setenv(mk.AHEAD_ENV, "0")
+        assert torch.equal(out, check(1, 5120, 2304, 8, 6, torch.bfloat16, 32, True, 10.0, config=None,
+                                      experts=_v41_experts(), seed=3))
 
 
 @gpu_only
@@ -665,6 +692,8 @@ for name, fn, gemm, extra, ptrs in (
          {"h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "y_ptr": "*fp32"})):
     const = dict(BM=cfg.block_m, BN=gemm.block_n, BK=gemm.block_k, GROUP_M=1, SPLIT=gemm.split_k, G=128, ASM=True,
                  PREC="tf32", ACC=tl.float32, F32=False, EVEN_K=True, **extra)
+    if "AHEAD" in fn.arg_names:  # a constexpr with a default: the launch's value (off unless the config asks)
+        const.setdefault("AHEAD", False)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         weights = re.fullmatch(r"[ws][123]_ptr", n)  # FP4 bytes and their e8m0 scales

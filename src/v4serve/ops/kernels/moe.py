@@ -172,6 +172,14 @@ def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
 
 
 @triton.jit
+def _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
+                   ASM: tl.constexpr):
+    """`_fp4_tile` with the tile's e8m0 bytes sb [BN, BK/32] given (loaded an iteration ahead)."""
+    lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM)
+    return tl.trans(tl.reshape(lo, (BN, BK // 2))), tl.trans(tl.reshape(hi, (BN, BK // 2)))
+
+
+@triton.jit
 def _a_tile(ptrs, mask, BM: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, QUANT: tl.constexpr,
             G: tl.constexpr):
     """An activation tile [BM, BK] (FP8-simulated when QUANT), split into its even and odd columns."""
@@ -319,10 +327,10 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
                     SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                     CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                     F32: tl.constexpr, EVEN_K: tl.constexpr = False, FINISH: tl.constexpr = False,
-                    PDL: tl.constexpr = False):
+                    PDL: tl.constexpr = False, AHEAD: tl.constexpr = False):
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel` or (FINISH) by the tile's last program to
-    arrive."""
+    arrive. AHEAD (`MoeConfig.ahead`): each K tile's scale bytes loaded an iteration before their use."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM, BN,
                                                           GROUP_M)
@@ -338,13 +346,26 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
     acc_g = tl.zeros([BM, BN], dtype=ACC)
     acc_u = tl.zeros([BM, BN], dtype=ACC)
     k_lo, k_hi = _k_range(D, BK, SPLIT)
+    if AHEAD:
+        sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
+        sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
     for k0 in range(k_lo, k_hi, BK):
         a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
         a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & (k0 + offs_k < D)[None, :], BM, BK, DT, False, G)
-        w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
+        if AHEAD:  # the next tile's bytes now (past k_hi: masked), this tile's from the iteration before
+            nsb1 = _fp4_scales(s1_ptr, offs_n, I, k0 + BK, k_hi, stride_sn, BK, False)
+            nsb3 = _fp4_scales(s3_ptr, offs_n, I, k0 + BK, k_hi, stride_sn, BK, False)
+            w_ev, w_od = _fp4_tile_from(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM)
+        else:
+            w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
         acc_g = _dot(a_ev, w_ev, acc_g, PREC, ACC, F32)
         acc_g = _dot(a_od, w_od, acc_g, PREC, ACC, F32)
-        w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
+        if AHEAD:
+            w_ev, w_od = _fp4_tile_from(w3_ptr, sb3, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM)
+            sb1 = nsb1
+            sb3 = nsb3
+        else:
+            w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
         acc_u = _dot(a_ev, w_ev, acc_u, PREC, ACC, F32)
         acc_u = _dot(a_od, w_od, acc_u, PREC, ACC, F32)
     _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h,
@@ -424,10 +445,11 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  F32: tl.constexpr, EVEN_K: tl.constexpr = False, PDL: tl.constexpr = False,
                  cnt_ptr=None, rw_ptr=None, add_ptr=None, out_ptr=None, T=0, stride_add=0, stride_out=0,
                  COMBINE: tl.constexpr = False, TOPK: tl.constexpr = 1, APPLY_W: tl.constexpr = False,
-                 ADD: tl.constexpr = False, BT: tl.constexpr = 16):
+                 ADD: tl.constexpr = False, BT: tl.constexpr = 16, AHEAD: tl.constexpr = False):
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums. COMBINE (fusion `moe_combine`): the last of the
-    NB * SPLIT programs of a column tile to arrive runs the combine kernel's sums over that tile for every token."""
+    NB * SPLIT programs of a column tile to arrive runs the combine kernel's sums over that tile for every token.
+    AHEAD: each K tile's scale bytes loaded an iteration before their use."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM, BN,
                                                           GROUP_M)
@@ -438,10 +460,18 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
         s2_ptr += expert * stride_se
         acc = tl.zeros([BM, BN], dtype=ACC)
         k_lo, k_hi = _k_range(I, BK, SPLIT)
+        if AHEAD:
+            sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, False)
         for k0 in range(k_lo, k_hi, BK):
             a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
-            w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
+            if AHEAD:
+                nsb = _fp4_scales(s2_ptr, offs_n, D, k0 + BK, k_hi, stride_sn, BK, False)
+                w_ev, w_od = _fp4_tile_from(w2_ptr, sb, offs_n, D, k0, I, stride_wn, BN, BK, DT, ASM)
+                sb = nsb
+            else:
+                w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM,
+                                       EVEN_K)
             acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
             acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
         _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
@@ -555,6 +585,10 @@ class MoeConfig:
     # exponents, the scales applied once a tile (moe_decode.py): "tile" (one FP8 dot a tile), "group" (the groups'
     # dots chained), "" = off; tiles across activation groups keep the per-group dots
     fold: str = ""
+    # the dot body: each K tile's e8m0 scale bytes loaded an iteration before their use, by hand — a tile of under 4
+    # bytes a thread (the narrow tiles: 64 rows x 2 or 4 bytes over 128 threads) is no async copy for Triton's
+    # pipeliner, so each iteration would wait a memory latency for it
+    ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.body not in BODIES:
@@ -569,6 +603,8 @@ class MoeConfig:
             raise ValueError(f"unknown MoE fold {self.fold!r}: one of {tuple(FOLDS)}")
         if self.fold and self.body != "fp8":
             raise ValueError("fold is the fp8 body's option")
+        if self.ahead and self.body != "dot":
+            raise ValueError("ahead is the dot body's option (the decode bodies prefetch by their own rule)")
 
 
 # Decode (a few rows per expert) is bound by the FP4 weight stream and, behind it, by the dequant's instruction
@@ -587,6 +623,7 @@ PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), g
 # alone 92.0, every other tile or split variant 96.6-143.7. `V4SERVE_MOE_NARROW=0` keeps DECODE's tiles (A/B).
 NARROW_GATE_UP, NARROW_DOWN = GemmConfig(64, 64, 4, 4), GemmConfig(64, 128, 4, 3)
 NARROW_ENV = "V4SERVE_MOE_NARROW"
+AHEAD_ENV = "V4SERVE_MOE_AHEAD"  # "1": the narrow tiles with their scale bytes loaded an iteration ahead (not timed)
 
 
 def _split(ctas: int, k_tiles: int, sms: int, waves: int = 1, per_sm: int = 3) -> int:
@@ -662,7 +699,8 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
     if per_expert <= 1 and 0 < act_group <= 64 and env_get(NARROW_ENV) != "0":
         gu = replace(NARROW_GATE_UP, split_k=_split(blocks * cdiv(inter, 64), cdiv(dim, 64), sms, per_sm=6))
         dn = replace(NARROW_DOWN, split_k=_split(blocks * cdiv(dim, 64), cdiv(inter, 128), sms, per_sm=5))
-        return replace(DECODE, gate_up=gu, down=dn, body=body or _decode_body())
+        body = body or _decode_body()
+        return replace(DECODE, gate_up=gu, down=dn, body=body, ahead=body == "dot" and env_get(AHEAD_ENV) == "1")
     # Few experts with many rows each (the e16 presets at batch 32: 16 experts x 12 rows, one 16-row block each): K
     # shares for about two waves (H200, benchmarks/kernels/moe.py --experts 16, T=32: split 3 / 2 161.3 us, the one-wave
     # rule's 1 / 1 186.2 us; at T=8, 3 rows an expert, 1 / 1 stays best, 134.8 against 138.6)
@@ -778,7 +816,7 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
 
 def _body(cfg: MoeConfig, gemm: GemmConfig) -> dict:
     if cfg.body == "dot":
-        return {}
+        return {"AHEAD": True} if cfg.ahead else {}
     return {"BODY": cfg.body, "STAGES": gemm.num_stages} | ({"FOLD": FOLDS[cfg.fold]} if cfg.fold else {})
 
 
