@@ -1784,11 +1784,32 @@ if [[ $what == thirtythird5 ]]; then  # thirtythird4 cut to what fits the sessio
   timeout 50 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32 --variants default,s40,split64,split128 \
     2>&1 | grep -v Warning | tee "$OUT/mhc-splits.log" | grep -E "hc_pre|failed"
 fi
-if [[ $what == thirtyfourth1 ]]; then  # prepared in the thirty-third session (~480 s): (1) the moe_combine fusion's
-  # GPU check, which gates it at one-token steps (timed: V4.1 batch 1 / 64K replay 9.93 -> 9.83 ms) — the tiny models'
-  # graph = eager with it on and the fusion tests; (2) variants around the narrow MoE tiles at 1 token (64 experts) and
-  # at 2 and 4 tokens over the released 384 (still a row an expert); (3) the mHC split grid's D slices at 1, 32 and
-  # 128 tokens (split64 at T = 1: hc_pre 12.31 -> 11.03 us, hc_post_pre 14.20 -> 13.95)
+if [[ $what == thirtyfourth1 ]]; then  # prepared in the thirty-third session (~450 s): the narrow MoE tiles' scale
+  # bytes loaded an iteration ahead (V4SERVE_MOE_AHEAD=1; sm_90 SASS: in place, each iteration waits on an LDG.U8 before
+  # the scales' layout conversion) and the moe_combine fusion (timed: batch 1 replay 9.93 -> 9.83 ms) in the graphed
+  # V4.1 step at batch 1 / 64K; the GPU tests of both loads; variants around the narrow tiles at 1 token (64 experts)
+  # and at 2 and 4 tokens over the released 384 experts (still a row an expert)
+  F=norm_quant,head_weight_round,moe_combine
+  timeout 190 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_MOE_AHEAD=1" --env-variant "V4SERVE_FUSIONS=$F" \
+    --env-variant "V4SERVE_MOE_AHEAD=1 V4SERVE_FUSIONS=$F" --out "$OUT/b1-64k" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1-64k.log" \
+    | grep -E "CUDA graphs|floor|round|_kernel\` \| 40"
+  timeout 100 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "v41_flash_one_row" > "$OUT/gpu_tests_moe.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_moe.log" | cut -c1-200 | tail -4
+  (cd benchmarks/kernels && timeout 120 python3 moe.py --model v41-flash --experts 64 --no-prefill --no-reference \
+    --tokens 1 --variants default,nw-ahead,nw-ahead-dn-k64,gu-n32k64,nw-dn-k64,nw-dn-n32,nw-w2,nw-gu-s6,nw-split \
+    2>&1 | grep -v Warning | tee "$OUT/moe-narrow-t1.log" | grep -E "T=" | cut -c1-150)
+  (cd benchmarks/kernels && timeout 70 python3 moe.py --model v41-flash --no-prefill --no-reference --tokens 2,4 \
+    --variants default,nw-ahead,nw-split 2>&1 | grep -v Warning | tee "$OUT/moe-narrow-t24.log" | grep -E "T=" \
+    | cut -c1-150)
+fi
+if [[ $what == thirtyfourth2 ]]; then  # prepared in the thirty-third session (~330 s): the moe_combine fusion's GPU
+  # check, which gates it at one-token steps (ops/backend.SMALL_STEP_FUSIONS) — the tiny models' graph = eager with it
+  # on, the fusion tests; the mHC split grid's D slices at 1, 32 and 128 tokens (split64 at T = 1: hc_pre 12.31 ->
+  # 11.03 us, hc_post_pre 14.20 -> 13.95)
   F=norm_quant,head_weight_round,moe_combine
   V4SERVE_FUSIONS=$F timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
     -k "graph_decode_equals_eager" > "$OUT/combine_graph_tests.log" 2>&1
@@ -1796,12 +1817,6 @@ if [[ $what == thirtyfourth1 ]]; then  # prepared in the thirty-third session (~
   V4SERVE_FUSIONS=all timeout 100 python3 -m pytest tests/models/test_fusions.py -q -p no:cacheprovider \
     -o addopts="" > "$OUT/fusion_tests.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/fusion_tests.log" | cut -c1-200 | tail -4
-  (cd benchmarks/kernels && timeout 110 python3 moe.py --model v41-flash --experts 64 --no-prefill --no-reference \
-    --tokens 1 --variants default,gu-n32k64,nw-dn-k64,nw-dn-n32,nw-w2,nw-gu-s6,nw-split,s2/1 2>&1 | grep -v Warning \
-    | tee "$OUT/moe-narrow-t1.log" | grep -E "T=" | cut -c1-150)
-  (cd benchmarks/kernels && timeout 70 python3 moe.py --model v41-flash --no-prefill --no-reference --tokens 2,4 \
-    --variants default,nw-dn-k64,nw-split 2>&1 | grep -v Warning | tee "$OUT/moe-narrow-t24.log" | grep -E "T=" \
-    | cut -c1-150)
   timeout 60 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32,128 --variants default,s40,split64 \
     2>&1 | grep -v Warning | tee "$OUT/mhc-splits.log" | grep -E "hc_pre|failed"
 fi
