@@ -291,7 +291,8 @@ def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
             use = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], check=True,
                                  capture_output=True, text=True).stdout
         if sass_dir:  # --sass DIR: each kernel's SASS, for reading its K loop
-            out = Path(sass_dir) / f"{fn.__name__}-w{gemm.num_warps}-s{gemm.num_stages}-{len(list(Path(sass_dir).iterdir()))}.sass"
+            n = len(list(Path(sass_dir).iterdir()))
+            out = Path(sass_dir) / f"{fn.__name__}-w{gemm.num_warps}-s{gemm.num_stages}-{n}.sass"
             with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
                 f.write(k.asm["cubin"])
                 f.flush()

@@ -155,28 +155,34 @@ def _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK: tl.constexpr, DT: tl.
 
 
 @triton.jit
-def _fp4_rows(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
-              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
-    """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix -> (even, odd) K columns [BN, BK/2] in DT."""
-    sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK, EVEN_K)
-    lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM)
-    return tl.reshape(lo, (BN, BK // 2)), tl.reshape(hi, (BN, BK // 2))
-
-
-@triton.jit
-def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
-              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
-    """`_fp4_rows` transposed: (even, odd) K columns [BK/2, BN], the B operand of x @ W^T."""
-    lo, hi = _fp4_rows(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn, BN, BK, DT, ASM, EVEN_K)
-    return tl.trans(lo), tl.trans(hi)
+def _tile_scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, AHEAD: tl.constexpr,
+                 EVEN_K: tl.constexpr):
+    """(The K tile at k0's e8m0 bytes, the loop's next sb.) AHEAD: sb (carried) is this tile's, loaded in the
+    iteration before, and the next tile's are loaded now (past k_hi: masked) — a scale tile of under 4 bytes a thread
+    is no async copy for Triton's pipeliner, so each iteration would wait a memory latency for bytes loaded in it.
+    Else this tile's are loaded here (sb unused)."""
+    if AHEAD:
+        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)
+    else:
+        cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
+        return cur, cur
 
 
 @triton.jit
 def _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
                    ASM: tl.constexpr):
-    """`_fp4_tile` with the tile's e8m0 bytes sb [BN, BK/32] given (loaded an iteration ahead)."""
+    """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix with their e8m0 bytes sb [BN, BK/32] -> (even, odd) K
+    columns transposed, [BK/2, BN] in DT: the B operand of x @ W^T."""
     lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM)
     return tl.trans(tl.reshape(lo, (BN, BK // 2))), tl.trans(tl.reshape(hi, (BN, BK // 2)))
+
+
+@triton.jit
+def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
+              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
+    """`_fp4_tile_from` with the tile's scale bytes loaded here."""
+    sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK, EVEN_K)
+    return _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN, BK, DT, ASM)
 
 
 @triton.jit
@@ -352,9 +358,9 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
     for k0 in range(k_lo, k_hi, BK):
         a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
         a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & (k0 + offs_k < D)[None, :], BM, BK, DT, False, G)
-        if AHEAD:  # the next tile's bytes now (past k_hi: masked), this tile's from the iteration before
-            nsb1 = _fp4_scales(s1_ptr, offs_n, I, k0 + BK, k_hi, stride_sn, BK, False)
-            nsb3 = _fp4_scales(s3_ptr, offs_n, I, k0 + BK, k_hi, stride_sn, BK, False)
+        if AHEAD:  # this tile's bytes from the iteration before, the next tile's now (`_tile_scales`)
+            sb1, nsb1 = _tile_scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, True, EVEN_K)
+            sb3, nsb3 = _tile_scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, True, EVEN_K)
             w_ev, w_od = _fp4_tile_from(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM)
         else:
             w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
@@ -466,7 +472,7 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
             a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
             if AHEAD:
-                nsb = _fp4_scales(s2_ptr, offs_n, D, k0 + BK, k_hi, stride_sn, BK, False)
+                sb, nsb = _tile_scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, True, EVEN_K)
                 w_ev, w_od = _fp4_tile_from(w2_ptr, sb, offs_n, D, k0, I, stride_wn, BN, BK, DT, ASM)
                 sb = nsb
             else:

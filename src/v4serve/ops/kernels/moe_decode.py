@@ -44,7 +44,8 @@ import triton
 import triton.language as tl
 
 from . import step_jit
-from .moe import _a_tile, _dot, _down_out, _expert_block, _fp4_groups, _fp4_scales, _gate_up_out, _k_range
+from .moe import (_a_tile, _dot, _down_out, _expert_block, _fp4_groups, _fp4_scales, _gate_up_out, _k_range,
+                  _tile_scales)
 from .pdl import enter as pdl_enter
 
 # The fp8 body's weights are e4m3 holding value * 2^-6, and its e8m0 scales are read as 2^(b - 126) (twice the scale:
@@ -274,11 +275,7 @@ def _scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, BODY: t
     row over 8 warps, 2 a thread), each iteration would wait for them. swap: loaded in
     the iteration, because a loop-carried operand stops Triton from placing the dequantized tile in the wgmma A
     layout at the source (it would go through shared memory as bf16 instead: checked in the sm_90 TTGIR)."""
-    if BODY == "fma" or FOLD != 0:
-        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)  # past k_hi: masked
-    else:
-        cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
-        return cur, cur
+    return _tile_scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK, BODY == "fma" or FOLD != 0, EVEN_K)
 
 
 @step_jit
