@@ -1820,6 +1820,24 @@ if [[ $what == thirtyfourth2 ]]; then  # prepared in the thirty-third session (~
   timeout 60 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,32,128 --variants default,s40,split64 \
     2>&1 | grep -v Warning | tee "$OUT/mhc-splits.log" | grep -E "hc_pre|failed"
 fi
+if [[ $what == thirtyfourth3 ]]; then  # prepared in the thirty-fourth session (~480 s): one token's MoE with no launch
+  # before its gate-up (the router writes x's FP8 simulation, the blocks come straight from the routing; A/B
+  # V4SERVE_MOE_DIRECT=0), beside moe_combine and the ahead scale loads, in the graphed V4.1 step at batch 1 / 64K;
+  # the GPU tests of both (tiny models' graph = eager with moe_combine on, which also runs the direct path)
+  F=norm_quant,head_weight_round,moe_combine
+  timeout 230 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --env-variant "V4SERVE_MOE_DIRECT=0" --env-variant "V4SERVE_FUSIONS=$F" --env-variant "V4SERVE_MOE_AHEAD=1" \
+    --out "$OUT/b1-64k" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b1-64k.log" \
+    | grep -E "CUDA graphs|floor|round|_kernel\` \| 40"
+  timeout 90 python3 -m pytest tests/ops/test_moe.py tests/ops/test_router.py -q -p no:cacheprovider -o addopts="" \
+    -rf --tb=short -k "straight_from or given_to_a_sorted or simulated_input or v41_flash_one_row or gpu_graph" \
+    > "$OUT/gpu_tests_direct.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_direct.log" | cut -c1-200 | tail -4
+  V4SERVE_FUSIONS=$F timeout 150 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" \
+    -rf --tb=short -k "graph_decode_equals_eager" > "$OUT/combine_graph_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/combine_graph_tests.log" | cut -c1-200 | tail -4
+fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
   # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)

@@ -498,6 +498,77 @@ def test_align_sorts_and_pads_by_expert(M, BM):
         pos += int(padded[e])
 
 
+SPLIT2 = mk.MoeConfig(16, mk.GemmConfig(32, 32, split_k=2), mk.GemmConfig(32, 32, split_k=2))
+
+
+@pytest.mark.parametrize("case", ["g32", "g32-split", "g0", "g32-split-combine", "fp64"])
+def test_one_token_blocks_straight_from_the_routing(case, monkeypatch):
+    """One token, x's FP8 simulation given (the router writes it): no launch before the gate-up (the prologue would
+    raise), each block one assignment straight from the routing, the same bits as the sorted path
+    (V4SERVE_MOE_DIRECT=0); with no activation groups none is needed. Split K finished in the kernel; the combine in
+    the down kernel (fusion moe_combine)."""
+    dtype = torch.float64 if case == "fp64" else torch.float32
+    if ON_GPU and dtype == torch.float64:
+        pytest.skip("float64 runs under the CPU interpreter only")
+    G = 0 if case == "g0" else 32
+    cfg = SPLIT2 if "split" in case else SMALL
+    if "combine" in case:
+        monkeypatch.setenv("V4SERVE_FUSIONS", "moe_combine")
+    experts = make_experts(8, 96, 64, seed=5)
+    x = torch.randn(1, 96, generator=torch.Generator().manual_seed(6)).to(DEV, dtype)
+    weights, ids = routing(1, 3, 8, 7)
+    xq = quant.fp8_simulate(x, G) if G else None
+    assert mk.takes_simulated_input(x, experts, G) == bool(G)
+    monkeypatch.setenv(mk.DIRECT_ENV, "0")
+    assert not mk.takes_simulated_input(x, experts, 32)
+    want = mk.experts_forward(x, experts, weights, ids, 1.0, G, True, cfg, shared=x.clone())
+    monkeypatch.delenv(mk.DIRECT_ENV)
+    prologue = mk._prologue
+    monkeypatch.setattr(mk, "_prologue", lambda *a, **kw: pytest.fail("a launch before the gate-up"))
+    got = mk.experts_forward(x, experts, weights, ids, 1.0, G, True, cfg, shared=x.clone(), xq=xq)
+    assert torch.equal(got, want)
+    ref = moe.experts_reference(x, experts, weights, ids, 1.0, G, True, shared=x.clone(), xq=xq)
+    assert rel_err(got, ref) <= TOL[dtype]
+    if G:  # without the simulation given, the one token is sorted and simulated by the prologue as before
+        monkeypatch.setattr(mk, "_prologue", prologue)
+        assert torch.equal(mk.experts_forward(x, experts, weights, ids, 1.0, G, True, cfg, shared=x.clone()), want)
+
+
+def test_simulated_input_given_to_a_sorted_step(monkeypatch):
+    """Several tokens with x's simulation given: the prologue sorts but simulates nothing (it gets no x), the same
+    bits; an idle-block and a split-K SwiGLU launch path too (blocks from the sort)."""
+    experts = make_experts(8, 96, 64, seed=8)
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(9)).to(DEV)
+    weights, ids = routing(5, 3, 8, 10, skew=2)
+    xq = quant.fp8_simulate(x, 32)
+    seen = []
+    prologue = mk._prologue
+    monkeypatch.setattr(mk, "_prologue", lambda ids, E, BM, x=None, *a, **kw: seen.append(x is None)
+                        or prologue(ids, E, BM, x, *a, **kw))
+    apart = dataclasses.replace(SPLIT2, finish="launch")
+    for cfg in (SMALL, apart):
+        want = mk.experts_forward(x, experts, weights, ids, 1.0, 32, True, cfg)
+        assert torch.equal(mk.experts_forward(x, experts, weights, ids, 1.0, 32, True, cfg, xq=xq), want)
+    one = x[:1].contiguous()  # one token whose gate-up split is summed by the SwiGLU launch: sorted too
+    want = mk.experts_forward(one, experts, weights[:1], ids[:1], 1.0, 32, True, apart)
+    got = mk.experts_forward(one, experts, weights[:1], ids[:1], 1.0, 32, True, apart, xq=xq[:1].contiguous())
+    assert torch.equal(got, want)
+    assert seen == [False, True, False, True, False, True]
+
+
+def test_router_simulated_input_buffer(monkeypatch):
+    """ops.moe hands out the buffer only where the kernels take it: the Triton backend, one token, activation
+    groups; the reference reads it as its own simulation."""
+    experts = make_experts(8, 96, 64, seed=11)
+    x = torch.randn(1, 96, generator=torch.Generator().manual_seed(12)).to(DEV)
+    assert moe.router_simulated_input(x, experts, 32, "triton").shape == x.shape
+    assert moe.router_simulated_input(x, experts, 32) is None  # the reference backend
+    assert moe.router_simulated_input(x, experts, 0, "triton") is None
+    assert moe.router_simulated_input(x.expand(2, 96), experts, 32, "triton") is None
+    monkeypatch.setenv(mk.DIRECT_ENV, "0")
+    assert moe.router_simulated_input(x, experts, 32, "triton") is None
+
+
 def test_every_read_buffer_is_written(monkeypatch):
     # poison every buffer the call allocates: NaN (floats), a huge index (ints); a read of an unwritten element
     # would show up in the output or fault

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from v4serve.ops import backend, router
+from v4serve.ops import backend, quant, router
 from v4serve.ops.kernels import router as rk
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("V4SERVE_TEST_DEVICE", "").startswith("cuda")
@@ -136,6 +136,49 @@ def test_entry_point_dispatches():
     assert torch.equal(ref[0], want[0]) and torch.equal(ref[1], want[1])
     assert rk.supports(x, w, b) and rk.supports(x, w, None)
     assert not rk.supports(x, w, torch.zeros(3))  # a bias of the wrong shape falls back to the reference
+
+
+@pytest.mark.parametrize("cfg,t", [(None, 37), (None, 1),
+                                   (rk.Config(block_t=1, block_e=16, block_d=32, split_d=2, epi_t=1), 1),
+                                   (rk.Config(block_t=4, block_e=16, block_d=64, split_d=3, epi_t=4), 5)],
+                         ids=["one-pass", "one-pass-t1", "split-t1", "split-uneven-d"])
+@pytest.mark.parametrize("dtype,group", [(torch.float32, 32), (torch.float64, 32), (torch.bfloat16, 16)],
+                         ids=["fp32-g32", "fp64-g32", "bf16-g16"])
+def test_router_writes_the_experts_simulated_input(cfg, t, dtype, group):
+    """xq: x's FP8 quant-dequant per 1 x group (quant.fp8_simulate, bit for bit) from programs of their own in the
+    router's launch (the split grid's arrival count leaves them out: the routing is the same as without); D = 160
+    is not a multiple of the split's D share (split-uneven-d: 64 + 64 + 32) and x spans 2^-12..2^5 so that the
+    groups' scales differ; every element of the poisoned buffer is written."""
+    g = torch.Generator().manual_seed(31 + t)
+    d = 160
+    x = (torch.randn(t, d, generator=g, dtype=torch.float64)
+         * torch.exp2(torch.randint(-12, 6, (t, d // group, 1), generator=g)).repeat_interleave(group, 1)
+         .view(t, d)).to(dtype)
+    w = (torch.randn(40, d, generator=g, dtype=torch.float64) * d**-0.5).to(dtype)
+    b = torch.randn(40, generator=g) * 0.3
+    args = (x, w, b, None, None, 6, "sqrtsoftplus", 1.5, 1e-20, True)
+    xq = torch.full_like(x, float("nan"))
+    got = rk.route(*args, config=cfg, xq=xq, quant_group=group)
+    assert torch.equal(xq, quant.fp8_simulate(x, group))
+    want = rk.route(*args, config=cfg)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert rk.simulates(x, w, group) and not rk.simulates(x, w, 48) and not rk.simulates(x, w, 128)
+    with pytest.raises(ValueError, match="does not fit"):
+        rk.route(*args, xq=xq, quant_group=128)  # wider than the interpreter config's D chunk
+
+
+@pytest.mark.parametrize("backend_name", [backend.TRITON, backend.REFERENCE])
+def test_entry_point_fills_the_simulated_input_everywhere(backend_name):
+    """ops.router.route fills xq on every path: in the kernel's launch, or (a group the kernel's D chunks do not
+    tile; the reference backend) by quant.fp8_simulate beside it."""
+    x, w, b = _inputs(3, 16, 256, torch.float32, "e", seed=41)
+    args = (x, w, b, None, None, 6, "sqrtsoftplus", 1.5, 1e-20, True)
+    want = router.route_reference(*args)
+    for group in (32, 128):
+        xq = torch.full_like(x, float("nan"))
+        got = router.route(*args, backend=backend_name, xq=xq, quant_group=group)
+        assert torch.equal(xq, quant.fp8_simulate(x, group))
+        _check(got, want, torch.float32)
 
 
 def _near_tie_tokens(x, w, b, k: int) -> torch.Tensor:

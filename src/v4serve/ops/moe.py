@@ -77,15 +77,17 @@ def _expert_out(xe: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.
 
 def experts_reference(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
                       limit: float, act_group: int, weight_before_w2: bool, shared: torch.Tensor | None = None,
-                      out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None) -> torch.Tensor:
+                      out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None,
+                      xq: torch.Tensor | None = None) -> torch.Tensor:
     """Routed experts, plain torch. x [T, D]; weights/ids [T, k]. Returns [T, D] at accumulation precision, plus
-    `shared` (widened) when given, rounded to `out_dtype` when given.
+    `shared` (widened) when given, rounded to `out_dtype` when given. `xq`: x's FP8 simulation per 1 x act_group
+    where the caller has it (`router_simulated_input`), read instead of simulating x again (the same values).
 
     On the CPU it loops over the experts that received tokens. On CUDA it runs every expert on every token with zero
     weight where not routed: static shapes and no host sync, so it can be captured in a CUDA graph (exact: a zero
     weight adds exact zeros, and contributions are added in expert order either way).
     """
-    out = _routed_sum(x, experts, weights, ids, limit, act_group, weight_before_w2)
+    out = _routed_sum(x, experts, weights, ids, limit, act_group, weight_before_w2, xq)
     if join is not None:
         join()
     if shared is not None:
@@ -94,9 +96,9 @@ def experts_reference(x: torch.Tensor, experts: ExpertWeights, weights: torch.Te
 
 
 def _routed_sum(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor, limit: float,
-                act_group: int, weight_before_w2: bool) -> torch.Tensor:
+                act_group: int, weight_before_w2: bool, xq: torch.Tensor | None = None) -> torch.Tensor:
     T = x.shape[0]
-    xq = _maybe_quant(x, act_group)
+    xq = _maybe_quant(x, act_group) if xq is None or not act_group else xq
     out = torch.zeros(T, x.shape[1], dtype=acc_dtype(x), device=x.device)
     if x.is_cuda:
         for e in range(experts.num_experts):
@@ -116,19 +118,36 @@ def _routed_sum(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, 
 def experts_forward(x: torch.Tensor, experts: ExpertWeights, weights: torch.Tensor, ids: torch.Tensor,
                     limit: float, act_group: int, weight_before_w2: bool,
                     backend: str = kernels.REFERENCE, shared: torch.Tensor | None = None,
-                    out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None) -> torch.Tensor:
+                    out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None,
+                    xq: torch.Tensor | None = None) -> torch.Tensor:
     """The routed experts of a routing (weights [T, k] float32, expert ids [T, k] int64) -> [T, D] at accumulation
     precision (float32, or float64 for a float64 x). `shared` [T, D] (the shared expert's output) is added to the
     sum, and `out_dtype` rounds the result once: the layer's output in one pass (the kernels add it in their combine).
-    `join` is called before `shared` is read (ops/streams.py: it may still be computing on a side stream)."""
+    `join` is called before `shared` is read (ops/streams.py: it may still be computing on a side stream). `xq`: x's
+    FP8 simulation, filled by the router (`router_simulated_input`)."""
     with family("moe"):
         if backend == kernels.TRITON:
             from .kernels import moe as moe_kernels
 
             if moe_kernels.supports(x, experts):
                 return moe_kernels.experts_forward(x, experts, weights, ids, limit, act_group, weight_before_w2,
-                                                   shared=shared, out_dtype=out_dtype, join=join)
-        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype, join)
+                                                   shared=shared, out_dtype=out_dtype, join=join, xq=xq)
+        return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype, join,
+                                 xq)
+
+
+def router_simulated_input(x: torch.Tensor, experts: ExpertWeights, act_group: int,
+                           backend: str = kernels.REFERENCE) -> torch.Tensor | None:
+    """An empty buffer for x's FP8 simulation per 1 x act_group where the routed experts' kernels would take it made
+    elsewhere: the router fills it in its own launch (ops.router.route's `xq`), `experts_forward` reads it (`xq`),
+    and at one token the experts then launch nothing before their gate-up (no sort, no simulation). None elsewhere:
+    the experts simulate x themselves."""
+    if backend != kernels.TRITON or not act_group:
+        return None
+    from .kernels import moe as moe_kernels
+
+    return torch.empty_like(x, memory_format=torch.contiguous_format) \
+        if moe_kernels.takes_simulated_input(x, experts, act_group) else None
 
 
 def dense_mlp(x: torch.Tensor, w1: tuple, w2: tuple, w3: tuple, limit: float, act_group: int,

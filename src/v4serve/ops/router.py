@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backend as kernels
+from . import quant
 from .precision import acc_dtype
 from .profiling import family
 
@@ -45,15 +46,25 @@ def route_reference(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | 
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
           token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
           norm: bool = True, backend: str = kernels.REFERENCE, alt_bias: torch.Tensor | None = None,
-          alt: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          alt: torch.Tensor | None = None, xq: torch.Tensor | None = None,
+          quant_group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (weights [T, k], expert ids [T, k] int64); see the module docstring and route_reference (alt_bias, alt:
-    chosen per token inside the kernel, no launch of its own)."""
+    chosen per token inside the kernel, no launch of its own). `xq` ([T, D], x's dtype), when given, is filled with
+    x's FP8 quant-dequant per 1 x quant_group (quant.fp8_simulate): the routed experts' input (ops.moe's
+    `router_simulated_input`), in the router's own launch where the kernel runs."""
     with family("router"):
         if backend == kernels.TRITON:
             from .kernels import router as router_kernels
 
             if router_kernels.supports(x, gate_w, bias, alt_bias, alt):
-                return router_kernels.route(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps,
-                                            norm, alt_bias=alt_bias, alt=alt)
+                inside = xq is not None and router_kernels.simulates(x, gate_w, quant_group)
+                out = router_kernels.route(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps,
+                                           norm, alt_bias=alt_bias, alt=alt, xq=xq if inside else None,
+                                           quant_group=quant_group)
+                if xq is not None and not inside:
+                    xq.copy_(quant.fp8_simulate(x, quant_group))
+                return out
+        if xq is not None:
+            xq.copy_(quant.fp8_simulate(x, quant_group))
         return route_reference(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps, norm,
                                alt_bias, alt)

@@ -104,22 +104,34 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor | PartialSum:
         c, nm = self.config, self.numerics
+        xq = self.simulated_input(x)
         weights, ids = route(x, self.gate.weight, self.gate.bias, self.gate.tid2eid, token_ids, self.topk,
-                             c.score_func, c.route_scale, nm.gate_eps, c.norm_topk_prob, self.backend)
-        return self.combine(x, weights, ids)
+                             c.score_func, c.route_scale, nm.gate_eps, c.norm_topk_prob, self.backend, xq=xq,
+                             quant_group=self._act_group())
+        return self.combine(x, weights, ids, xq)
 
-    def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor | PartialSum:
-        """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert."""
+    def simulated_input(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A buffer for x's FP8 simulation that the router fills for the routed experts (ops.moe
+        `router_simulated_input`: at one token the experts then launch nothing before their gate-up); one rank only
+        (under TP and DEP the experts read gathered tokens)."""
+        if self.tp.size != 1 or self.tp.data_parallel:
+            return None
+        return moe_ops.router_simulated_input(x, self.experts.stored(), self._act_group(), self.backend)
+
+    def combine(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                xq: torch.Tensor | None = None) -> torch.Tensor | PartialSum:
+        """Routed experts of a routing (weights, expert ids [T, k]) plus the shared expert; `xq`: x's FP8 simulation
+        from the router (`simulated_input`)."""
         if self.tp.data_parallel:
             return self._combine_dep(x, weights, ids)
         if self.tp.size == 1:  # the shared expert's output added and the sum rounded inside the routed experts' pass
             if not self.config.n_shared_experts:
-                return self._routed(x, weights, ids, None, x.dtype)
+                return self._routed(x, weights, ids, None, x.dtype, xq=xq)
             side = streams.fork("shared_expert", x)  # (V4SERVE_OVERLAP: on a side stream beside the routed experts)
             if side is None:
-                return self._routed(x, weights, ids, self._shared(x, widen=False), x.dtype)
+                return self._routed(x, weights, ids, self._shared(x, widen=False), x.dtype, xq=xq)
             shared = side.run(lambda: self._shared(x, widen=False))
-            return self._routed(x, weights, ids, shared, x.dtype, join=side.join)
+            return self._routed(x, weights, ids, shared, x.dtype, join=side.join, xq=xq)
         y = self._routed(x, weights, ids)
         if self.config.n_shared_experts:
             y = y + self._shared(x)
@@ -127,7 +139,8 @@ class MoE(nn.Module):
         return self.tp.all_reduce(y, defer=True, out_dtype=x.dtype)
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: torch.Tensor | None = None,
-                out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None) -> torch.Tensor:
+                out_dtype: torch.dtype | None = None, join: Callable[[], None] | None = None,
+                xq: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's routed experts' share of the output ([T, D] at accumulation precision), + `shared`, rounded to
         `out_dtype` when given (ops.moe.experts_forward; `join` before `shared` is read)."""
         c, nm = self.config, self.numerics
@@ -136,9 +149,12 @@ class MoE(nn.Module):
             local = ids - ex.first
             mine = (local >= 0) & (local < ex.n)
             ids, weights = torch.where(mine, local, torch.zeros_like(local)), weights * mine
-        act = c.weight_block if nm.act_quant and self.experts.quantized else 0
-        return moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, act,
-                                       nm.weight_before_w2, self.backend, shared, out_dtype, join)
+        return moe_ops.experts_forward(x, self.experts.stored(), weights, ids, c.swiglu_limit, self._act_group(),
+                                       nm.weight_before_w2, self.backend, shared, out_dtype, join, xq)
+
+    def _act_group(self) -> int:
+        """The routed experts' activation quantization group (0: none)."""
+        return self.config.weight_block if self.numerics.act_quant and self.experts.quantized else 0
 
     def _shared(self, x: torch.Tensor, widen: bool = True) -> torch.Tensor:
         c, nm = self.config, self.numerics

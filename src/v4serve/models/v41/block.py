@@ -36,9 +36,11 @@ class V41MoE(MoE):
         c, nm = self.config, self.numerics
         g = self.gate
         # image tokens select with bias_vl (selection only), chosen per token inside the router
+        xq = self.simulated_input(x)
         weights, ids = route(x, g.weight, g.bias, None, None, self.topk, c.score_func, c.route_scale, nm.gate_eps,
-                             c.norm_topk_prob, self.backend, alt_bias=g.bias_vl, alt=image)
-        return self.combine(x, weights, ids)
+                             c.norm_topk_prob, self.backend, alt_bias=g.bias_vl, alt=image, xq=xq,
+                             quant_group=self._act_group())
+        return self.combine(x, weights, ids, xq)
 
 
 class V41Block(nn.Module):

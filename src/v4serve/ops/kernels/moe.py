@@ -36,23 +36,13 @@ from ..linear import scale_bytes, stored_format
 from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .quant import e4m3_round, pow2_ceil, quantize_rows
+from .quant import fp8_simulate_tile as _fp8_sim
+from .quant import quantize_rows
 from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 
 # ------------------------------------------------------------------------------------------------------------
 # In-register formats
 # ------------------------------------------------------------------------------------------------------------
-
-@triton.jit
-def _fp8_sim(v, R: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
-    """[R, C] float32 -> FP8 quant-dequant per 1 x G (quant.fp8_simulate): amax floored at 1e-4, scale
-    2^ceil(log2(amax / 448)) from the float32 bits, q = e4m3(clamp(v / scale, +-448)) * scale."""
-    g = tl.reshape(v, (R, C // G, G))
-    scale = pow2_ceil(tl.maximum(tl.max(tl.abs(g), 2), 1e-4) / 448.0)
-    inv = 1.0 / scale  # exact: a power of two
-    q = tl.clamp(g * inv[:, :, None], -448.0, 448.0)
-    return tl.reshape(e4m3_round(q) * scale[:, :, None], (R, C))
-
 
 @triton.jit
 def _k32_order(cols):
@@ -214,14 +204,19 @@ def _block_coords(pid, NB, num_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _expert_block(block_expert_ptr, sorted_ptr, NB, n_cols, M, BM: tl.constexpr, BN: tl.constexpr,
-                  GROUP_M: tl.constexpr):
+                  GROUP_M: tl.constexpr, DIRECT: tl.constexpr = False):
     """This program's block of sorted rows and its column tile: (the block's expert, -1 for an idle block; its first
-    row and its rows' positions in the sorted order, their assignment indices and validity; the column offsets)."""
+    row and its rows' positions in the sorted order, their assignment indices and validity; the column offsets).
+    DIRECT (one token, no sort): block b is assignment b alone, block_expert_ptr the routing's ids (sorted_ptr
+    unused): the order the sort gives such a token's k distinct experts aside, the same blocks."""
     pid_m, pid_n = _block_coords(tl.program_id(0), NB, tl.cdiv(n_cols, BN), GROUP_M)
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
     first = pid_m * BM
     rows = first + tl.arange(0, BM)
-    a_idx = tl.load(sorted_ptr + rows)
+    if DIRECT:
+        a_idx = tl.where(tl.arange(0, BM) == 0, pid_m, M)
+    else:
+        a_idx = tl.load(sorted_ptr + rows)
     return expert, first, rows, a_idx, a_idx < M, pid_n * BN + tl.arange(0, BN)
 
 
@@ -333,13 +328,14 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
                     SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                     CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                     F32: tl.constexpr, EVEN_K: tl.constexpr = False, FINISH: tl.constexpr = False,
-                    PDL: tl.constexpr = False, AHEAD: tl.constexpr = False):
+                    PDL: tl.constexpr = False, AHEAD: tl.constexpr = False, DIRECT: tl.constexpr = False):
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel` or (FINISH) by the tile's last program to
-    arrive. AHEAD (`MoeConfig.ahead`): each K tile's scale bytes loaded an iteration before their use."""
+    arrive. AHEAD (`MoeConfig.ahead`): each K tile's scale bytes loaded an iteration before their use. DIRECT: blocks
+    straight from one token's routing (`_expert_block`)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM, BN,
-                                                          GROUP_M)
+                                                          GROUP_M, DIRECT)
     if expert < 0:
         return
     DT = x_ptr.dtype.element_ty
@@ -451,14 +447,15 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  F32: tl.constexpr, EVEN_K: tl.constexpr = False, PDL: tl.constexpr = False,
                  cnt_ptr=None, rw_ptr=None, add_ptr=None, out_ptr=None, T=0, stride_add=0, stride_out=0,
                  COMBINE: tl.constexpr = False, TOPK: tl.constexpr = 1, APPLY_W: tl.constexpr = False,
-                 ADD: tl.constexpr = False, BT: tl.constexpr = 16, AHEAD: tl.constexpr = False):
+                 ADD: tl.constexpr = False, BT: tl.constexpr = 16, AHEAD: tl.constexpr = False,
+                 DIRECT: tl.constexpr = False):
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums. COMBINE (fusion `moe_combine`): the last of the
     NB * SPLIT programs of a column tile to arrive runs the combine kernel's sums over that tile for every token.
-    AHEAD: each K tile's scale bytes loaded an iteration before their use."""
+    AHEAD: each K tile's scale bytes loaded an iteration before their use. DIRECT: as the gate-up's."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM, BN,
-                                                          GROUP_M)
+                                                          GROUP_M, DIRECT)
     DT = h_ptr.dtype.element_ty
     if expert >= 0:  # (an idle block still arrives at its tile's counter)
         offs_k = tl.arange(0, BK)
@@ -630,6 +627,10 @@ PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), g
 NARROW_GATE_UP, NARROW_DOWN = GemmConfig(64, 64, 4, 4), GemmConfig(64, 128, 4, 3)
 NARROW_ENV = "V4SERVE_MOE_NARROW"
 AHEAD_ENV = "V4SERVE_MOE_AHEAD"  # "1": the narrow tiles with their scale bytes loaded an iteration ahead (not timed)
+# "0": one token sorted by the prologue launch as any other step (A/B); else its blocks come straight from the routing
+# and, given x's FP8 simulation (the router's launch writes it: `takes_simulated_input`), nothing launches before the
+# gate-up
+DIRECT_ENV = "V4SERVE_MOE_DIRECT"
 
 
 def _split(ctas: int, k_tiles: int, sms: int, waves: int = 1, per_sm: int = 3) -> int:
@@ -755,6 +756,22 @@ def supports(x: torch.Tensor, experts) -> bool:
             and tuple(experts.w2.shape) == (E, x.shape[1], I // 2) and experts.s1 is not None)
 
 
+def takes_simulated_input(x: torch.Tensor, experts, act_group: int) -> bool:
+    """Whether `experts_forward` over x would take x's FP8 simulation per 1 x act_group made by another launch (its
+    `xq`; ops.router writes it beside the gate logits) rather than simulate it in a launch of its own: one token,
+    where that leaves the experts no launch before their gate-up (`_direct`)."""
+    return (x.shape[0] == 1 and act_group > 0 and _quant_ok(act_group) and x.shape[1] % act_group == 0
+            and supports(x, experts) and env_get(DIRECT_ENV) != "0")
+
+
+def _direct(T: int, cfg: MoeConfig, act_group: int, xq: torch.Tensor | None, split: int, finish: bool) -> bool:
+    """One token's blocks straight from its routing (`_expert_block`'s DIRECT; no sort): its k experts are distinct,
+    so the sort would give each a block of its one row. The dot body (the others read the sorted rows themselves),
+    x's simulation already made (or none needed), and no SwiGLU launch (it reads the sorted rows)."""
+    return (T == 1 and cfg.body == "dot" and (act_group == 0 or xq is not None) and (split == 1 or finish)
+            and env_get(DIRECT_ENV) != "0")
+
+
 def _empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Every buffer of a call (a seam for the tests, which poison them to prove each read element is written)."""
     return torch.empty(shape, dtype=dtype, device=device)
@@ -837,14 +854,15 @@ def _fp8_body_applies(x: torch.Tensor, act_group: int, gate_up_n: int, split_lau
 def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.Tensor, limit: float,
                     act_group: int, weight_before_w2: bool, config: MoeConfig | None = None,
                     shared: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
-                    join: Callable[[], None] | None = None) -> torch.Tensor:
+                    join: Callable[[], None] | None = None, xq: torch.Tensor | None = None) -> torch.Tensor:
     """sum_s weights[:, s] * expert_{ids[:, s]}(x) (+ `shared` [T, D], widened) -> [T, D] in float32 (float64 for a
     float64 x), or `out_dtype` (rounded once, after the sum). `join` runs before the first launch that reads `shared`
-    (the combine)."""
+    (the combine). `xq`: x's FP8 simulation per 1 x act_group where another launch made it (`takes_simulated_input`),
+    read instead of simulating x here."""
     if not _quant_ok(act_group):  # groups that do not tile (not a power of two): the plain-torch body
         from ..moe import experts_reference
         return experts_reference(x, experts, weights, ids, limit, act_group, weight_before_w2, shared, out_dtype,
-                                 join)
+                                 join, xq)
     T, D = x.shape
     E, I = experts.w1.shape[0], experts.w1.shape[1]
     k = ids.shape[1]
@@ -883,10 +901,21 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         cfg = replace(cfg, body="swap", fold="")
     fp8 = cfg.body == "fp8"
 
-    # 1. sort by expert into BLOCK_M-padded runs, and FP8-simulate x (one launch; the fp8 body: e4m3 + scales)
-    sorted_ids, block_expert, xq, xs = _prologue(ids.contiguous().view(-1), E, BM, x, G, x8=fp8)
-    xa = x if xq is None else xq
-    P = sorted_ids.shape[0]
+    # 1. sort by expert into BLOCK_M-padded runs, and FP8-simulate x (one launch; the fp8 body: e4m3 + scales) —
+    # unless one token's blocks come straight from its routing and x's simulation is given or not needed (no launch)
+    flat_ids = ids.contiguous().view(-1)
+    direct = _direct(T, cfg, G, xq, S, finish)
+    if direct:
+        assert NB == M  # k <= E distinct experts: a block each
+        sorted_ids, block_expert, xa, xs = flat_ids, flat_ids, x if G == 0 else xq, None
+        P = NB * BM
+    else:
+        given = xq is not None and G > 0 and not fp8
+        sorted_ids, block_expert, xsim, xs = _prologue(flat_ids, E, BM, None if given else x, G, x8=fp8)
+        xa = xq if given else x if xsim is None else xsim
+        P = sorted_ids.shape[0]
+    xa = xa if xa.stride(-1) == 1 else xa.contiguous()
+    direct_kw = {"DIRECT": True} if direct else {}
 
     # 2. gate + up (+ SwiGLU, clamp, routing weight, h's FP8 simulation where the tile holds whole groups); with
     # split-K, float partials and a small SwiGLU kernel (whose column tile always holds whole groups)
@@ -907,7 +936,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
         WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
         EVEN_K=D % gu.block_k == 0, FINISH=finish,
-        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg, gu), **fp8_gu, **pdl_launch(x))
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg, gu), **fp8_gu, **direct_kw, **pdl_launch(x))
     if S > 1 and not finish:
         _swiglu_kernel[(NB, cdiv(I, bne))](
             part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
@@ -940,7 +969,7 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         BM=BM, BN=dn.block_n, BK=bk_dn, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile,
         ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32, EVEN_K=I % bk_dn == 0,
         num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg, dn), **({"hs_ptr": hs} if fp8 else {}),
-        **combine, **pdl_launch(x))
+        **direct_kw, **combine, **pdl_launch(x))
 
     if combine_in_down:
         return out

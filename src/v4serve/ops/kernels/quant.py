@@ -52,6 +52,18 @@ def quantize_rows(x):
     return xq, x_scale
 
 
+@triton.jit
+def fp8_simulate_tile(v, R: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
+    """[R, C] float32 -> FP8 quant-dequant per 1 x G (ops.quant.fp8_simulate), in registers: amax floored at 1e-4,
+    scale 2^ceil(log2(amax / 448)) from the float32 bits, q = e4m3(clamp(v / scale, +-448)) * scale. The kernels
+    that simulate their own inputs' or outputs' FP8 (the MoE's, the router's copy of x for it)."""
+    g = tl.reshape(v, (R, C // G, G))
+    scale = pow2_ceil(tl.maximum(tl.max(tl.abs(g), 2), 1e-4) / 448.0)
+    inv = 1.0 / scale  # exact: a power of two
+    q = tl.clamp(g * inv[:, :, None], -448.0, 448.0)
+    return tl.reshape(e4m3_round(q) * scale[:, :, None], (R, C))
+
+
 @step_jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_qm, stride_sm,
                       GROUP: tl.constexpr, PAIRS: tl.constexpr, SIMULATE: tl.constexpr, PDL: tl.constexpr = False):

@@ -29,6 +29,7 @@ from ..precision import hi_lo
 from . import cdiv, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
+from .quant import fp8_simulate_tile
 from .split_grid import FLOATS as _FLOATS
 from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive, runs_here
 from .split_grid import TL_DTYPES as _TL
@@ -144,6 +145,19 @@ def _epilogue(logits, offs_t, t_mask, E, bias_ptr, stride_bt, stride_be, tid_ptr
     tl.store(out_id_ptr + o, id_out.to(tl.int64), mask=m)
 
 
+@triton.jit
+def _simulate_x(x_ptr, xq_ptr, offs_t, t_mask, d_lo, d_hi, stride_xt, stride_xd, stride_qt, BLOCK_T: tl.constexpr,
+                BLOCK_D: tl.constexpr, G: tl.constexpr):
+    """xq[offs_t, d_lo:d_hi] = x's FP8 quant-dequant per 1 x G (G divides BLOCK_D and the D share), in x's dtype."""
+    for d0 in range(d_lo, d_hi, BLOCK_D):
+        offs_d = d0 + tl.arange(0, BLOCK_D)
+        m = t_mask[:, None] & (offs_d < d_hi)[None, :]
+        v = tl.load(x_ptr + offs_t.to(tl.int64)[:, None] * stride_xt + offs_d[None, :] * stride_xd, mask=m,
+                    other=0.0)
+        q = fp8_simulate_tile(v.to(tl.float32), BLOCK_T, BLOCK_D, G)
+        tl.store(xq_ptr + offs_t.to(tl.int64)[:, None] * stride_qt + offs_d[None, :], q.to(v.dtype), mask=m)
+
+
 @step_jit
 def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, out_w_ptr, out_id_ptr,
                    alt_bias_ptr, alt_ptr, T, E, D, d_per_split,
@@ -153,23 +167,31 @@ def _router_kernel(x_ptr, w_ptr, bias_ptr, tid_ptr, tok_ptr, part_ptr, cnt_ptr, 
                    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT_D: tl.constexpr,
                    EPI_T: tl.constexpr, EVEN_D: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr,
                    HASH: tl.constexpr, NORM: tl.constexpr, ACC: tl.constexpr, DOT: tl.constexpr,
-                   HAS_ALT: tl.constexpr = False, PDL: tl.constexpr = False):
+                   HAS_ALT: tl.constexpr = False, PDL: tl.constexpr = False, xq_ptr=None, stride_qt=0,
+                   QUANT_G: tl.constexpr = 0):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t = tl.program_id(0)
     pid_e = tl.program_id(1)
     pid_d = tl.program_id(2)
     offs_t = pid_t * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = offs_t < T
-    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     d_lo = pid_d * d_per_split
     d_hi = tl.minimum(d_lo + d_per_split, D)
+    n_eb = tl.num_programs(1)
+    if QUANT_G > 0:  # the last expert-block column of the grid: x's FP8 simulation for the routed experts, no logits
+        n_eb -= 1
+        if pid_e == n_eb:
+            _simulate_x(x_ptr, xq_ptr, offs_t, t_mask, d_lo, d_hi, stride_xt, stride_xd, stride_qt, BLOCK_T,
+                        BLOCK_D, QUANT_G)
+            return
+    offs_e = pid_e * BLOCK_E + tl.arange(0, BLOCK_E)
     acc = _logits(x_ptr, w_ptr, offs_t, t_mask, offs_e, offs_e < E, d_lo, d_hi, stride_xt, stride_xd, stride_we,
                   stride_wd, BLOCK_T, BLOCK_E, BLOCK_D, EVEN_D, ACC, DOT)
     if BLOCK_E < E_PAD or SPLIT_D > 1:
         # split grid: partial logits to scratch [SPLIT_D, T_pad, E_PAD]; the last arrival finishes the token block
         t_pad = tl.num_programs(0) * BLOCK_T
         tl.store(part_ptr + (pid_d * t_pad + offs_t[:, None]) * E_PAD + offs_e[None, :], acc)
-        if last_to_arrive(cnt_ptr + pid_t, tl.num_programs(1) * SPLIT_D):
+        if last_to_arrive(cnt_ptr + pid_t, n_eb * SPLIT_D):
             offs_all = tl.arange(0, E_PAD)
             t0 = pid_t * BLOCK_T
             for r0 in range(t0, tl.minimum(t0 + BLOCK_T, T), EPI_T):  # the rows that exist, EPI_T at a time
@@ -241,8 +263,11 @@ def supports(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None,
 def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2eid: torch.Tensor | None,
           token_ids: torch.Tensor | None, topk: int, score_func: str, route_scale: float, eps: float,
           norm: bool = True, config: Config | None = None, alt_bias: torch.Tensor | None = None,
-          alt: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (weights [T, k] float32/float64, expert ids [T, k] int64), as ops.router.route_reference."""
+          alt: torch.Tensor | None = None, xq: torch.Tensor | None = None,
+          quant_group: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (weights [T, k] float32/float64, expert ids [T, k] int64), as ops.router.route_reference. xq [T, D] (x's
+    dtype, `simulates(...)` true): filled in the same launch with x's FP8 quant-dequant per 1 x quant_group, the
+    routed experts' input (ops/kernels/moe.py then needs no launch of its own before its first GEMM)."""
     t, d = x.shape
     e = gate_w.shape[0]
     k = tid2eid.shape[1] if tid2eid is not None else topk
@@ -254,6 +279,8 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
     if t == 0:
         return w_out, id_out
     cfg = config or default_config(t, e, d, x.is_cuda)
+    if xq is not None and not _simulation_fits(x, xq, quant_group, cfg):
+        raise ValueError(f"x's FP8 simulation per {quant_group} does not fit {cfg} (check `simulates` first)")
     e_pad = _e_pad(e)
     if any(v & (v - 1) for v in (cfg.block_t, cfg.block_e, cfg.block_d, cfg.epi_t)):
         raise ValueError(f"block sizes must be powers of two: {cfg}")
@@ -281,7 +308,8 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
     rs_hi, rs_lo = hi_lo(float(route_scale))
     eps_hi, eps_lo = hi_lo(float(eps))
     has_alt = has_bias and alt is not None
-    _router_kernel[(n_tb, n_eb, split_d)](
+    quant = {} if xq is None else {"xq_ptr": xq, "stride_qt": xq.stride(0), "QUANT_G": quant_group}
+    _router_kernel[(n_tb, n_eb + (xq is not None), split_d)](
         x, gate_w, b, tid, tok, part, cnt, w_out, id_out, alt_bias if has_alt else b, alt if has_alt else id_out,
         t, e, d, d_per_split,
         x.stride(0), x.stride(1), gate_w.stride(0), gate_w.stride(1), stride_bt, stride_be,
@@ -291,5 +319,18 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
         BLOCK_E=block_e, BLOCK_D=cfg.block_d, SPLIT_D=split_d, EPI_T=min(cfg.epi_t, cfg.block_t),
         EVEN_D=d % cfg.block_d == 0, SCORE=SCORE_FUNCS[score_func],
         HAS_BIAS=has_bias, HASH=hashed, NORM=bool(norm), ACC=_TL[acc], DOT=_TL[x.dtype] if same_half else _TL[acc],
-        HAS_ALT=has_alt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x))
+        HAS_ALT=has_alt, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **quant, **pdl_launch(x))
     return w_out, id_out
+
+
+def _simulation_fits(x: torch.Tensor, xq: torch.Tensor, group: int, cfg: Config) -> bool:
+    """Whole 1 x group groups in every program's D chunks (a power of two dividing block_d, hence each D share), xq
+    shaped and typed as x, unit stride along D."""
+    return (group > 0 and group & (group - 1) == 0 and cfg.block_d % group == 0 and x.shape[1] % group == 0
+            and xq.shape == x.shape and xq.dtype == x.dtype and xq.device == x.device and xq.stride(1) == 1)
+
+
+def simulates(x: torch.Tensor, gate_w: torch.Tensor, group: int) -> bool:
+    """Whether `route` can write x's FP8 simulation per 1 x group (xq=) in its launch, with its default config."""
+    cfg = default_config(x.shape[0], gate_w.shape[0], x.shape[1], x.is_cuda)
+    return _simulation_fits(x, x, group, cfg)
