@@ -1838,6 +1838,25 @@ if [[ $what == thirtyfourth3 ]]; then  # prepared in the thirty-fourth session (
     -rf --tb=short -k "graph_decode_equals_eager" > "$OUT/combine_graph_tests.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/combine_graph_tests.log" | cut -c1-200 | tail -4
 fi
+if [[ $what == thirtyfourth4 ]]; then  # prepared in the thirty-fourth session (~420 s): the new defaults (one token's
+  # MoE straight from the routing, the narrow tiles' scales an iteration ahead) against each switched off, in the V4.1
+  # step at batch 1 / 64K and (direct only: V4's tiles have no narrow scales) in the V4 step at batch 1 / 2K; the router
+  # test on the GPU's tensors; the narrow tile variants at one token (64 experts)
+  timeout 200 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --top 30 \
+    --env-variant "V4SERVE_MOE_AHEAD=0" --env-variant "V4SERVE_MOE_DIRECT=0 V4SERVE_MOE_AHEAD=0" \
+    --out "$OUT/v41-b1-64k" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k.log" \
+    | grep -E "CUDA graphs|floor|round"
+  timeout 110 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only \
+    --kv-cache-memory 8589934592 --env-variant "V4SERVE_MOE_DIRECT=0" --out "$OUT/v4-b1" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-b1.log" | grep -E "CUDA graphs|floor|round"
+  timeout 40 python3 -m pytest tests/ops/test_router.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "simulated" > "$OUT/gpu_tests_router.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_router.log" | cut -c1-200 | tail -4
+  (cd benchmarks/kernels && timeout 90 python3 moe.py --model v41-flash --experts 64 --no-prefill --no-reference \
+    --tokens 1 --variants default,nw-ahead-dn-k64,gu-n32k64,nw-gu-s6,nw-split,nw-w2 2>&1 | grep -v Warning \
+    | tee "$OUT/moe-narrow-t1.log" | grep -E "T=" | cut -c1-150)
+fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
   # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)

@@ -177,10 +177,10 @@ def test_default_config_selection(monkeypatch):
     assert mk.select_config(6, 384, 5120, 2304, act_group=128).gate_up.block_n == 128
     assert mk.select_config(12, 384, 5120, 2304, act_group=32).gate_up.block_n == 64  # 12 experts, a row each
     assert mk.select_config(32 * 6, 16, 5120, 2304, act_group=32).gate_up.block_n == 128  # 12 rows an expert
-    assert not narrow.ahead  # (opt-in until timed)
-    monkeypatch.setenv(mk.AHEAD_ENV, "1")
-    assert mk.select_config(6, 384, 5120, 2304, act_group=32).ahead
+    assert narrow.ahead  # the scale bytes an iteration ahead (V4SERVE_MOE_AHEAD=0: in place)
     assert not mk.select_config(6, 256, 4096, 2048).ahead  # DECODE's 4-byte scale rows are async copies already
+    monkeypatch.setenv(mk.AHEAD_ENV, "0")
+    assert not mk.select_config(6, 384, 5120, 2304, act_group=32).ahead
     monkeypatch.delenv(mk.AHEAD_ENV)
     monkeypatch.setenv(mk.NARROW_ENV, "0")
     assert mk.select_config(6, 384, 5120, 2304, act_group=32).gate_up.block_n == 128

@@ -63,8 +63,9 @@ def use(name: str) -> Iterator[None]:
 # fewer a layer). The V4 step's graph replay (H200, fourteenth session, `profile_step.py v4-flash-e16 --env-variant`,
 # two interleaved rounds): batch 1 8.59 / 8.58 -> 8.43 / 8.41 ms, but batch 4 12.31 / 12.36 -> 12.45 / 12.45, batch 8
 # 13.41 / 13.39 -> 13.51 / 13.53 and batch 32 17.04 / 17.17 -> 17.60 / 17.48 (the tiles' last programs then sum many
-# rows serially). Its outputs are checked bit for bit under the interpreter only: it joins SMALL_STEP_FUSIONS as
-# {"moe_combine": 1} once its GPU check passes (gpu_session.sh fifteenthA), off until then.
+# rows serially). Its GPU check passed (thirty-fourth session: the tiny models' graph = eager with it on), but with one
+# token's MoE launching nothing before its gate-up (kernels/moe.py DIRECT) it lengthens the V4.1 step at batch 1 / 64K
+# (H100, replay 9.92 -> 10.26 ms: the down launch waits for the side stream's shared expert, joined before it): off.
 FUSIONS = ("norm_quant", "gemv_quant_out", "early_window", "head_weight_round", "moe_combine")
 DEFAULT_FUSIONS = ("norm_quant", "head_weight_round")
 SMALL_STEP_FUSIONS: dict[str, int] = {}  # fusion -> on by default (V4SERVE_FUSIONS unset) up to this many tokens

@@ -626,7 +626,9 @@ PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), g
 # alone 92.0, every other tile or split variant 96.6-143.7. `V4SERVE_MOE_NARROW=0` keeps DECODE's tiles (A/B).
 NARROW_GATE_UP, NARROW_DOWN = GemmConfig(64, 64, 4, 4), GemmConfig(64, 128, 4, 3)
 NARROW_ENV = "V4SERVE_MOE_NARROW"
-AHEAD_ENV = "V4SERVE_MOE_AHEAD"  # "1": the narrow tiles with their scale bytes loaded an iteration ahead (not timed)
+# the narrow tiles' scale bytes loaded an iteration ahead (MoeConfig.ahead): H100, the graphed V4.1 step at batch 1 /
+# 64K, replay 9.92 -> 9.84 ms (thirty-fourth session); "0" loads them in place (A/B)
+AHEAD_ENV = "V4SERVE_MOE_AHEAD"
 # "0": one token sorted by the prologue launch as any other step (A/B); else its blocks come straight from the routing
 # and, given x's FP8 simulation (the router's launch writes it: `takes_simulated_input`), nothing launches before the
 # gate-up
@@ -707,7 +709,7 @@ def select_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
         gu = replace(NARROW_GATE_UP, split_k=_split(blocks * cdiv(inter, 64), cdiv(dim, 64), sms, per_sm=6))
         dn = replace(NARROW_DOWN, split_k=_split(blocks * cdiv(dim, 64), cdiv(inter, 128), sms, per_sm=5))
         body = body or _decode_body()
-        return replace(DECODE, gate_up=gu, down=dn, body=body, ahead=body == "dot" and env_get(AHEAD_ENV) == "1")
+        return replace(DECODE, gate_up=gu, down=dn, body=body, ahead=body == "dot" and env_get(AHEAD_ENV) != "0")
     # Few experts with many rows each (the e16 presets at batch 32: 16 experts x 12 rows, one 16-row block each): K
     # shares for about two waves (H200, benchmarks/kernels/moe.py --experts 16, T=32: split 3 / 2 161.3 us, the one-wave
     # rule's 1 / 1 186.2 us; at T=8, 3 rows an expert, 1 / 1 stays best, 134.8 against 138.6)
