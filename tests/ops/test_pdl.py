@@ -47,7 +47,7 @@ def test_every_kernel_waits_first_and_every_launch_asks_for_pdl(path: Path) -> N
     kernels = _jit_kernels(tree)
     for fn in kernels:
         body = [st for st in fn.body if not (isinstance(st, ast.Expr) and isinstance(st.value, ast.Constant))]
-        enter = [i for i, st in enumerate(body) if ast.unparse(st) == "pdl_enter(PDL)"]
+        enter = [i for i, st in enumerate(body) if ast.unparse(st) in ("pdl_enter(PDL)", "pdl_enter(PDL, EARLY)")]
         assert enter, f"{path.name}:{fn.name} never waits"
         # before the wait: index arithmetic only (and the GEMV's L2 prefetch of its weights, which no kernel writes)
         for st in body[:enter[0]]:
@@ -100,3 +100,35 @@ def test_the_wait_precedes_every_global_access_in_the_ptx() -> None:
     first_global = re.search(r"\b(ld\.global|st\.global|atom\.global|red\.global|cp\.async\.(?!bulk\.prefetch))", body)
     assert first_global is not None and wait < first_global.start()
     assert wait < body.index("griddepcontrol.launch_dependents")
+
+
+COMPILE_EARLY = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from v4serve.ops.kernels import moe
+fn = moe._prologue_kernel
+ptrs = {"ids_ptr": "*i64", "x_ptr": "*bf16", "xq_ptr": "*bf16"}
+const = dict(BM=16, E_PAD=16, CHUNK=16, QUANT_X=True, G=32, BR=16, BC=128, PDL=True, xs_ptr=None, X8=False,
+             BLOCKS=True, EARLY=EARLY)
+sig = {n: "constexpr" if n in const else ptrs.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in fn.arg_names}
+k = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": 4, "launch_pdl": True})
+print(k.asm["ptx"])
+"""
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_early_launch_lets_the_successor_go_before_the_wait(early: bool, monkeypatch) -> None:
+    """The MoE sort launch with EARLY (V4SERVE_PDL_EARLY=moe_prologue): `launch_dependents` before the wait, and still
+    no global access before it; without, after."""
+    ptx = run_compile(COMPILE_EARLY.replace("EARLY=EARLY", f"EARLY={early}"))
+    body = ptx[ptx.index("{", ptx.index(".entry")):]
+    wait, go = body.index("griddepcontrol.wait"), body.index("griddepcontrol.launch_dependents")
+    first_global = re.search(r"\b(ld\.global|st\.global|atom\.global|red\.global|cp\.async)", body)
+    assert first_global is not None and wait < first_global.start()
+    assert (go < wait) == early
+    monkeypatch.setenv(pdl.EARLY_ENV, "moe_prologue,other")
+    assert pdl.early("moe_prologue") and not pdl.early("moe")
+    monkeypatch.delenv(pdl.EARLY_ENV)
+    assert not pdl.early("moe_prologue")

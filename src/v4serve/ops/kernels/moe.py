@@ -35,6 +35,7 @@ from ..env import get as env_get
 from ..linear import scale_bytes, stored_format
 from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
+from .pdl import early as pdl_early
 from .pdl import launch as pdl_launch
 from .quant import fp8_simulate_tile as _fp8_sim
 from .quant import quantize_rows
@@ -230,12 +231,13 @@ def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x
                      BM: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                      QUANT_X: tl.constexpr, G: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
                      PDL: tl.constexpr = False, xs_ptr=None, X8: tl.constexpr = False,
-                     BLOCKS: tl.constexpr = True):
+                     BLOCKS: tl.constexpr = True, EARLY: tl.constexpr = False):
     """Program 0 sorts; programs 1.. (QUANT_X) FP8-simulate x, one [BR, BC] tile each (one launch for both: a tile per
     program, so that a decode row's D is spread over programs rather than walked by one, a memory latency a chunk);
     X8 (the fp8 decode body): as e4m3 bytes in the K32 order into xq [T, D] and float32 scales xs [T, D / G].
-    BLOCKS=False (moe_grouped.py, BM=1): no block_expert; the cursors end as each expert's run end."""
-    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    BLOCKS=False (moe_grouped.py, BM=1): no block_expert; the cursors end as each expert's run end. EARLY: the
+    gate-up may launch before this kernel's wait (`pdl.early("moe_prologue")`)."""
+    pdl_enter(PDL, EARLY)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid = tl.program_id(0)
     if pid == 0:
         _align(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, BM, E_PAD, CHUNK, BLOCKS)
@@ -829,7 +831,8 @@ def _prologue(ids: torch.Tensor, num_experts: int, block_m: int, x: torch.Tensor
     _prologue_kernel[(grid,)](ids, sorted_ids, block_expert, cursor, M, NB, None if xq is None else x, xq, T, D,
                               0 if xq is None else x.stride(0), 0 if xq is None else xq.stride(0), BM=block_m,
                               QUANT_X=xq is not None, G=max(1, act_group), BR=br, BC=bc, **sort_launch(M, cursor),
-                              **pdl_launch(ids), **({"xs_ptr": xs, "X8": True} if xs is not None else {}))
+                              **pdl_launch(ids), **({"xs_ptr": xs, "X8": True} if xs is not None else {}),
+                              **({"EARLY": True} if pdl_early("moe_prologue") else {}))
     return sorted_ids, block_expert, xq, xs
 
 

@@ -13,6 +13,13 @@ The decode GEMVs go one step further (`V4SERVE_PDL=2`, being measured): before t
 prefetch its own weight rows (`cp.async.bulk.prefetch.L2`: weights are never written by a predecessor), so the weight
 stream starts while the kernel before still runs.
 
+A kernel named in `V4SERVE_PDL_EARLY` (comma-separated; `early`) lets its successor launch *before* its own wait:
+still nothing touches memory before a wait, and the successor's wait returns only once this kernel has completed,
+which is after this kernel's own wait; but the successor's CTAs are resident while this kernel's predecessor still
+runs. For the MoE's sort launch (`moe_prologue`): the gate-up is then in place when the router completes, ahead of
+the side stream's shared expert, which was released at the same moment and otherwise took the SMs first (the
+batch-32 V4.1 trace: router, sort, the shared expert's gate-up GEMV 50 us exposed, then the routed gate-up).
+
 Off under Triton's interpreter (the instructions are PTX) and before Hopper; `V4SERVE_PDL=0` turns it off (A/B runs).
 """
 
@@ -29,14 +36,20 @@ from ..env import get as env_get
 from . import interpreting
 
 ENV = "V4SERVE_PDL"
+EARLY_ENV = "V4SERVE_PDL_EARLY"
 
 
 @triton.jit
-def enter(PDL: tl.constexpr):
-    """The first statement of every kernel: wait for the predecessor, then let the successor launch."""
+def enter(PDL: tl.constexpr, EARLY: tl.constexpr = False):
+    """The first statement of every kernel: wait for the predecessor, then let the successor launch (EARLY: the other
+    way round, `early`)."""
     if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+        if EARLY:
+            gdc_launch_dependents()
+            gdc_wait()
+        else:
+            gdc_wait()
+            gdc_launch_dependents()
 
 
 @triton.jit
@@ -63,6 +76,11 @@ def enabled(t: torch.Tensor) -> bool:
 def launch(t: torch.Tensor) -> dict:
     """Keyword arguments of a kernel launch over t's device: the kernel's PDL constexpr and Triton's launch option."""
     return {"PDL": True, "launch_pdl": True} if enabled(t) else {"PDL": False}
+
+
+def early(kernel: str) -> bool:
+    """Whether `kernel` (a name the launch site gives) lets its successor launch before its own wait."""
+    return kernel in (env_get(EARLY_ENV) or "").split(",")
 
 
 def prefetch(t: torch.Tensor) -> bool:
