@@ -5,7 +5,9 @@
 D=4096, I=2048, E=256, k=6, bf16 x, act_group 128, routing weight before W2, SwiGLU limit 10. Weights are random
 FP4 codes with e8m0 scales near 2^-7 (256 experts x 12.6 MB = 3.2 GB). Decode (T = 1, 8, 32, 64, random routing)
 is timed from a CUDA graph of ROUTINGS calls on different routings (more expert bytes than the 60 MB L2), divided
-by ROUTINGS; bytes = distinct experts hit x (packed w1+w2+w3 + their scales) + x and the output, per call. Prefill
+by ROUTINGS; bytes = distinct experts hit x (packed w1+w2+w3 + their scales) + x and the output, per call; at one
+token x's FP8 simulation is made before the timed calls and handed over, as the step's router does (then the calls
+launch no sort: since the thirty-fourth session; before, T=1 included the sort launch, "align only"). Prefill
 (T = 8192) is timed eagerly (`common.bench_ms`); FLOPs = 2 T k 3 D I. Every config variant is timed; the kernel's
 output is first compared with the reference at two decode sizes (T=1 splits K) and one prefill size, and (unless
 --quick) every decode variant's at each T (rel_err in its row). --compile-only builds the decode variants for sm_90
@@ -21,7 +23,7 @@ from pathlib import Path
 import common
 import torch
 
-from v4serve.ops import moe
+from v4serve.ops import moe, quant
 from v4serve.ops.kernels import moe as mk
 
 E, D, I, K = 256, 4096, 2048, 6
@@ -229,10 +231,16 @@ def validate(ex: moe.ExpertWeights, t: int) -> dict[str, float]:
     return errs
 
 
+def simulated(x: torch.Tensor, ex: moe.ExpertWeights) -> torch.Tensor | None:
+    """x's FP8 simulation where the step's router hands it to the experts (one token: then no sort launch either),
+    made outside the timed calls as the router's launch makes it in the step."""
+    return quant.fp8_simulate(x, ACT_GROUP) if mk.takes_simulated_input(x, ex, ACT_GROUP) else None
+
+
 def time_decode(ex, t: int, fn) -> tuple[float, float]:
     """-> (ms per call, bytes per call) over ROUTINGS routings replayed from one graph."""
-    calls = [inputs(t, seed=r) for r in range(ROUTINGS)]
-    ms = common.bench_graph_ms(lambda: [fn(x, ex, w, i) for x, w, i in calls]) / ROUTINGS
+    calls = [(x, w, i, simulated(x, ex)) for x, w, i in (inputs(t, seed=r) for r in range(ROUTINGS))]
+    ms = common.bench_graph_ms(lambda: [fn(x, ex, w, i, xq) for x, w, i, xq in calls]) / ROUTINGS
     hit = sum(int(torch.unique(i).numel()) for _, _, i in calls) / ROUTINGS
     return ms, hit * EXPERT_BYTES + t * D * (2 + 4)
 
@@ -243,7 +251,7 @@ def time_prefill(ex, t: int, fn, **kw) -> float:
 
 
 def kernel(cfg: mk.MoeConfig | None):
-    return lambda x, ex, w, i: mk.experts_forward(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE, cfg)
+    return lambda x, ex, w, i, xq=None: mk.experts_forward(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE, cfg, xq=xq)
 
 
 def grouped_dequant(ex: moe.ExpertWeights) -> None:
