@@ -1857,7 +1857,7 @@ if [[ $what == thirtyfourth4 ]]; then  # prepared in the thirty-fourth session (
     --tokens 1 --variants default,nw-ahead-dn-k64,gu-n32k64,nw-gu-s6,nw-split,nw-w2 2>&1 | grep -v Warning \
     | tee "$OUT/moe-narrow-t1.log" | grep -E "T=" | cut -c1-150)
 fi
-if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (~220 s): the MoE sort launch letting the
+if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (~340 s): the MoE sort launch letting the
   # gate-up launch before its own wait (V4SERVE_PDL_EARLY=moe_prologue), so that the gate-up is resident when the router
   # completes, ahead of the side stream's shared expert (the batch-32 trace: its gate-up GEMV 50 us exposed a layer
   # between the sort and the routed gate-up); the V4.1 step at batch 32 / 4K, traced with it on
@@ -1868,6 +1868,10 @@ if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (
   V4SERVE_PDL_EARLY=moe_prologue timeout 30 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider \
     -o addopts="" -rf --tb=short -k "cuda_graph" > "$OUT/gpu_tests_early.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_early.log" | cut -c1-200 | tail -3
+  # the one-token MoE path at the model level (a prompt decoding alone, bf16 graph = eager; new, not run yet)
+  timeout 120 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "single_row" > "$OUT/gpu_tests_single_row.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_single_row.log" | cut -c1-200 | tail -3
 fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at

@@ -177,6 +177,24 @@ def test_cuda_graph_decode_equals_eager(name: str, capsys: pytest.CaptureFixture
 
 
 @pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])
+def test_cuda_graph_single_row_decode_equals_eager_in_bf16(name: str) -> None:
+    """One prompt decoding alone: every step one token, so the routed experts take the one-token path (blocks straight
+    from the routing, x's simulation from the router's launch: ops/kernels/moe.py DIRECT) and the graph of bucket 1
+    has the eager step's shapes — in bf16 the same tokens, not just most of them."""
+    from v4serve import LLM, SamplingParams
+
+    sp = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    common = dict(device="cuda", dtype="bfloat16", kv_cache_memory=256 << 20, max_model_len=1024, block_size=64,
+                  cuda_graph_sizes=(1, 2))
+    prompt = [[1000 + i for i in range(40)]]
+    eager = LLM(name, enforce_eager=True, **common).generate(prompt, sp)
+    llm = LLM(name, **common)
+    graphed = llm.generate(prompt, sp)
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0
+    assert graphed[0].token_ids == eager[0].token_ids
+
+
+@pytest.mark.parametrize("name", ["tiny-v4-flash", "tiny-v41-flash"])
 def test_cuda_chunk_graphs_equal_eager(name: str, capsys: pytest.CaptureFixture) -> None:
     """Steps with prompt tokens replayed from the chunk graphs (engine/chunk_graphs.py: 64-token steps of chunked
     prompts beside decode rows, padded to token buckets of 16 / 32 / 64): float64 gives the tokens of the same engine
