@@ -1857,7 +1857,7 @@ if [[ $what == thirtyfourth4 ]]; then  # prepared in the thirty-fourth session (
     --tokens 1 --variants default,nw-ahead-dn-k64,gu-n32k64,nw-gu-s6,nw-split,nw-w2 2>&1 | grep -v Warning \
     | tee "$OUT/moe-narrow-t1.log" | grep -E "T=" | cut -c1-150)
 fi
-if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (~340 s): the MoE sort launch letting the
+if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (~470 s): the MoE sort launch letting the
   # gate-up launch before its own wait (V4SERVE_PDL_EARLY=moe_prologue), so that the gate-up is resident when the router
   # completes, ahead of the side stream's shared expert (the batch-32 trace: its gate-up GEMV 50 us exposed a layer
   # between the sort and the routed gate-up); the V4.1 step at batch 32 / 4K, traced with it on
@@ -1865,6 +1865,9 @@ if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (
     --context 4096 --steps 6 --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
     --replay-trace 1 --top 12 --env-variant "V4SERVE_PDL_EARLY=none" --out "$OUT/b32" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor|round"
+  timeout 130 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 6 --graph-only \
+    --kv-cache-memory 8589934592 --env-variant "V4SERVE_PDL_EARLY=moe_prologue" --out "$OUT/v4-b32" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-b32.log" | grep -E "CUDA graphs|floor|round"
   V4SERVE_PDL_EARLY=moe_prologue timeout 30 python3 -m pytest tests/ops/test_moe.py -q -p no:cacheprovider \
     -o addopts="" -rf --tb=short -k "cuda_graph" > "$OUT/gpu_tests_early.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_early.log" | cut -c1-200 | tail -3
