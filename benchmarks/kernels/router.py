@@ -7,7 +7,9 @@ gate weight copy (more bytes than the L2, as a decode step's layers are), divide
 `common.bench_ms` on one call.
 Bytes counted: gate weight + x + bias + outputs, each once. The kernel is validated against the reference first
 (id mismatches outside near-ties of the reference's scores, weight error, bitwise repeatability). --sweep also
-times alternative configs.
+times alternative configs. At T = 1 the launch is also timed writing x's FP8 simulation per 1 x 128 for the routed
+experts (`xq=`, as the one-token decode step runs it; its bytes add x's simulation written), checked against
+`quant.fp8_simulate`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import argparse
 import common
 import torch
 
-from v4serve.ops import router
+from v4serve.ops import quant, router
 from v4serve.ops.kernels import router as rk
 
 E, D, K = 256, 4096, 6
@@ -105,8 +107,10 @@ def main() -> None:
                      "timing": "graph" if t in DECODE else "eager", **check})
         if a.sweep:
             sweeps[t] = sweep(t)
+    simulated = simulated_input(hbm)
     common.write_json(a.out, "router", {"ceilings": ceil, "E": E, "D": D, "k": K, "dtype": "bf16",
-                                        "decode_layers_per_graph": LAYERS, "rows": rows, "sweeps": sweeps})
+                                        "decode_layers_per_graph": LAYERS, "rows": rows, "sweeps": sweeps,
+                                        "simulated_input_t1": simulated})
     print(f"\nrouter E={E} D={D} k={K} bf16 sqrtsoftplus, bias [E]; {common.describe(ceil)}")
     print(f"{'T':>6} {'kernel us':>10} {'GB/s':>8} {'% HBM':>6} {'ref us':>9} {'speedup':>8} {'ids off':>8} "
           f"{'off!tie':>8} {'w rel err':>10}")
@@ -114,6 +118,23 @@ def main() -> None:
         print(f"{r['T']:>6} {r['kernel_us']:>10.2f} {r['GB_per_s']:>8.0f} {r['pct_hbm']:>6.1f} "
               f"{r['reference_us']:>9.2f} {r['reference_us'] / r['kernel_us']:>8.1f} {r['mismatch_tokens']:>8} "
               f"{r['mismatch_outside_near_ties']:>8} {r['max_rel_weight_err']:>10.2e}")
+    print(f"{'1+xq':>6} {simulated['kernel_us']:>10.2f} {simulated['GB_per_s']:>8.0f} {simulated['pct_hbm']:>6.1f}"
+          f"  (x's FP8 simulation written too; exact: {simulated['exact']})")
+
+
+def simulated_input(hbm: float) -> dict:
+    """T = 1 with x's FP8 simulation per 1 x 128 written by the same launch (the one-token step's router)."""
+    group = 128
+    x, w, b = _inputs(1, seed=1)
+    xq = torch.empty_like(x)
+    assert rk.simulates(x, w, group)
+    rk.route(x, w, b, **ARGS, xq=xq, quant_group=group)
+    exact = bool(torch.equal(xq, quant.fp8_simulate(x, group)))
+    ms, _ = time_one(1, lambda x, w, b: rk.route(x, w, b, **ARGS, xq=xq, quant_group=group), None)
+    nbytes = E * D * 2 + 2 * D * 2 + E * 4 + K * (4 + 8)
+    gbs = nbytes / (ms * 1e-3) / 1e9
+    return {"kernel_us": ms * 1e3, "bytes": nbytes, "GB_per_s": gbs, "pct_hbm": 100 * gbs * 1e9 / hbm,
+            "exact": exact}
 
 
 if __name__ == "__main__":

@@ -146,8 +146,9 @@ def router_simulated_input(x: torch.Tensor, experts: ExpertWeights, act_group: i
         return None
     from .kernels import moe as moe_kernels
 
-    return torch.empty_like(x, memory_format=torch.contiguous_format) \
-        if moe_kernels.takes_simulated_input(x, experts, act_group) else None
+    if not moe_kernels.takes_simulated_input(x, experts, act_group):
+        return None
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def dense_mlp(x: torch.Tensor, w1: tuple, w2: tuple, w3: tuple, limit: float, act_group: int,

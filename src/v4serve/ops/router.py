@@ -53,18 +53,18 @@ def route(x: torch.Tensor, gate_w: torch.Tensor, bias: torch.Tensor | None, tid2
     x's FP8 quant-dequant per 1 x quant_group (quant.fp8_simulate): the routed experts' input (ops.moe's
     `router_simulated_input`), in the router's own launch where the kernel runs."""
     with family("router"):
+        out, filled = None, False
         if backend == kernels.TRITON:
             from .kernels import router as router_kernels
 
             if router_kernels.supports(x, gate_w, bias, alt_bias, alt):
-                inside = xq is not None and router_kernels.simulates(x, gate_w, quant_group)
+                filled = xq is not None and router_kernels.simulates(x, gate_w, quant_group)
                 out = router_kernels.route(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps,
-                                           norm, alt_bias=alt_bias, alt=alt, xq=xq if inside else None,
+                                           norm, alt_bias=alt_bias, alt=alt, xq=xq if filled else None,
                                            quant_group=quant_group)
-                if xq is not None and not inside:
-                    xq.copy_(quant.fp8_simulate(x, quant_group))
-                return out
-        if xq is not None:
+        if out is None:
+            out = route_reference(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps, norm,
+                                  alt_bias, alt)
+        if xq is not None and not filled:  # the reference, or a group the kernel's D chunks do not tile
             xq.copy_(quant.fp8_simulate(x, quant_group))
-        return route_reference(x, gate_w, bias, tid2eid, token_ids, topk, score_func, route_scale, eps, norm,
-                               alt_bias, alt)
+        return out

@@ -37,8 +37,7 @@ from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
 from .pdl import early as pdl_early
 from .pdl import launch as pdl_launch
-from .quant import fp8_simulate_tile as _fp8_sim
-from .quant import quantize_rows
+from .quant import fp8_simulate_tile, quantize_rows
 from .split_grid import N_COUNTERS, ArrivalCounters, last_to_arrive
 
 # ------------------------------------------------------------------------------------------------------------
@@ -57,8 +56,8 @@ def _k32_order(cols):
 def _store_e4m3(v, q_ptr, s_ptr, rows, cols, stride_q, mask_r, N, R: tl.constexpr, C: tl.constexpr,
                 G: tl.constexpr):
     """Float32 rows v [R, C] (columns `cols`: whole 1 x G groups, G | C, 32 | G) quantized per 1 x G exactly as
-    `_fp8_sim` (its values = these e4m3 bytes times the scales): the bytes stored at q[row, _k32_order(col)], the
-    float32 scales at s[row, col // G] (a row of N // G)."""
+    `fp8_simulate_tile` (its values = these e4m3 bytes times the scales): the bytes stored at q[row,
+    _k32_order(col)], the float32 scales at s[row, col // G] (a row of N // G)."""
     q, sc = quantize_rows(tl.reshape(v, (R * (C // G), G)))
     mask_c = cols < N
     tl.store(q_ptr + rows[:, None].to(tl.int64) * stride_q + _k32_order(cols)[None, :], tl.reshape(q, (R, C)),
@@ -182,7 +181,7 @@ def _a_tile(ptrs, mask, BM: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, QU
     """An activation tile [BM, BK] (FP8-simulated when QUANT), split into its even and odd columns."""
     a = tl.load(ptrs, mask=mask, other=0.0)
     if QUANT:
-        a = _fp8_sim(a.to(tl.float32), BM, BK, G).to(DT)
+        a = fp8_simulate_tile(a.to(tl.float32), BM, BK, G).to(DT)
     return tl.split(tl.reshape(a, (BM, BK // 2, 2)))
 
 
@@ -250,7 +249,7 @@ def _prologue_kernel(ids_ptr, sorted_ptr, block_expert_ptr, cursor_ptr, M, NB, x
         if X8:
             _store_e4m3(x.to(tl.float32), xq_ptr, xs_ptr, rows, cols, stride_xq, rows < T, D, BR, BC, G)
         else:
-            y = _fp8_sim(x.to(tl.float32), BR, BC, G).to(x.dtype)
+            y = fp8_simulate_tile(x.to(tl.float32), BR, BC, G).to(x.dtype)
             tl.store(xq_ptr + rows[:, None] * stride_xq + cols[None, :], y, mask=mask)
 
 
@@ -310,7 +309,7 @@ def _swiglu_store(acc_g, acc_u, h_ptr, stride_h, rows, offs_n, rw_ptr, a_idx, va
         _store_e4m3(h.to(tl.float32), h_ptr, hs_ptr, rows, offs_n, stride_h, rows >= 0, I, BM, BN, G)
     else:
         if QUANT_H:
-            h = _fp8_sim(h.to(tl.float32), BM, BN, G).to(DT)
+            h = fp8_simulate_tile(h.to(tl.float32), BM, BN, G).to(DT)
         tl.store(h_ptr + rows[:, None].to(tl.int64) * stride_h + offs_n[None, :], h, mask=(offs_n < I)[None, :])
 
 

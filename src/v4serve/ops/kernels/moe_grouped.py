@@ -33,10 +33,10 @@ import triton.language as tl
 from ..env import get as env_get
 from ..linear import scale_bytes
 from . import cdiv, next_pow2, step_jit
-from .moe import (_TL, _combine_kernel, _fp4_groups, _fp4_scales, _fp8_sim, _prologue_kernel, _swiglu_store,
-                  sort_launch)
+from .moe import _TL, _combine_kernel, _fp4_groups, _fp4_scales, _prologue_kernel, _swiglu_store, sort_launch
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
+from .quant import fp8_simulate_tile
 
 SCRATCH_ENV = "V4SERVE_MOE_GROUPED_SCRATCH"
 DEFAULT_SCRATCH = 4 << 30
@@ -88,7 +88,7 @@ def _gather_kernel(x_ptr, xs_ptr, sorted_ptr, pos_ptr, M, D, TOPK, stride_x, str
     m = ok[:, None] & (cols < D)[None, :]
     v = tl.load(x_ptr + (a // TOPK).to(tl.int64)[:, None] * stride_x + cols[None, :], mask=m, other=0.0)
     if QUANT:
-        v = _fp8_sim(v.to(tl.float32), BR, BC, G).to(v.dtype)
+        v = fp8_simulate_tile(v.to(tl.float32), BR, BC, G).to(v.dtype)
     tl.store(xs_ptr + rows.to(tl.int64)[:, None] * stride_xs + cols[None, :], v, mask=m)
 
 
