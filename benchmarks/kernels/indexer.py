@@ -226,7 +226,14 @@ BINNED_SWEEP = {"default": {}, "unsorted": {"select_sorted": False}, "no bins": 
                 "unsorted+cap 512": {"select_sorted": False, "select_cap": 512},
                 "unsorted+cap 2048": {"select_sorted": False, "select_cap": 2048},
                 "unsorted+split 32": {"select_sorted": False, "split": 32},
-                "unsorted+8 warps": {"select_sorted": False, "select_warps": 8}}
+                "unsorted+8 warps": {"select_sorted": False, "select_warps": 8},
+                # the binned select over several programs a token (ik.Config.select_split; thirty-fifth session)
+                "select split 2": {"select_split": 2}, "select split 4": {"select_split": 4},
+                "select split 8": {"select_split": 8}, "select split 16": {"select_split": 16},
+                "select split 4 2048x8": {"select_split": 4, "select_block": 2048, "select_warps": 8},
+                "select split 8 2048x8": {"select_split": 8, "select_block": 2048, "select_warps": 8},
+                "select split 16 1024x4": {"select_split": 16, "select_block": 1024, "select_warps": 4},
+                "select split 8 2048x4": {"select_split": 8, "select_block": 2048, "select_warps": 4}}
 
 
 def binned_sweep(kind: str, b: int, visible: int = E, only: list[str] | None = None) -> list[dict]:

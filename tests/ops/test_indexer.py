@@ -386,6 +386,64 @@ def test_unsorted_picks_are_the_same_set_in_the_order_found(hist):
         assert torch.equal(ik.index_topk(q, w, pool, entries, k, config=base)[0], want)
 
 
+class _Grids:
+    """A Triton kernel whose launch grids are recorded (kernel[grid](...) as before)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("programs", [2, 4])
+@pytest.mark.parametrize("sort", [True, False], ids=["sorted", "unsorted"])
+@CPU_ONLY
+def test_split_select_matches_one_program(programs, sort, monkeypatch):
+    """select_split: each of `programs` programs takes a contiguous chunk of a token's row, the last to arrive joins
+    the chunks: the one-program select's rows bit for bit (the picks and their order, sorted or as found) on grid
+    scores full of ties, on all-zero keys (one bin of more than select_cap keys: the last program's plain radix), on
+    float64 scores and on V4.1's candidate slots; and the split kernel is what ran, over `programs` programs."""
+    base = ik.Config(block_t=2, block_e=32, split=2, select_block=8, select_cap=8, select_sorted=sort)
+    cfg = dataclasses.replace(base, select_split=programs)
+    spy = _Grids(ik._select_split_kernel)
+    monkeypatch.setattr(ik, "_select_split_kernel", spy)
+    cases = [("plain", torch.float32, 17, 9, False), ("plain", torch.float32, 18, 12, True),
+             ("mxfp4", torch.float64, 19, 12, False)]
+    for kind, dtype, seed, k, zero in cases:
+        q, w, pool, entries = _case(kind, PREFILL_ROWS, dtype, seed=seed, exact=kind == "plain", zero_keys=zero)
+        assert int(entries.visible.max()) > 3 * base.select_block  # rows span several programs' chunks
+        one = ik.index_topk(q, w, pool, entries, k, config=base)
+        got = ik.index_topk(q, w, pool, entries, k, config=cfg, publish=3, block=4)
+        assert torch.equal(got[0], one[0])
+        assert torch.equal(ik.index_topk(q, w, pool, entries, k, config=cfg, candidates=got[1], block=4)[0],
+                           ik.index_topk(q, w, pool, entries, k, config=base, candidates=got[1], block=4)[0])
+        if sort:
+            assert torch.equal(got[0], indexer.index_topk_reference(q, w, pool, entries, k)[0])
+    assert spy.grids and all(g[1] == programs for g in spy.grids)
+
+
+@CPU_ONLY
+def test_split_select_leaves_the_bins_zeroed():
+    """The split select's last program zeroes the token's score bins (after every program has read them), and a
+    select_split that is no power of two is refused."""
+    q, w, pool, entries = _case("mxfp4", PREFILL_ROWS, torch.float64, seed=20)
+    T, E = q.shape[0], entries.max_entries
+    cfg = dataclasses.replace(ik.default_config(T, False, False), select_split=4, select_block=8)
+    hist = torch.zeros(T * ik.HIST_BINS, dtype=torch.int32)
+    scores = torch.empty(T, E, dtype=torch.float32)
+    ik.logits(q, w, pool, entries, scores, config=cfg, hist=hist)
+    assert hist.any()
+    out = torch.empty(T, 7, dtype=torch.long)
+    ik.select(scores, entries.visible, out, E, config=cfg, hist=hist)
+    assert not hist.any()
+    assert torch.equal(out, indexer.index_topk_reference(q, w, pool, entries, 7)[0])
+    ik.logits(q, w, pool, entries, scores, config=cfg, hist=hist)
+    with pytest.raises(ValueError, match="power of two"):
+        ik.select(scores, entries.visible, out, E, config=dataclasses.replace(cfg, select_split=3), hist=hist)
+
+
 @CPU_ONLY
 def test_few_picks_take_the_narrow_sort():
     """k=12 (a 16-wide sort): tokens with <= 8 picks take the 8-wide sort and write -1 to slots 8..11 themselves;
@@ -593,8 +651,11 @@ def test_gpu_candidate_level():
                                     {"select_narrow": True, "select_digit": 5, "select_resident": True,
                                      "select_hist": False},
                                     {"select_hist": False}, {"select_cap": 8}, {"select_sorted": False},
-                                    {"select_sorted": True}],
-                         ids=["narrow", "digit5", "resident", "all", "no-bins", "cap8", "unsorted", "sorted"])
+                                    {"select_sorted": True}, {"select_split": 8},
+                                    {"select_split": 4, "select_block": 2048, "select_warps": 8,
+                                     "select_sorted": True}, {"select_split": 16, "select_cap": 8}],
+                         ids=["narrow", "digit5", "resident", "all", "no-bins", "cap8", "unsorted", "sorted", "split8",
+                              "split4-sorted", "split16-cap8"])
 def test_gpu_select_variants(change):
     """The select's variants beside the GPU default (the narrow sort, 5-bit digits, keys kept in registers, the
     plain radix, the picks sorted or left in the order found) at real shapes: 32 decode rows whose picks range from 30 to 512, and
@@ -615,17 +676,20 @@ def test_gpu_select_variants(change):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs V4SERVE_TEST_DEVICE=cuda* and a GPU")
-def test_gpu_graph_replay():
-    """Captured once, replayed on new queries and visible counts: no host synchronisation inside."""
+@pytest.mark.parametrize("split", [1, 8], ids=["one-program", "select-split8"])
+def test_gpu_graph_replay(split):
+    """Captured once, replayed on new queries and visible counts: no host synchronisation inside (the split select:
+    its arrival counters and score bins left zeroed for each replay)."""
     rows = [(int(p), 1) for p in range(1000, 16000, 1900)]
     q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 64, seed=15)
-    ik.index_topk(q, w, pool, entries, 512)  # compile outside the capture
+    cfg = dataclasses.replace(ik.default_config(q.shape[0], False, True), select_split=split)
+    ik.index_topk(q, w, pool, entries, 512, config=cfg)  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = ik.index_topk(q, w, pool, entries, 512)[0]
+        out = ik.index_topk(q, w, pool, entries, 512, config=cfg)[0]
     for seed in range(3):
         q.copy_(_gpu_case("mxfp4", rows, 64, seed=100 + seed)[0])
         entries.visible.sub_(seed * 7).clamp_(min=0)
         graph.replay()
-        assert _same_picks(out, indexer.index_topk_reference(q, w, pool, entries, 512)[0], _gpu_sorted(q.shape[0]))
+        assert _same_picks(out, indexer.index_topk_reference(q, w, pool, entries, 512)[0], cfg.select_sorted)

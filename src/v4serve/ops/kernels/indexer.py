@@ -38,13 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env import get as env_get
 from ..indexer import Entries, KeyPool
 from ..precision import hi_lo
 from . import cdiv, next_pow2, step_jit
 from .finish import cast_rounded
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
-from .split_grid import FLOATS, TL_DTYPES, ArrivalCounters, runs_here
+from .split_grid import FLOATS, TL_DTYPES, ArrivalCounters, last_to_arrive, runs_here
 
 FORMATS = {"plain": 0, "mxfp4": 1, "fp8_row": 2}
 SCORE_BUDGET = 256 << 20  # bytes of float32 scores per launch pair: longer prefills run a chunk of tokens at a time
@@ -52,6 +53,8 @@ MAX_ID_BITS = 24  # entry ids < 2^24 (64M-token contexts at ratio 4): 32 + 24 ke
 HIST_BINS = 4096  # score bins of Config.select_hist (_score_bin: the top 12 of the 32 order-preserving bits)
 HIST_ROWS = 256  # tokens a launch pair can bin (4 MiB of int32 counts per device, left zeroed by the select)
 _HIST = ArrivalCounters(HIST_ROWS * HIST_BINS)
+_SPLIT_ARRIVALS = ArrivalCounters(HIST_ROWS)  # the split select's per-token arrivals (binned steps: <= HIST_ROWS)
+SPLIT_ENV = "V4SERVE_SELECT_SPLIT"  # programs a token for the decode configs' binned select ("1": one; A/B runs)
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,9 @@ class Config:
     # at batch 1, 166 -> 163 at 32, 200 visible 13.6 -> 11.0, 4000 visible 16.2 -> 13.6); the interpreter's keep the
     # reference's order
     select_sorted: bool = True
+    # programs a token for the binned select (a power of two; capped so that a step's programs fit the SMs once): each
+    # takes a contiguous chunk of the row and the last to arrive finishes (`_select_split_kernel`); 1: one program
+    select_split: int = 1
 
 
 # --- logits ---------------------------------------------------------------------------------------------------------
@@ -309,14 +315,8 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, n_c
     else:
         n_pos = (vis + DIV - 1) // DIV  # DIV = 1: entries; DIV = block: the blocks holding visible entries
     if HIST:  # the logits launch counted the row's scores per bin: the k-th largest key's bin without a pass
-        hb = tl.arange(0, 4096)
-        h = tl.load(hist_ptr + t * 4096 + hb)
-        tl.store(hist_ptr + t * 4096 + hb, tl.zeros([4096], tl.int32))  # zeroed again for the next launch
-        total = tl.sum(h)
-        kk = tl.minimum(total, K)
-        b = tl.max(tl.where(total - tl.cumsum(h, 0) + h >= kk, hb, 0))  # the last bin with >= kk keys at or above
-        gt = tl.sum(tl.where(hb > b, h, 0))  # keys above it: all picks
-        eq = tl.sum(tl.where(hb == b, h, 0))  # keys in it: `kk - gt` of them are picks
+        b, gt, eq, kk = _kth_bin(hist_ptr, t, K)
+        tl.store(hist_ptr + t * 4096 + tl.arange(0, 4096), tl.zeros([4096], tl.int32))  # zeroed for the next launch
         binned = eq <= CAP  # else a bin crowded by equal or close scores: the plain radix
         if binned:
             kk = _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, scratch_ptr + t * CAP, stride_st, stride_ct, b,
@@ -336,6 +336,114 @@ def _select_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, n_c
         tl.store(row + slots, -1, mask=(slots >= SMALL) & (slots < K))
     else:
         _sort_picks(row, kk, K, K_PAD, ID_MASK)
+
+
+@triton.jit
+def _kth_bin(hist_ptr, t, K: tl.constexpr):
+    """Token t's score counts per bin -> (b: the bin of its k-th largest key, gt: its keys above b, all picks, eq: its
+    keys in b, of which kk - gt are picks, kk: its picks)."""
+    hb = tl.arange(0, 4096)
+    h = tl.load(hist_ptr + t * 4096 + hb)
+    total = tl.sum(h)
+    kk = tl.minimum(total, K)
+    b = tl.max(tl.where(total - tl.cumsum(h, 0) + h >= kk, hb, 0))  # the last bin with >= kk keys at or above
+    gt = tl.sum(tl.where(hb > b, h, 0))
+    eq = tl.sum(tl.where(hb == b, h, 0))
+    return b, gt, eq, kk
+
+
+@step_jit
+def _select_split_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_ptr, count_ptr, arrive_ptr, n_cand,
+                         stride_st, stride_ct, stride_ot, K: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr,
+                         CB: tl.constexpr, ID_BITS: tl.constexpr, BLOCK: tl.constexpr, DIGIT: tl.constexpr,
+                         CAP: tl.constexpr, P: tl.constexpr, SORT: tl.constexpr = True, PDL: tl.constexpr = False):
+    """The binned select of `_select_kernel` over P programs a token (`Config.select_split`): program c takes the
+    c-th contiguous chunk of the row, puts its keys above the k-th largest key's bin (from launch 1's counts) and
+    its keys in that bin into its own scratch slots (in position order) and stores both counts; the last of the P to
+    arrive concatenates the chunks in chunk order (so the picks and their order are the one-program kernel's), radix-
+    selects within the bin, writes the row (ids, or keys it then sorts) and zeroes the counts and the arrival
+    counter for the next launch. A bin of more than CAP keys: the last program runs the plain radix over the row."""
+    pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    ID_MASK: tl.constexpr = (1 << ID_BITS) - 1
+    SLOTS: tl.constexpr = K_PAD + CAP  # a chunk's scratch: its keys above the bin (< K of them), then its bin's
+    t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    vis = tl.load(vis_ptr + t)
+    row = out_ptr + t * stride_ot
+    if CAND:
+        n_pos = n_cand * CB
+    else:
+        n_pos = vis
+    b, gt, eq, kk = _kth_bin(hist_ptr, t, K)
+    binned = eq <= CAP
+    if binned:
+        span = tl.cdiv(tl.cdiv(n_pos, P), BLOCK) * BLOCK
+        lo = c * span
+        hi = tl.minimum(lo + span, n_pos)
+        own = scratch_ptr + (t * P + c) * SLOTS
+        n_above = tl.full([], 0, tl.int32)
+        n_at = tl.full([], 0, tl.int32)
+        for p0 in range(lo, hi, BLOCK):  # BLOCK < 2^16: both running counts in one int32 scan
+            key, ok = _keys(s_ptr, cand_ptr, t, p0, hi, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+            kb = key >> (ID_BITS + 20)  # _score_bin of the key's score
+            above = ok & (kb > b)
+            at = ok & (kb == b)
+            both = tl.cumsum(above.to(tl.int32) + (at.to(tl.int32) << 16), 0)
+            tl.store(own + n_above + (both & 0xFFFF) - 1, key, mask=above)
+            tl.store(own + K_PAD + n_at + (both >> 16) - 1, key, mask=at)
+            n_above += tl.sum(above.to(tl.int32))
+            n_at += tl.sum(at.to(tl.int32))
+        tl.store(count_ptr + (t * P + c) * 2, n_above)
+        tl.store(count_ptr + (t * P + c) * 2 + 1, n_at)
+    if last_to_arrive(arrive_ptr + t, P):
+        tl.store(arrive_ptr + t, 0)
+        tl.store(hist_ptr + t * 4096 + tl.arange(0, 4096), tl.zeros([4096], tl.int32))
+        if binned:
+            chunk = tl.arange(0, P)
+            area = scratch_ptr + t * P * SLOTS
+            n_above = tl.load(count_ptr + (t * P + chunk) * 2, cache_modifier=".cg")
+            n_at = tl.load(count_ptr + (t * P + chunk) * 2 + 1, cache_modifier=".cg")
+            slots = tl.arange(0, K_PAD)
+            key = _concat(area, n_above, slots, gt, P, SLOTS)
+            _put(row + slots, key, slots < gt, SORT, ID_MASK)
+            offs = tl.arange(0, CAP)
+            cok = offs < eq
+            ck = _concat(area + K_PAD, n_at, offs, eq, P, SLOTS)
+            sel, kk = _bin_picks(ck, cok, b, gt, eq, kk, K, ID_BITS, DIGIT)
+            _put(row + gt + tl.cumsum(sel.to(tl.int32), 0) - 1, ck, sel, SORT, ID_MASK)
+            if SORT:
+                tl.debug_barrier()  # this program's key stores precede its loads
+                _sort_picks(row, kk, K, K_PAD, ID_MASK)
+            else:
+                tl.store(row + slots, -1, mask=(slots >= kk) & (slots < K))
+        else:
+            kk = _select_plain(s_ptr, cand_ptr, t, n_pos, vis, row, stride_st, stride_ct, K, CAND, CB, ID_BITS, BLOCK,
+                               DIGIT, False)
+            tl.debug_barrier()  # this program's key stores precede its loads
+            if SORT:
+                _sort_picks(row, kk, K, K_PAD, ID_MASK)
+            else:
+                _ids_of_picks(row, kk, K, K_PAD, ID_MASK)
+
+
+@triton.jit
+def _concat(area, counts, slots, n, P: tl.constexpr, SLOTS: tl.constexpr):
+    """Slots [0, n) of the P chunks' key lists laid end to end in chunk order (chunk c's list at area + c * SLOTS,
+    counts[c] long) -> their keys (0 past n)."""
+    ends = tl.cumsum(counts, 0)
+    chunk = tl.sum((slots[:, None] >= ends[None, :]).to(tl.int32), 1)  # the chunk holding each slot
+    first = tl.sum(tl.where(tl.arange(0, P)[None, :] == chunk[:, None], (ends - counts)[None, :], 0), 1)
+    return tl.load(area + chunk.to(tl.int64) * SLOTS + (slots - first), mask=slots < n, other=0,
+                   cache_modifier=".cg")
+
+
+@triton.jit
+def _put(ptr, key, mask, SORT: tl.constexpr, ID_MASK: tl.constexpr):
+    """Picked keys into the output row: as keys where the row is sorted next, else as their entry ids."""
+    if SORT:
+        tl.store(ptr, key, mask=mask)
+    else:
+        tl.store(ptr, ID_MASK - (key & ID_MASK), mask=mask)
 
 
 @triton.jit
@@ -406,16 +514,26 @@ def _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, crow, stride_st, stride_
         n_above += tl.sum(above.to(tl.int32))
         n_at += tl.sum(at.to(tl.int32))
     tl.debug_barrier()  # the bin's keys stored by every thread before they are read back
-    # the radix over the bits below the bin; PAD low zero bits make them whole digits (keys < 2^56: no sign bit)
+    offs = tl.arange(0, CAP)
+    cok = offs < eq
+    ck = tl.load(crow + offs, mask=cok, other=0, cache_modifier=".cg")
+    sel, kk = _bin_picks(ck, cok, b, gt, eq, kk, K, ID_BITS, DIGIT)
+    tl.store(row + gt + tl.cumsum(sel.to(tl.int32), 0) - 1, ck, mask=sel)
+    return kk
+
+
+@triton.jit
+def _bin_picks(ck, cok, b, gt, eq, kk, K: tl.constexpr, ID_BITS: tl.constexpr, DIGIT: tl.constexpr):
+    """The keys ck (valid where cok: the eq keys of score bin b, gt keys lying above it) -> (the kk - gt largest of
+    them, kk): a radix select in registers over the bits below the bin."""
+    # PAD low zero bits make the bits below the bin whole digits (keys < 2^56: no sign bit)
     REM: tl.constexpr = 20 + ID_BITS
     STAGES: tl.constexpr = (REM + DIGIT - 1) // DIGIT
     TOP: tl.constexpr = DIGIT * STAGES
     PAD: tl.constexpr = TOP - REM
     BINS: tl.constexpr = 1 << DIGIT
     bins = tl.arange(0, BINS)
-    offs = tl.arange(0, CAP)
-    cok = offs < eq
-    ck = tl.load(crow + offs, mask=cok, other=0, cache_modifier=".cg") << PAD
+    ck = ck << PAD
     need = kk - gt
     pref = b.to(tl.int64)
     done = (need == eq).to(tl.int32)
@@ -426,9 +544,7 @@ def _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, crow, stride_st, stride_
             hist = _digit_hist(ck, cok, pref, shift, DIGIT)
             kk, need, pref, done = _fix_digit(hist, bins, 1, kk, need, pref, K, BINS)
             last_shift = tl.full([], shift, tl.int64)
-    sel = cok & ((ck >> last_shift) >= pref)
-    tl.store(row + gt + tl.cumsum(sel.to(tl.int32), 0) - 1, ck >> PAD, mask=sel)
-    return kk
+    return cok & ((ck >> last_shift) >= pref), kk
 
 
 @triton.jit
@@ -486,6 +602,19 @@ def _programs_to_fill(device: torch.device) -> int:
     return 8 * torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def _select_programs(t: int, split: int, device: torch.device) -> int:
+    """Programs a token of the binned select: `split` (a power of two), halved until t tokens' programs fit the
+    SMs once (the interpreter: `split`)."""
+    if split & (split - 1) or split < 1:
+        raise ValueError(f"select_split must be a power of two: {split}")
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        sms = torch.cuda.get_device_properties(index).multi_processor_count
+        while split > 1 and t * split > sms:
+            split //= 2
+    return split
+
+
 def _small_sort(k: int) -> int:
     """The narrower sort `_select_kernel` takes when a token has at most this many picks: a bitonic sort's cost
     follows its width, not the picks (2048 slots for V4.1's candidate blocks, 64 of them used at a 2K context)."""
@@ -521,7 +650,8 @@ def default_config(t: int, candidates: bool, on_gpu: bool) -> Config:
         # (H200, 16K entries, top-512, logits + select: 67.2 -> 29.3 us at batch 1, 213 -> 166 us at 32, 200 visible
         # 13.4 us, 4000 visible 15.9 us; `indexer.py --binned-sweep`)
         return Config(block_t=1, block_e=64, num_warps=4, num_stages=2, select_block=4096, select_warps=16,
-                      select_narrow=False, select_resident=False, select_cap=1024, select_sorted=False)
+                      select_narrow=False, select_resident=False, select_cap=1024, select_sorted=False,
+                      select_split=int(env_get(SPLIT_ENV) or 1))
     return Config(block_t=2, block_e=128, num_warps=8, num_stages=2, select_narrow=False, select_resident=False,
                   select_sorted=False)
 
@@ -635,6 +765,17 @@ def select(scores: torch.Tensor, visible: torch.Tensor, out: torch.Tensor, n_ids
         raise ValueError(f"score bins need entry rows (not blocks), HIST_BINS counts per token, select_block < 2^16 "
                          f"and a power-of-two select_cap: {cfg}")
     cap = cfg.select_cap if binned else 1
+    programs = _select_programs(T, cfg.select_split, out.device) if binned else 1
+    if programs > 1:
+        scratch = torch.empty(T * programs * (K_pad + cap), dtype=torch.long, device=out.device)
+        counts = torch.empty(T * programs * 2, dtype=torch.int32, device=out.device)
+        _select_split_kernel[(T, programs)](
+            scores, visible, cand_t, out, hist, scratch, counts, _SPLIT_ARRIVALS.get(out.device),
+            candidates.shape[1] if cand else 0, scores.stride(0), cand_t.stride(0), out.stride(0), K=K, K_PAD=K_pad,
+            CAND=cand, CB=block if cand else 1, ID_BITS=_id_bits(n_ids), BLOCK=cfg.select_block,
+            DIGIT=cfg.select_digit, CAP=cap, P=programs, SORT=cfg.select_sorted, num_warps=cfg.select_warps,
+            **pdl_launch(scores))
+        return
     scratch = torch.empty(T, cap, dtype=torch.long, device=out.device) if binned else out
     _select_kernel[(T,)](scores, visible, cand_t, out, hist if binned else visible, scratch,
                          candidates.shape[1] if cand else 0, scores.stride(0),
