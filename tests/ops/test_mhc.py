@@ -9,6 +9,7 @@ cases run at real shapes with bf16 streams.
 
 from __future__ import annotations
 
+
 import os
 from dataclasses import replace
 
@@ -92,9 +93,11 @@ def test_post_matches_reference(dtype, t, d):
                                    (mk.PreConfig(block_t=2, block_d=16, split_d=4, block_dc=128, fma=True), 3),
                                    (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=128, fma=True), 3),
                                    (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=128, fma=True,
-                                                 flat=False), 3)],
+                                                 flat=False), 3),
+                                   (mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=128, fma=True,
+                                                 hoist=True), 3)],
                          ids=["t16,split2", "t1,split3", "t2,split3,fma,one-chunk", "t1,split3,flat",
-                              "t1,split3,fma-3d"])
+                              "t1,split3,fma-3d", "t1,split3,flat,hoist"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
 def test_split_grid_matches_reference(cfg, t, dtype):
     """The decode grid: D slices in separate programs, the last arrival finishes the token block (D=96 leaves
@@ -107,6 +110,29 @@ def test_split_grid_matches_reference(cfg, t, dtype):
     _check_pre(got, mhc.hc_pre_reference(*args, **kw), TOL[dtype], TOL[dtype])
     again = mk.hc_pre(*args, **kw, config=cfg)
     assert all(torch.equal(a, b) for a, b in zip(got, again))
+
+
+@pytest.mark.parametrize("lagged_normed", [False, True], ids=["own-pre", "lagged+normed"])
+@pytest.mark.parametrize("t", [1, 3])
+def test_hoisted_streams_give_the_same_bits(t, lagged_normed):
+    """PreConfig.hoist (the finishing program loads the streams before the coefficients): hc_pre and hc_post_pre
+    bit for bit as without it, with the collapse's own pre or V4.1's lagged one, normed or not."""
+    base_cfg = mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=128, fma=True)
+    hoisted = replace(base_cfg, hoist=True)
+    f, x, post, comb, fn, base, scale, w, cpre = _expansion(t, 96, torch.float32, seed=51 + t)
+    pre_args = (fn, base, scale, N, ITERS, NORM_EPS, HC_EPS)
+    kw = _kwargs(x, w, cpre, lagged_normed, lagged_normed)
+    for call in (lambda cfg: mk.hc_pre(x, *pre_args, **kw, config=cfg),
+                 lambda cfg: mk.hc_post_pre(f, x, post, comb, *pre_args, **kw, config=cfg)):
+        assert all(torch.equal(a, b) for a, b in zip(call(hoisted), call(base_cfg)))
+
+
+def test_hoist_switch(monkeypatch):
+    """The decode grids of up to 4 tokens hoist the streams' loads (255 registers: not for larger grids) unless
+    V4SERVE_MHC_HOIST=0 (the A/B switch)."""
+    assert [mk.default_pre_config(t, 5120, on_gpu=True).hoist for t in (1, 4, 5, 32)] == [True, True, False, False]
+    monkeypatch.setenv(mk.HOIST_ENV, "0")
+    assert not mk.default_pre_config(1, 5120, on_gpu=True).hoist
 
 
 def test_flat_switch(monkeypatch):
@@ -262,6 +288,8 @@ POST_PRE_CONFIGS = {"token-blocks": mk.PreConfig(block_t=16, block_d=32, split_d
                     "split": mk.PreConfig(block_t=1, block_d=16, split_d=4, block_dc=64),
                     "split,fma,one-chunk": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True),
                     "split,fma-3d": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True, flat=False),
+                    "split,fma,one-chunk,hoist": mk.PreConfig(block_t=1, block_d=32, split_d=2, block_dc=128, fma=True,
+                                                              hoist=True),
                     "split,fma,t2": mk.PreConfig(block_t=2, block_d=32, split_d=2, block_dc=64, fma=True),
                     "post-apart": mk.PreConfig(block_t=8, block_d=32, split_d=2, post_apart=True)}
 

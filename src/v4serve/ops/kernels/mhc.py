@@ -63,6 +63,7 @@ _EXACT = {"enable_fp_fusion": False}
 
 # up to how many tokens the decode grid takes 1-token blocks (default 128; "4": the rule of the thirty-first session)
 ONE_TOKEN_ENV = "V4SERVE_MHC_ONE_TOKEN_MAX"
+HOIST_ENV = "V4SERVE_MHC_HOIST"  # "0": the decode finishing program loads the streams after the coefficients (A/B)
 FLAT_ENV = "V4SERVE_MHC_FLAT"  # "0": the decode grids' 1-token FMA mixes in 3-D, as before `PreConfig.flat` (A/B)
 
 
@@ -95,6 +96,10 @@ class PreConfig:
     collapse_t: int = 1
     collapse_dc: int = 0
     collapse_warps: int = 4
+    # where one chunk covers D (decode): the finishing program loads the 4 streams (and the norm weight) before the
+    # coefficients, so that their latency passes under the Sinkhorn iterations rather than after them (sm_90 SASS at
+    # T = 1, D = 5120: the loads ahead of the iteration loop, 140 -> 255 registers, no spills: for small grids only)
+    hoist: bool = False
 
 
 @dataclass(frozen=True)
@@ -327,16 +332,54 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
             neps_hi, neps_lo, heps_hi, heps_lo, eps2_hi, eps2_lo,
             N: tl.constexpr, ITERS: tl.constexpr, PP: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_DC: tl.constexpr,
             HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
-            ONE_CHUNK: tl.constexpr, COLLAPSE: tl.constexpr = True):
+            ONE_CHUNK: tl.constexpr, COLLAPSE: tl.constexpr = True, HOIST: tl.constexpr = False):
     """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored, by this one
     program over all of D (in one chunk of BLOCK_DC where ONE_CHUNK), unless COLLAPSE is off (`_collapse_kernel`
     does it after this launch)."""
-    pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
-                        neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
-    if COLLAPSE:
+    if COLLAPSE and ONE_CHUNK and HOIST and N == 4:
+        # the 4 streams (and the norm weight) loaded before the coefficients: their latency (L2: the other programs'
+        # stores) passes under the Sinkhorn iterations instead of following them (a decode program's tail)
+        x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
+        offs_d = tl.arange(0, BLOCK_DC)
+        d_mask = offs_d < D
+        m = t_mask[:, None] & d_mask[None, :]
+        x0 = tl.load(x_rows + offs_d[None, :] * sx_d, mask=m, other=0.0)
+        x1 = tl.load(x_rows + sx_n + offs_d[None, :] * sx_d, mask=m, other=0.0)
+        x2 = tl.load(x_rows + 2 * sx_n + offs_d[None, :] * sx_d, mask=m, other=0.0)
+        x3 = tl.load(x_rows + 3 * sx_n + offs_d[None, :] * sx_d, mask=m, other=0.0)
+        if HAS_NORM:
+            w = tl.load(nw_ptr + offs_d, mask=d_mask, other=0.0)
+        else:
+            w = None
+        pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
+                            neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
         pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
-        _collapse_norm(pc, offs_t, t_mask, x_ptr, nw_ptr, y_ptr, D, sx_t, sx_n, sx_d, eps2_hi, eps2_lo, N, PP, BLOCK_T,
-                       BLOCK_DC, HAS_NORM, ACC, COLL, ONE_CHUNK)
+        offs_pp = tl.arange(0, PP)
+        y = tl.zeros([BLOCK_T, BLOCK_DC], COLL)  # as _collapse_chunk: sum_i p_i x_i in order
+        y += tl.sum(tl.where(offs_pp[None, :] == 0, pc, 0.0), axis=1)[:, None] * x0.to(COLL)
+        y += tl.sum(tl.where(offs_pp[None, :] == 1, pc, 0.0), axis=1)[:, None] * x1.to(COLL)
+        y += tl.sum(tl.where(offs_pp[None, :] == 2, pc, 0.0), axis=1)[:, None] * x2.to(COLL)
+        y += tl.sum(tl.where(offs_pp[None, :] == 3, pc, 0.0), axis=1)[:, None] * x3.to(COLL)
+        _store_y(y.to(y_ptr.dtype.element_ty), w, offs_t, offs_d, m, y_ptr, D, eps2_hi, eps2_lo, HAS_NORM, ACC)
+    else:
+        pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
+                            neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
+        if COLLAPSE:
+            pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
+            _collapse_norm(pc, offs_t, t_mask, x_ptr, nw_ptr, y_ptr, D, sx_t, sx_n, sx_d, eps2_hi, eps2_lo, N, PP,
+                           BLOCK_T, BLOCK_DC, HAS_NORM, ACC, COLL, ONE_CHUNK)
+
+
+@triton.jit
+def _store_y(yo, w, offs_t, offs_d, m, y_ptr, D, eps2_hi, eps2_lo, HAS_NORM: tl.constexpr, ACC: tl.constexpr):
+    """One chunk covering D: y (rounded to its dtype) stored, RMS-normed by the weight w where HAS_NORM."""
+    y_rows = y_ptr + offs_t.to(tl.int64)[:, None] * D
+    if HAS_NORM:
+        yf = yo.to(ACC)
+        r = _norm_scale(tl.sum(yf * yf, axis=1), D, eps2_hi, eps2_lo, ACC)
+        tl.store(y_rows + offs_d[None, :], _normed(yf, r, w, ACC).to(yo.dtype), mask=m)
+    else:
+        tl.store(y_rows + offs_d[None, :], yo, mask=m)
 
 
 @triton.jit
@@ -353,13 +396,10 @@ def _collapse_norm(pc, offs_t, t_mask, x_ptr, nw_ptr, y_ptr, D, sx_t, sx_n, sx_d
         m = t_mask[:, None] & d_mask[None, :]
         if HAS_NORM:
             w = tl.load(nw_ptr + offs_d, mask=d_mask, other=0.0)  # issued beside the streams' loads
-        yo = _collapse_chunk(x_rows, pc, offs_d, m, sx_n, sx_d, N, PP, BLOCK_T, BLOCK_DC, COLL, Y)
-        if HAS_NORM:
-            yf = yo.to(ACC)
-            r = _norm_scale(tl.sum(yf * yf, axis=1), D, eps2_hi, eps2_lo, ACC)
-            tl.store(y_rows + offs_d[None, :], _normed(yf, r, w, ACC).to(Y), mask=m)
         else:
-            tl.store(y_rows + offs_d[None, :], yo, mask=m)
+            w = None
+        yo = _collapse_chunk(x_rows, pc, offs_d, m, sx_n, sx_d, N, PP, BLOCK_T, BLOCK_DC, COLL, Y)
+        _store_y(yo, w, offs_t, offs_d, m, y_ptr, D, eps2_hi, eps2_lo, HAS_NORM, ACC)
     else:
         ssy = tl.zeros([BLOCK_T], ACC)
         for d0 in range(0, D, BLOCK_DC):
@@ -442,7 +482,8 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
                    HAS_CPRE: tl.constexpr,
                    HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr, ONE_CHUNK: tl.constexpr,
                    MIX: tl.constexpr,
-                   INTERPRET: tl.constexpr, PDL: tl.constexpr = False, COLLAPSE: tl.constexpr = True):
+                   INTERPRET: tl.constexpr, PDL: tl.constexpr = False, COLLAPSE: tl.constexpr = True,
+                   HOIST: tl.constexpr = False):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_t, pid_d, offs_t, t_mask, d_lo, d_hi = _program_slice(T, D, d_per_split, BLOCK_T)
     acc_pp, acc_c, ss = _mix_partial(x_ptr, fn_ptr, offs_t, t_mask, d_lo, d_hi, D, sx_t, sx_n, sx_d, sf_r, sf_k,
@@ -454,13 +495,13 @@ def _hc_pre_kernel(x_ptr, fn_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, 
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
                     heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL,
-                    ONE_CHUNK, COLLAPSE)
+                    ONE_CHUNK, COLLAPSE, HOIST)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
                 post_ptr, comb_ptr, D, sx_t, sx_n, sx_d, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
                 eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK,
-                COLLAPSE)
+                COLLAPSE, HOIST)
 
 
 @step_jit
@@ -577,7 +618,7 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
                         HAS_CPRE: tl.constexpr, HAS_NORM: tl.constexpr, ACC: tl.constexpr, COLL: tl.constexpr,
                         ONE_CHUNK: tl.constexpr, MIX: tl.constexpr, INTERPRET: tl.constexpr,
                         peers_ptr=None, PEERS: tl.constexpr = 0, FDT: tl.constexpr = None,
-                        PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False, HOIST: tl.constexpr = False):
     """x = hc_post(f, xo, po, co) stored, then hc_pre of x for the next sub-layer (as `_hc_pre_kernel`, whose finishing
     program reads the new streams back: its own (after a barrier) or, on the split grid, every program's (after the
     acq_rel arrival))."""
@@ -593,13 +634,14 @@ def _hc_post_pre_kernel(f_ptr, xo_ptr, po_ptr, co_ptr, x_ptr, fn_ptr, base_ptr, 
             _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr,
                     pre_ptr, post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi,
                     heps_lo, eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL,
-                    ONE_CHUNK)
+                    ONE_CHUNK, HOIST=HOIST)
             tl.store(cnt_ptr + pid_t, 0)  # ready for the next launch / graph replay
     else:
         tl.debug_barrier()  # every thread's stores of the new streams precede the collapse's loads
         _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_ptr, nw_ptr, y_ptr, pre_ptr,
                 post_ptr, comb_ptr, D, N * D, D, 1, scp_t, scp_n, neps_hi, neps_lo, heps_hi, heps_lo,
-                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK)
+                eps2_hi, eps2_lo, N, ITERS, PP, BLOCK_T, BLOCK_DC, HAS_CPRE, HAS_NORM, ACC, COLL, ONE_CHUNK,
+                HOIST=HOIST)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -676,7 +718,8 @@ def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreCo
     # these grids (H100, D = 5120, `mhc.py --sweep`, twenty-sixth session: T = 640 245.6 against 119.9 us; T = 256
     # 106.6 / 77.0; T = 1024 364.7 / 179.8)
     return PreConfig(block_t=block_t, block_d=128, split_d=max(1, min(split_d, d // 128)), block_dc=block_dc,
-                     num_warps=4, post_apart=t > 64, flat=env_get(FLAT_ENV) != "0")
+                     num_warps=4, post_apart=t > 64, flat=env_get(FLAT_ENV) != "0",
+                     hoist=t <= 4 and env_get(HOIST_ENV) != "0")
 
 
 def default_post_config(t: int, d: int, on_gpu: bool) -> PostConfig:
@@ -769,7 +812,7 @@ def _pre_launch(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: to
     const = {"N": n, "ITERS": int(iters), "PP": pp, "BLOCK_T": cfg.block_t, "BLOCK_D": cfg.block_d,
              "BLOCK_DC": block_dc, "SPLIT_D": split_d, "EVEN_D": d % cfg.block_d == 0, "HAS_CPRE": has_cpre,
              "HAS_NORM": has_norm, "ACC": _TL[acc], "COLL": _TL[coll], "MIX": mix, "INTERPRET": interpreting(),
-             "ONE_CHUNK": block_dc >= d,
+             "ONE_CHUNK": block_dc >= d, "HOIST": cfg.hoist and block_dc >= d,
              "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
     collapse = None
     if cfg.collapse_apart:
