@@ -1878,20 +1878,20 @@ if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (
 fi
 if [[ $what == thirtyfifth1 ]]; then  # prepared in the thirty-fifth session (~330 s): the binned top-k select over
   # several programs a token (ik.Config.select_split; the last to arrive joins the chunks) and the mHC finishing
-  # program's stream loads ahead of the Sinkhorn iterations (PreConfig.hoist, on by default up to 4 tokens): their GPU
-  # tests, the V4.1 step at batch 1 / 64K (A/B V4SERVE_SELECT_SPLIT=8, V4SERVE_MHC_HOIST=0); the tiny models' graph =
-  # eager with the hoist on (their decode runs it)
+  # program's stream loads ahead of the Sinkhorn iterations (PreConfig.hoist, opt-in up to 4 tokens): their GPU
+  # tests, the V4.1 step at batch 1 / 64K (A/B V4SERVE_SELECT_SPLIT=8, V4SERVE_MHC_HOIST=1); the tiny models' graph =
+  # eager with both on
   timeout 100 python3 -m pytest tests/ops/test_indexer.py tests/ops/test_mhc.py -q -p no:cacheprovider -o addopts="" \
     -rf --tb=short -k "select_variants or graph_replay or hoist or post_pre_bf16 or gpu_bf16" \
     > "$OUT/gpu_tests_split_hoist.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_split_hoist.log" | cut -c1-200 | tail -4
   timeout 200 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
     --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
-    --env-variant "V4SERVE_SELECT_SPLIT=8" --env-variant "V4SERVE_MHC_HOIST=0" --out "$OUT/v41-b1-64k" 2>&1 \
+    --env-variant "V4SERVE_SELECT_SPLIT=8" --env-variant "V4SERVE_MHC_HOIST=1" --out "$OUT/v41-b1-64k" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k.log" \
     | grep -E "CUDA graphs|floor|round|_select_kernel|_select_split|_hc_post_pre"
-  timeout 90 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
-    -k "graph_decode_equals_eager" > "$OUT/gpu_tests_graph.log" 2>&1
+  V4SERVE_MHC_HOIST=1 V4SERVE_SELECT_SPLIT=8 timeout 90 python3 -m pytest tests/gpu/test_cuda.py -q \
+    -p no:cacheprovider -o addopts="" -rf --tb=short -k "graph_decode_equals_eager" > "$OUT/gpu_tests_graph.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_graph.log" | cut -c1-200 | tail -4
 fi
 if [[ $what == thirtyfifth2 ]]; then  # prepared in the thirty-fifth session (~390 s): thirtyfifth1's microbenchmarks
@@ -1900,7 +1900,7 @@ if [[ $what == thirtyfifth2 ]]; then  # prepared in the thirty-fifth session (~3
   timeout 130 python3 benchmarks/kernels/indexer.py --binned-sweep --out "$OUT" --only "default,select split 4,select \
 split 8,select split 16,select split 8 2048x8,select split 16 1024x4" 2>&1 | grep -v Warning \
     | tee "$OUT/indexer-split.log" | grep -E "index_topk"
-  timeout 60 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,4 --variants default,nohoist,diag:iters1 \
+  timeout 60 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,4 --variants default,hoist,diag:iters1 \
     2>&1 | grep -v Warning | tee "$OUT/mhc-hoist.log" | grep -E "hc_pre|failed"
   V4SERVE_PDL_EARLY=moe_prologue timeout 190 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 \
     --context 4096 --steps 6 --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \

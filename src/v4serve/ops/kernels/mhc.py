@@ -63,7 +63,7 @@ _EXACT = {"enable_fp_fusion": False}
 
 # up to how many tokens the decode grid takes 1-token blocks (default 128; "4": the rule of the thirty-first session)
 ONE_TOKEN_ENV = "V4SERVE_MHC_ONE_TOKEN_MAX"
-HOIST_ENV = "V4SERVE_MHC_HOIST"  # "0": the decode finishing program loads the streams after the coefficients (A/B)
+HOIST_ENV = "V4SERVE_MHC_HOIST"  # "1": the decode grids of up to 4 tokens take PreConfig.hoist (opt-in until timed)
 FLAT_ENV = "V4SERVE_MHC_FLAT"  # "0": the decode grids' 1-token FMA mixes in 3-D, as before `PreConfig.flat` (A/B)
 
 
@@ -98,7 +98,8 @@ class PreConfig:
     collapse_warps: int = 4
     # where one chunk covers D (decode): the finishing program loads the 4 streams (and the norm weight) before the
     # coefficients, so that their latency passes under the Sinkhorn iterations rather than after them (sm_90 SASS at
-    # T = 1, D = 5120: the loads ahead of the iteration loop, 140 -> 255 registers, no spills: for small grids only)
+    # T = 1, D = 5120: the loads ahead of the iteration loop, 140 -> 255 registers, no spills: for small grids only).
+    # The same bits; not yet timed on a GPU, so opt-in (V4SERVE_MHC_HOIST=1 for the decode grids of up to 4 tokens)
     hoist: bool = False
 
 
@@ -719,7 +720,7 @@ def default_pre_config(t: int, d: int, on_gpu: bool, bf16: bool = True) -> PreCo
     # 106.6 / 77.0; T = 1024 364.7 / 179.8)
     return PreConfig(block_t=block_t, block_d=128, split_d=max(1, min(split_d, d // 128)), block_dc=block_dc,
                      num_warps=4, post_apart=t > 64, flat=env_get(FLAT_ENV) != "0",
-                     hoist=t <= 4 and env_get(HOIST_ENV) != "0")
+                     hoist=t <= 4 and env_get(HOIST_ENV) == "1")
 
 
 def default_post_config(t: int, d: int, on_gpu: bool) -> PostConfig:
