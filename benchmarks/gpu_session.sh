@@ -1907,6 +1907,13 @@ split 8,select split 16,select split 8 2048x8,select split 16 1024x4" 2>&1 | gre
     --env-variant "V4SERVE_PDL_EARLY=none" --out "$OUT/b32" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == ncuv41 ]]; then  # prepared in the thirty-fifth session (~200 s): where V4.1's one-token MoE waits (its
+  # gate-up is 80 registers, 285 SASS a K tile for 64 FP4 values a thread, ~37% of the issue rate it would need to be
+  # issue bound: `moe.py --compile-only --model v41-flash --sass`), per SASS line: the gate-up and the down at T = 1
+  # over 64 of V4.1's experts, x's simulation handed over as in the step (the direct path)
+  ncu_prof gate-up-v41-t1 "gate_up" moe 1 --model v41-flash --experts 64
+  ncu_prof down-v41-t1 "_down_kernel" moe 1 --model v41-flash --experts 64
+fi
 if [[ $what == ncuprof ]]; then  # prepared in the thirty-second session: where the two latency-bound decode kernels
   # wait, per SASS line (ncu warp states + source counters, one launch each, reports kept in /tmp): the MoE gate-up at
   # T = 1 (V4-Flash geometry) and the mHC seam hc_post_pre at T = 1 over V4.1's D = 5120 (17.1 us a launch in the step)

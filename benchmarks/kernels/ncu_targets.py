@@ -3,7 +3,8 @@
     ncu --clock-control none -k regex:gate_up --launch-skip 4 --launch-count 1 --section WarpStateStats \
         python3 benchmarks/kernels/ncu_targets.py moe 1
 
-Targets: `moe T` (the routed experts over FP4 stacks, the default config, T tokens of random routing), `gemv N K`
+Targets: `moe T [--model PRESET --experts E]` (the routed experts over FP4 stacks, the default config, T tokens of
+random routing; V4-Flash's geometry unless a preset's is named), `gemv N K`
 (one FP8 block-scaled decode linear, M = 1), `mhc T D` (the mHC seam `hc_post_pre`: the expansion and the next
 sub-layer's hc_pre with its norm, T tokens of streams D wide, n = 4, fn on its own copy a call) and `indexer B`
 (the lightning indexer's logits + select at 64K context, 16K entries, top-512, B decode rows, MXFP4 keys). Each call
@@ -19,7 +20,7 @@ import argparse
 import torch
 from fp8_gemm import weight
 from indexer import K, copy_pool, entries_for, make_pool, queries
-from moe import ACT_GROUP, BEFORE, LIMIT, inputs, make_experts
+import moe as moe_bench
 
 from v4serve.ops import backend
 from v4serve.ops.kernels import indexer as ik
@@ -33,12 +34,22 @@ def main() -> None:
     ap.add_argument("target", choices=("moe", "gemv", "indexer", "mhc"))
     ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K; indexer: B; mhc: T D")
     ap.add_argument("--calls", type=int, default=8)
+    ap.add_argument("--model", default=None, help="moe: a preset's MoE geometry (as benchmarks/kernels/moe.py)")
+    ap.add_argument("--experts", type=int, default=None, help="moe: routed experts (default: the geometry's)")
     args = ap.parse_args()
     if args.target == "moe":
-        ex = make_experts()
-        calls = [inputs(args.shape[0], seed=s) for s in range(args.calls)]
-        for x, w, ids in calls:
-            mk.experts_forward(x, ex, w, ids, LIMIT, ACT_GROUP, BEFORE)
+        mb = moe_bench
+        if args.model:  # the preset's geometry, as moe.py --model sets it
+            from v4serve.presets import get_preset
+
+            c = get_preset(args.model)
+            mb.D, mb.I, mb.K, mb.ACT_GROUP = c.dim, c.moe_inter_dim, c.n_activated_experts, c.weight_block
+            mb.E = c.n_routed_experts
+        mb.E = args.experts or mb.E
+        ex = mb.make_experts()
+        calls = [mb.inputs(args.shape[0], seed=s) for s in range(args.calls)]
+        for x, w, ids in calls:  # one token: x's FP8 simulation handed over, as the step's router does (no sort)
+            mk.experts_forward(x, ex, w, ids, mb.LIMIT, mb.ACT_GROUP, mb.BEFORE, xq=mb.simulated(x, ex))
     elif args.target == "mhc":
         t, d = args.shape
         n, iters, eps = 4, 20, 1e-6

@@ -658,8 +658,9 @@ def test_gpu_candidate_level():
                               "split4-sorted", "split16-cap8"])
 def test_gpu_select_variants(change):
     """The select's variants beside the GPU default (the narrow sort, 5-bit digits, keys kept in registers, the
-    plain radix, the picks sorted or left in the order found) at real shapes: 32 decode rows whose picks range from 30 to 512, and
-    V4.1's 2048 candidate blocks of a short context; the reference's picks (as sets where left unsorted)."""
+    plain radix, the picks sorted or left in the order found, the binned select over several programs a token) at
+    real shapes: 32 decode rows whose picks range from 30 to 512, and V4.1's 2048 candidate blocks of a short context;
+    the reference's picks (as sets where left unsorted)."""
     g = _gen(98)
     rows = [(int(p), 1) for p in torch.randint(100, 4000, (32,), generator=g)]
     q, w, pool, entries, _ = _gpu_case("mxfp4", rows, 64, seed=16)
