@@ -381,18 +381,8 @@ def _select_split_kernel(s_ptr, vis_ptr, cand_ptr, out_ptr, hist_ptr, scratch_pt
         lo = c * span
         hi = tl.minimum(lo + span, n_pos)
         own = scratch_ptr + (t * P + c) * SLOTS
-        n_above = tl.full([], 0, tl.int32)
-        n_at = tl.full([], 0, tl.int32)
-        for p0 in range(lo, hi, BLOCK):  # BLOCK < 2^16: both running counts in one int32 scan
-            key, ok = _keys(s_ptr, cand_ptr, t, p0, hi, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
-            kb = key >> (ID_BITS + 20)  # _score_bin of the key's score
-            above = ok & (kb > b)
-            at = ok & (kb == b)
-            both = tl.cumsum(above.to(tl.int32) + (at.to(tl.int32) << 16), 0)
-            tl.store(own + n_above + (both & 0xFFFF) - 1, key, mask=above)
-            tl.store(own + K_PAD + n_at + (both >> 16) - 1, key, mask=at)
-            n_above += tl.sum(above.to(tl.int32))
-            n_at += tl.sum(at.to(tl.int32))
+        n_above, n_at = _partition(s_ptr, cand_ptr, t, lo, hi, vis, own, own + K_PAD, b, stride_st, stride_ct, CAND,
+                                   CB, ID_BITS, BLOCK)
         tl.store(count_ptr + (t * P + c) * 2, n_above)
         tl.store(count_ptr + (t * P + c) * 2 + 1, n_at)
     if last_to_arrive(arrive_ptr + t, P):
@@ -501,18 +491,7 @@ def _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, crow, stride_st, stride_
     keys above that bin and eq <= CAP in it: one pass puts the keys above the bin in row[:gt] and the bin's keys in
     crow[:eq]; a radix select over the bin's keys (in registers) then appends the kk - gt largest of them. -> kk (the
     picks in row[:kk])."""
-    n_above = tl.full([], 0, tl.int32)
-    n_at = tl.full([], 0, tl.int32)
-    for p0 in range(0, n_pos, BLOCK):  # BLOCK < 2^16: both running counts in one int32 scan
-        key, ok = _keys(s_ptr, cand_ptr, t, p0, n_pos, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
-        kb = key >> (ID_BITS + 20)  # _score_bin of the key's score
-        above = ok & (kb > b)
-        at = ok & (kb == b)
-        both = tl.cumsum(above.to(tl.int32) + (at.to(tl.int32) << 16), 0)
-        tl.store(row + n_above + (both & 0xFFFF) - 1, key, mask=above)
-        tl.store(crow + n_at + (both >> 16) - 1, key, mask=at)
-        n_above += tl.sum(above.to(tl.int32))
-        n_at += tl.sum(at.to(tl.int32))
+    _partition(s_ptr, cand_ptr, t, 0, n_pos, vis, row, crow, b, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
     tl.debug_barrier()  # the bin's keys stored by every thread before they are read back
     offs = tl.arange(0, CAP)
     cok = offs < eq
@@ -520,6 +499,26 @@ def _select_binned(s_ptr, cand_ptr, t, n_pos, vis, row, crow, stride_st, stride_
     sel, kk = _bin_picks(ck, cok, b, gt, eq, kk, K, ID_BITS, DIGIT)
     tl.store(row + gt + tl.cumsum(sel.to(tl.int32), 0) - 1, ck, mask=sel)
     return kk
+
+
+@triton.jit
+def _partition(s_ptr, cand_ptr, t, lo, hi, vis, above_ptr, at_ptr, b, stride_st, stride_ct, CAND: tl.constexpr,
+               CB: tl.constexpr, ID_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Positions [lo, hi) of token t's row, in order: the keys above score bin b to above_ptr[0..], those in b to
+    at_ptr[0..] -> (how many of each)."""
+    n_above = tl.full([], 0, tl.int32)
+    n_at = tl.full([], 0, tl.int32)
+    for p0 in range(lo, hi, BLOCK):  # BLOCK < 2^16: both running counts in one int32 scan
+        key, ok = _keys(s_ptr, cand_ptr, t, p0, hi, vis, stride_st, stride_ct, CAND, CB, ID_BITS, BLOCK)
+        kb = key >> (ID_BITS + 20)  # _score_bin of the key's score
+        above = ok & (kb > b)
+        at = ok & (kb == b)
+        both = tl.cumsum(above.to(tl.int32) + (at.to(tl.int32) << 16), 0)
+        tl.store(above_ptr + n_above + (both & 0xFFFF) - 1, key, mask=above)
+        tl.store(at_ptr + n_at + (both >> 16) - 1, key, mask=at)
+        n_above += tl.sum(above.to(tl.int32))
+        n_at += tl.sum(at.to(tl.int32))
+    return n_above, n_at
 
 
 @triton.jit
