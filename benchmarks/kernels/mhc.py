@@ -162,7 +162,7 @@ PRE_VARIANTS = {
     # with spills at 4 warps, 218 without at 8)
     "dc8192": {"block_dc": 8192}, "dc8192-w8": {"block_dc": 8192, "num_warps": 8},
     "diag:iters1": "iters1", "diag:no-norm": "no-norm",
-    # the finishing program's stream loads before the coefficients (PreConfig.hoist; the default up to 4 tokens)
+    # the finishing program's stream loads before the coefficients (PreConfig.hoist; opt-in, V4SERVE_MHC_HOIST=1)
     "hoist": {"hoist": True}, "nohoist": {"hoist": False},
     # batched decode (T = 8..64; the default there is 4-token blocks x 16 D slices, never swept): smaller token blocks
     # so that the finishing programs' serial work (Sinkhorn, collapse, norm per token) runs on more SMs at once

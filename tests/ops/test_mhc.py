@@ -9,7 +9,6 @@ cases run at real shapes with bf16 streams.
 
 from __future__ import annotations
 
-
 import os
 from dataclasses import replace
 

@@ -590,6 +590,11 @@ def _ids_of_picks(row_ptr, kk, K, N: tl.constexpr, ID_MASK: tl.constexpr):
 # --- host side ------------------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def _programs_to_fill(device: torch.device) -> int:
     """Logits programs that fill the device: eight per SM, so that each program walks few entry tiles (a block-table
     load, then the dependent record loads, a tile) and more of that latency overlaps (H200, 32 decode rows of 16K
@@ -597,8 +602,7 @@ def _programs_to_fill(device: torch.device) -> int:
     nineteenth session). A few on the CPU interpreter, to exercise the split."""
     if device.type != "cuda":
         return 3
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return 8 * torch.cuda.get_device_properties(index).multi_processor_count
+    return 8 * _sm_count(device)
 
 
 def _select_programs(t: int, split: int, device: torch.device) -> int:
@@ -607,9 +611,7 @@ def _select_programs(t: int, split: int, device: torch.device) -> int:
     if split & (split - 1) or split < 1:
         raise ValueError(f"select_split must be a power of two: {split}")
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        sms = torch.cuda.get_device_properties(index).multi_processor_count
-        while split > 1 and t * split > sms:
+        while split > 1 and t * split > _sm_count(device):
             split //= 2
     return split
 

@@ -337,7 +337,8 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
     """Summed mixes of a token block -> pre, post, comb stored; y (collapsed, optionally normed) stored, by this one
     program over all of D (in one chunk of BLOCK_DC where ONE_CHUNK), unless COLLAPSE is off (`_collapse_kernel`
     does it after this launch)."""
-    if COLLAPSE and ONE_CHUNK and HOIST and N == 4:
+    HOISTED: tl.constexpr = COLLAPSE and ONE_CHUNK and HOIST and N == 4
+    if HOISTED:
         # the 4 streams (and the norm weight) loaded before the coefficients: their latency (L2: the other programs'
         # stores) passes under the Sinkhorn iterations instead of following them (a decode program's tail)
         x_rows = x_ptr + offs_t.to(tl.int64)[:, None] * sx_t
@@ -352,21 +353,19 @@ def _finish(acc_pp, acc_c, ss, offs_t, t_mask, x_ptr, base_ptr, scale_ptr, cpre_
             w = tl.load(nw_ptr + offs_d, mask=d_mask, other=0.0)
         else:
             w = None
-        pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
-                            neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
+    pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
+                        neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
+    if COLLAPSE:
         pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
-        offs_pp = tl.arange(0, PP)
-        y = tl.zeros([BLOCK_T, BLOCK_DC], COLL)  # as _collapse_chunk: sum_i p_i x_i in order
-        y += tl.sum(tl.where(offs_pp[None, :] == 0, pc, 0.0), axis=1)[:, None] * x0.to(COLL)
-        y += tl.sum(tl.where(offs_pp[None, :] == 1, pc, 0.0), axis=1)[:, None] * x1.to(COLL)
-        y += tl.sum(tl.where(offs_pp[None, :] == 2, pc, 0.0), axis=1)[:, None] * x2.to(COLL)
-        y += tl.sum(tl.where(offs_pp[None, :] == 3, pc, 0.0), axis=1)[:, None] * x3.to(COLL)
-        _store_y(y.to(y_ptr.dtype.element_ty), w, offs_t, offs_d, m, y_ptr, D, eps2_hi, eps2_lo, HAS_NORM, ACC)
-    else:
-        pre = _coefficients(acc_pp, acc_c, ss, offs_t, t_mask, base_ptr, scale_ptr, pre_ptr, post_ptr, comb_ptr, D,
-                            neps_hi, neps_lo, heps_hi, heps_lo, N, ITERS, PP, BLOCK_T, ACC)
-        if COLLAPSE:
-            pc = _collapse_weights(pre, offs_t, t_mask, cpre_ptr, scp_t, scp_n, N, PP, HAS_CPRE, COLL)
+        if HOISTED:
+            offs_pp = tl.arange(0, PP)
+            y = tl.zeros([BLOCK_T, BLOCK_DC], COLL)  # as _collapse_chunk: sum_i p_i x_i in order
+            y += tl.sum(tl.where(offs_pp[None, :] == 0, pc, 0.0), axis=1)[:, None] * x0.to(COLL)
+            y += tl.sum(tl.where(offs_pp[None, :] == 1, pc, 0.0), axis=1)[:, None] * x1.to(COLL)
+            y += tl.sum(tl.where(offs_pp[None, :] == 2, pc, 0.0), axis=1)[:, None] * x2.to(COLL)
+            y += tl.sum(tl.where(offs_pp[None, :] == 3, pc, 0.0), axis=1)[:, None] * x3.to(COLL)
+            _store_y(y.to(y_ptr.dtype.element_ty), w, offs_t, offs_d, m, y_ptr, D, eps2_hi, eps2_lo, HAS_NORM, ACC)
+        else:
             _collapse_norm(pc, offs_t, t_mask, x_ptr, nw_ptr, y_ptr, D, sx_t, sx_n, sx_d, eps2_hi, eps2_lo, N, PP,
                            BLOCK_T, BLOCK_DC, HAS_NORM, ACC, COLL, ONE_CHUNK)
 
