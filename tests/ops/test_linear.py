@@ -204,6 +204,38 @@ def test_decode_gemm_dequantized_bf16_dots(block: int, swap: bool, monkeypatch: 
 
 
 @pytest.mark.parametrize("block", [32, 128])
+def test_decode_gemm_k_loop_stages(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensor-core K loop with a stage count (cfg "k_stages": its scale loads pipelined as well) gives the plain
+    loop's bits — the same products in the same order — swapped or not, with in-register and prequantized
+    activations and a K that ends inside a tile; V4SERVE_GEMV_K_STAGES sets it for the tensor-core configs only."""
+    g = torch.Generator().manual_seed(5 * block)
+    for M, G, N, K in ((2, 1, 96, 1024), (32, 1, 64, 3 * block + 512), (3, 4, 48, 512)):
+        q, s = fp8_weight(G * N, K, block, g)
+        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
+        ref = grouped_linear_reference(x.float(), q, s, block, block)
+        for swap in (False, True):
+            for pre in (False, True):
+                plain = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap, "k_stages": 0}, prequant=pre)
+                for stages in (2, 3):
+                    cfg = {"swap": swap, "k_stages": stages, "splits": 2}
+                    staged = fp8_gemv.run(x, q, s, block, block, torch.float32, cfg, prequant=pre)
+                    assert rel(staged, ref) < F32_TOL, (M, G, N, K, cfg, rel(staged, ref))
+                    split = fp8_gemv.run(x, q, s, block, block, torch.float32, {**cfg, "k_stages": 0}, prequant=pre)
+                    assert torch.equal(staged, split), (M, G, N, K, cfg)
+                assert rel(plain, ref) < F32_TOL
+    if not GPU:
+        monkeypatch.setattr(fp8_gemv, "interpreting", lambda: False)  # the GPU's configs
+    assert fp8_gemv.config(32, 4096, 8192, 1, 32)["k_stages"] == 0
+    monkeypatch.setenv(fp8_gemv.K_STAGES_ENV, "3")
+    assert fp8_gemv.config(32, 4096, 8192, 1, 32)["k_stages"] == 3
+    assert fp8_gemv.config(8, 4096, 8192, 8, 128, w8a8=False)["k_stages"] == 3
+    assert fp8_gemv.config(1, 4096, 8192, 1, 32)["fma"]  # one row keeps the CUDA-core form
+    monkeypatch.setenv(fp8_gemv.K_STAGES_ENV, "three")
+    with pytest.raises(ValueError, match="stage count"):
+        fp8_gemv.config(32, 4096, 8192, 1, 32)
+
+
+@pytest.mark.parametrize("block", [32, 128])
 @pytest.mark.parametrize("act", [0, 1])
 def test_few_row_gemv_on_the_cuda_cores(block: int, act: int) -> None:
     """fp8_gemv's `fma` form (up to FMA_MAX_ROWS rows: whole weight tiles widened in registers once for all rows,

@@ -122,6 +122,22 @@ def test_paired_kernel_dequantized_bf16_dots(block: int, swap: bool) -> None:
 
 
 @pytest.mark.parametrize("block", [128, 32])
+def test_paired_kernel_k_loop_stages(block: int) -> None:
+    """The paired kernel's tensor-core K loop with a stage count (fp8_gemv.K_STAGES_ENV) gives the plain loop's bits."""
+    g = torch.Generator().manual_seed(13 * block)
+    for M, N, K, clamp, splits in CASES:
+        if K % block or M == 1:
+            continue
+        base = {"swap": True, **({"splits": splits} if splits else {})}
+        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
+        plain = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, "k_stages": 0})
+        for stages in (2, 3):
+            h = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, "k_stages": stages})
+            assert torch.equal(h, plain), (M, N, K, stages)
+        assert rel(plain, ref) < 1.6e-2, (M, N, K, limit, rel(plain, ref))
+
+
+@pytest.mark.parametrize("block", [128, 32])
 @pytest.mark.parametrize("act", [0, 1])
 def test_one_row_paired_kernel_on_the_cuda_cores(block: int, act: int) -> None:
     """The paired kernel's `fma` form (one row, fp8_gemv.fma_acc for both weights) is fp8_gemv's fma form for w1 and

@@ -82,7 +82,8 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
                         SB: tl.constexpr, A_FP8: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
-                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False):
+                        FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False,
+                        K_STAGES: tl.constexpr = None):
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -106,7 +107,7 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
             acc_g = fma_acc(acc_g, 0, w1, ws1, x, x_scale, SB)
             acc_u = fma_acc(acc_u, 0, w3, ws3, x, x_scale, SB)
     else:
-        for k0 in range(k_lo, k_hi, BK):
+        for k0 in tl.range(k_lo, k_hi, BK, num_stages=K_STAGES):  # (fp8_gemv.K_STAGES_ENV)
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
                 kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB)
                 wk_ok = n_ok[:, None] & k_ok[None, :]
@@ -188,5 +189,5 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), **pdl_launch(x2))
+        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), K_STAGES=cfg.get("k_stages") or None, **pdl_launch(x2))
     return h
