@@ -121,6 +121,10 @@ PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "sp
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
                    "deq": {"deq": True}, "deq-swap": {"deq": True, "swap": True},
                    "ks2": {"k_stages": 2}, "ks3": {"k_stages": 3}, "ks4": {"k_stages": 4},
+                   # the activations quantized by one act_quant launch before (fp8_swiglu.PREQUANT_ENV), the K loop
+                   # plain or staged
+                   "pre": {"prequant": True}, "pre-ks2": {"prequant": True, "k_stages": 2},
+                   "pre-ks3": {"prequant": True, "k_stages": 3}, "pre-ks4": {"prequant": True, "k_stages": 4},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
                    "fma-p264": {"fma": True, "BK": 512, "programs": 264}, "fma-bn32": {"fma": True, "BK": 512, "BN": 32},
@@ -139,9 +143,9 @@ def shared_weights(D: int, I: int, block: int) -> tuple:
     return tuple((*weight(n, k, block), block) for n, k in ((I, D), (D, I), (I, D)))
 
 
-def shared_expert_rows(hbm: float, rows_m: tuple[int, ...] = ()) -> list[dict]:
+def shared_expert_rows(hbm: float, rows_m: tuple[int, ...] = (), only: tuple[str, ...] = ()) -> list[dict]:
     """Decode rows of the shared expert: paired kernel + w2 (dense_mlp) against the three-linear path, and the paired
-    kernel alone in tile variants."""
+    kernel alone in tile variants (`only`: these variant names)."""
     rows = []
     limit = 10.0  # swiglu_limit of both presets (the shared expert's clamp)
     t = backend.TRITON
@@ -158,7 +162,7 @@ def shared_expert_rows(hbm: float, rows_m: tuple[int, ...] = ()) -> list[dict]:
             paths = {"three_linears": lambda w1, w2, w3, x=x, b=block: three_linears(x, w1, w2, w3, limit, b),
                      "paired+w2": lambda w1, w2, w3, x=x, b=block: dense_mlp(x, w1, w2, w3, limit, b, t)}
             for vname, cfg in PAIRED_VARIANTS.items():
-                if isinstance(cfg, dict) and cfg.get("fma") and M > 1:
+                if (isinstance(cfg, dict) and cfg.get("fma") and M > 1) or (only and vname not in only):
                     continue
                 if cfg in ("double", "half"):
                     cfg = {"splits": max(1, base["splits"] * 2 if cfg == "double" else base["splits"] // 2)}
@@ -322,7 +326,8 @@ def main() -> None:
     rows = []
     if args.shared_expert:
         rows_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else ()
-        write_json(args.out, "fp8_gemm_shared_expert", {"ceilings": ceil, "rows": shared_expert_rows(hbm, rows_m)})
+        only = tuple(args.variants.split(",")) if args.variants else ()
+        write_json(args.out, "fp8_gemm_shared_expert", {"ceilings": ceil, "rows": shared_expert_rows(hbm, rows_m, only)})
         return
     if args.compressor:
         write_json(args.out, "fp8_gemm_compressor", {"ceilings": ceil, "rows": compressor_rows(hbm)})

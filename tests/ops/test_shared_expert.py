@@ -138,6 +138,30 @@ def test_paired_kernel_k_loop_stages(block: int) -> None:
 
 
 @pytest.mark.parametrize("block", [128, 32])
+def test_paired_kernel_prequantized_activations(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paired kernel with its activations quantized by act_quant before (cfg "prequant": the same e4m3 values and
+    scales as its in-register quantization) gives the in-register bits, with the K loop plain or staged; W8A16 and
+    the one-row CUDA-core form ignore it; V4SERVE_SWIGLU_PREQUANT=1 asks for it in the configs."""
+    g = torch.Generator().manual_seed(17 * block)
+    for M, N, K, clamp, splits in CASES:
+        if K % block:
+            continue
+        base = {"swap": True, **({"splits": splits} if splits else {})}
+        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
+        plain = fp8_swiglu.run(x, *w1, *w3, block, block, limit, base)
+        for extra in ({"prequant": True}, {"prequant": True, "k_stages": 3}, {"prequant": True, "swap": False}):
+            h = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, **extra})
+            want = plain if extra.get("swap", True) else fp8_swiglu.run(x, *w1, *w3, block, block, limit,
+                                                                         {**base, "swap": False})
+            assert torch.equal(h, want), (M, N, K, extra)
+        w16 = fp8_swiglu.run(x, *w1, *w3, block, 0, limit, base)
+        assert torch.equal(fp8_swiglu.run(x, *w1, *w3, block, 0, limit, {**base, "prequant": True}), w16)
+    assert not fp8_swiglu.paired_config(32, 2304, 5120, 32)["prequant"]
+    monkeypatch.setenv(fp8_swiglu.PREQUANT_ENV, "1")
+    assert fp8_swiglu.paired_config(32, 2304, 5120, 32)["prequant"]
+
+
+@pytest.mark.parametrize("block", [128, 32])
 @pytest.mark.parametrize("act", [0, 1])
 def test_one_row_paired_kernel_on_the_cuda_cores(block: int, act: int) -> None:
     """The paired kernel's `fma` form (one row, fp8_gemv.fma_acc for both weights) is fp8_gemv's fma form for w1 and

@@ -26,15 +26,22 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env import get as env_get
 from . import cdiv, interpreting, step_jit
 from .fp8_gemv import (FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x, quantize_rows,
                        scale_block, split_count)
 from .fp8_gemv import supports as gemv_supports
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
+from .quant import act_quant
 from .split_grid import ArrivalCounters, last_to_arrive
 
 _COUNTERS = ArrivalCounters()
+# Rows of the tensor-core form with their activations quantized by one act_quant launch before (cfg "prequant"): in
+# the K loop, the in-register quantization of a [32, 128] x tile for both dots (amax reductions, shuffles) takes the
+# sm_90 build of V4.1's shared expert at 32 rows to 255 registers with spills, and Triton 3.6 then pipelines none of
+# its loads (no cp.async: 176 plain loads a K tile). V4SERVE_SWIGLU_PREQUANT=1 sets it (read per config).
+PREQUANT_ENV = "V4SERVE_SWIGLU_PREQUANT"
 
 
 def supports(x2: torch.Tensor, w1: tuple, w3: tuple, act_group: int) -> bool:
@@ -76,14 +83,15 @@ def swiglu_rounded(g, u, limit, out_ptr, CLAMP: tl.constexpr, HAND_RNE: tl.const
 
 
 @step_jit
-def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, cnt_ptr,
+def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, cnt_ptr,
                         M, N, K, k_per_split, limit,
-                        stride_xm, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,
+                        stride_xm, stride_xsm, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,
                         SB: tl.constexpr, A_FP8: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False,
-                        K_STAGES: tl.constexpr = None):
+                        K_STAGES: tl.constexpr = None, A_PRE: tl.constexpr = False):
+    # A_PRE: x already in e4m3 with its per-block float32 scales at xs_ptr (kernels/quant.act_quant, `prequant`)
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -118,12 +126,14 @@ def _swiglu_gemv_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, 
                 s_ok = n_ok & kb_ok
                 s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=s_ok, other=127))
                 s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=s_ok, other=127))
-                if A_FP8:  # one quantization of the activation block serves both dots
+                if A_PRE:  # quantized before this launch: no amax reductions in the K loop
+                    x_scale = tl.load(xs_ptr + offs_m * stride_xsm + kb0 // SB, mask=m_ok & kb_ok, other=1.0)
+                elif A_FP8:  # one quantization of the activation block serves both dots
                     x, x_scale = quantize_rows(x)
                 else:  # W8A16: no activation scale
                     x_scale = s1
-                acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8, INTERPRET, SWAP, True, DEQ)
-                acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8, INTERPRET, SWAP, True, DEQ)
+                acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
+                acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
     if SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -153,6 +163,7 @@ def paired_config(M: int, N: int, K: int, block: int, w8a8: bool = True) -> dict
     13.9; V4.1 M=1 27.3 -> 27.1, M=32 36.7 -> 32.5). One row runs on the CUDA cores (fp8_gemv.fma_acc) with 64-row
     tiles 512 wide over about two waves: V4 11.6 -> 9.6 us, V4.1 27.1 -> 13.7 (`--shared-expert --rows 1`)."""
     cfg = config(M, N, K, 1, block, w8a8=w8a8, one_row_fma=False)
+    cfg["prequant"] = env_get(PREQUANT_ENV) == "1"
     if not interpreting():
         cfg["splits"] = max(1, cfg["splits"] // 2)
         if M == 1 and FMA_ONE_ROW:  # one row on the CUDA cores, as fp8_gemv's (V4SERVE_GEMV_FMA=0: off)
@@ -163,7 +174,8 @@ def paired_config(M: int, N: int, K: int, block: int, w8a8: bool = True) -> dict
 def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, s3: torch.Tensor, block: int,
         act_group: int, limit: float, cfg: dict | None = None) -> torch.Tensor:
     """x2 [M, K] (M <= 64) -> h [M, N] in x's dtype, for W1 and W3 [N, K] FP8 with their e8m0 block scales.
-    `cfg` overrides fp8_gemv's tile choice (benchmarks, tests)."""
+    `cfg` overrides fp8_gemv's tile choice (benchmarks, tests); its "prequant" (PREQUANT_ENV) quantizes the
+    activations by one act_quant launch before, for the tensor-core form (the same values and scales)."""
     M, K = x2.shape
     N = w1.shape[0]
     h = torch.empty(M, N, dtype=x2.dtype, device=x2.device)
@@ -183,11 +195,14 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
     cnt = _COUNTERS.get(x2.device)
     if n_tiles > cnt.numel():
         raise ValueError(f"{n_tiles} output tiles exceed the {cnt.numel()} arrival counters")
+    pre = bool(cfg.get("prequant")) and act_group == block and not cfg["fma"]
+    xq, xs = act_quant(x2, block) if pre else (x2, x2)
     _swiglu_gemv_kernel[(n_tiles, splits)](
-        x2, w1, w3, s1, s3, part, h, cnt, M, N, K, k_per_split, float(limit),
-        x2.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
+        xq, xs, w1, w3, s1, s3, part, h, cnt, M, N, K, k_per_split, float(limit),
+        xq.stride(0), xs.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), K_STAGES=cfg.get("k_stages") or None, **pdl_launch(x2))
+        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), K_STAGES=cfg.get("k_stages") or None, A_PRE=pre,
+        **pdl_launch(x2))
     return h
