@@ -1885,8 +1885,8 @@ if [[ $what == thirtysixth1 ]]; then  # prepared in the thirty-sixth session (~3
     -p no:cacheprovider -o addopts="" -rf --tb=short -k "k_loop_stages or prequant or one_launch_decode \
 or paired_kernel_matches or real_shapes or decode_split_k" > "$OUT/gpu_tests_k_stages.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_k_stages.log" | cut -c1-200 | tail -4
-  timeout 100 python3 benchmarks/kernels/fp8_gemm.py --decode-only --shapes v41_wo_b,v41_wq_b,v41_wq_a,wo_b \
-    --rows 8,32 --variants default,ks2,ks3,ks4 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-k-stages.log" \
+  timeout 130 python3 benchmarks/kernels/fp8_gemm.py --decode-only --shapes v41_wo_b,v41_wq_b,v41_wq_a,wo_b \
+    --rows 8,32 --variants default,ks2,ks3,ks4,ks3-split2x,ks3-bn32 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-k-stages.log" \
     | grep -E " M=| failed"
   timeout 70 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 \
     --variants default,ks3,pre,pre-ks2,pre-ks3,pre-ks4 --out "$OUT" 2>&1 | grep -v Warning \

@@ -57,6 +57,7 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    # cp.async stages as well, not waited for inside each K tile)
                    "ks2": {"k_stages": 2}, "ks3": {"k_stages": 3}, "ks4": {"k_stages": 4},
                    "ks3-bn128": {"k_stages": 3, "BN": 128}, "ks3-bk256": {"k_stages": 3, "BK": 256},
+                   "ks3-split2x": {"k_stages": 3, "split_x": 2}, "ks3-bn32": {"k_stages": 3, "BN": 32},
                    # up to 4 rows on the CUDA cores (fp8_gemv.fma_acc; x quantized in registers at every size unless
                    # "prequant"), "programs": the split target
                    "fma": {"fma": True, "BK": 512}, "fma-pre": {"fma": True, "BK": 512, "prequant": True},
@@ -381,6 +382,9 @@ def main() -> None:
                         pre = cfg.pop("prequant")
                     if cfg in ("double", "quadruple"):
                         cfg = {"splits": (2 if cfg == "double" else 4) * fp8_gemv.config(M, N, K, G, block)["splits"]}
+                    if isinstance(cfg, dict) and "split_x" in cfg:  # the default's splits times split_x
+                        cfg = {k: v for k, v in cfg.items() if k != "split_x"}
+                        cfg["splits"] = fp8_gemv.config(M, N, K, G, block)["splits"] * variants[vname]["split_x"]
                     make = lambda qc, sc, c=cfg, p=pre: (  # noqa: E731
                         lambda: fp8_gemv.run(x, qc, sc, block, act, torch.bfloat16, c, prequant=p))
                 else:
