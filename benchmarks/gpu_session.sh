@@ -1885,18 +1885,18 @@ if [[ $what == thirtysixth1 ]]; then  # prepared in the thirty-sixth session (~3
     -p no:cacheprovider -o addopts="" -rf --tb=short -k "k_loop_stages or prequant or one_launch_decode \
 or paired_kernel_matches or real_shapes or decode_split_k" > "$OUT/gpu_tests_k_stages.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_k_stages.log" | cut -c1-200 | tail -4
-  timeout 130 python3 benchmarks/kernels/fp8_gemm.py --decode-only --shapes v41_wo_b,v41_wq_b,v41_wq_a,wo_b \
-    --rows 8,32 --variants default,ks2,ks3,ks4,ks3-split2x,ks3-bn32 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-k-stages.log" \
-    | grep -E " M=| failed"
-  timeout 70 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 \
-    --variants default,ks3,pre,pre-ks2,pre-ks3,pre-ks4 --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/shared-k-stages.log" | grep -E " M=| failed"
   timeout 190 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
     --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --top 30 --replay-trace 1 \
     --env-variant "V4SERVE_GEMV_K_STAGES=3" --env-variant "V4SERVE_GEMV_K_STAGES=3 V4SERVE_SWIGLU_PREQUANT=1" \
     --out "$OUT/b32-ks" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-ks.log" \
     | grep -E "CUDA graphs|floor|round|_decode_gemm|_swiglu_gemv"
+  timeout 130 python3 benchmarks/kernels/fp8_gemm.py --decode-only --shapes v41_wo_b,v41_wq_b,v41_wq_a,wo_b \
+    --rows 8,32 --variants default,ks2,ks3,ks4,ks3-split2x,ks3-bn32 --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-k-stages.log" \
+    | grep -E " M=| failed"
+  timeout 70 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 \
+    --variants default,ks3,pre,pre-ks2,pre-ks3,pre-ks4 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/shared-k-stages.log" | grep -E " M=| failed"
 fi
 if [[ $what == thirtyfifth1 ]]; then  # prepared in the thirty-fifth session (~330 s): the binned top-k select over
   # several programs a token (ik.Config.select_split; the last to arrive joins the chunks) and the mHC finishing
