@@ -1876,10 +1876,10 @@ if [[ $what == thirtyfourth5 ]]; then  # prepared in the thirty-fourth session (
     -k "single_row" > "$OUT/gpu_tests_single_row.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_single_row.log" | cut -c1-200 | tail -3
 fi
-if [[ $what == thirtysixth1 ]]; then  # prepared in the thirty-sixth session (~330 s): the tensor-core GEMVs' K loop
-  # with a stage count (fp8_gemv K_STAGES: the e8m0 weight scales and activation scales through cp.async stages, not
-  # 36 plain loads waited for inside each K tile): GPU tests, the decode shapes at 8 / 32 rows, the V4.1 step at
-  # batch 32 / 4K (A/B V4SERVE_GEMV_K_STAGES=3 against the plain loop)
+if [[ $what == thirtysixth1 ]]; then  # ran in the thirty-sixth session (~290 s, H100): the tensor-core GEMVs' K loop
+  # with a stage count (V4SERVE_GEMV_K_STAGES, the ks* variants: timed slower and removed since, so those parts now
+  # time the defaults) and the paired kernel's prequantized activations (V4SERVE_SWIGLU_PREQUANT, "pre"): GPU tests,
+  # the V4.1 step at batch 32 / 4K, the decode shapes at 8 / 32 rows, the shared expert
   V4SERVE_GEMV_K_STAGES=3 V4SERVE_SWIGLU_PREQUANT=1 timeout 100 python3 -m pytest tests/ops/test_linear.py \
     tests/ops/test_shared_expert.py -q \
     -p no:cacheprovider -o addopts="" -rf --tb=short -k "k_loop_stages or prequant or one_launch_decode \
@@ -1897,6 +1897,16 @@ or paired_kernel_matches or real_shapes or decode_split_k" > "$OUT/gpu_tests_k_s
   timeout 70 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 \
     --variants default,ks3,pre,pre-ks2,pre-ks3,pre-ks4 --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/shared-k-stages.log" | grep -E " M=| failed"
+fi
+if [[ $what == thirtysixth2 ]]; then  # prepared in the thirty-sixth session (~300 s): the paired kernel's prequantized
+  # activations — its GPU tests, then the V4.1 step at batch 32 / 4K and batch 1 (A/B V4SERVE_SWIGLU_PREQUANT=1)
+  V4SERVE_SWIGLU_PREQUANT=1 timeout 80 python3 -m pytest tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short > "$OUT/gpu_tests_prequant.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_prequant.log" | cut -c1-200 | tail -4
+  timeout 190 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --env-variant "V4SERVE_SWIGLU_PREQUANT=1" --out "$OUT/b32-pre" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-pre.log" | grep -E "CUDA graphs|floor|round"
 fi
 if [[ $what == thirtyfifth1 ]]; then  # prepared in the thirty-fifth session (~330 s): the binned top-k select over
   # several programs a token (ik.Config.select_split; the last to arrive joins the chunks) and the mHC finishing

@@ -53,11 +53,6 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    # W8A8 values on bf16 tensor cores (fp8_gemv.block_dot DEQ: both operands dequantized, one dot
                    # chained over K instead of a product waited for and scaled per block)
                    "deq": {"deq": True}, "deq-swap": {"deq": True, "swap": True},
-                   # the tensor-core K loop with a stage count (fp8_gemv.K_STAGES_ENV: the scale loads through
-                   # cp.async stages as well, not waited for inside each K tile)
-                   "ks2": {"k_stages": 2}, "ks3": {"k_stages": 3}, "ks4": {"k_stages": 4},
-                   "ks3-bn128": {"k_stages": 3, "BN": 128}, "ks3-bk256": {"k_stages": 3, "BK": 256},
-                   "ks3-split2x": {"k_stages": 3, "split_x": 2}, "ks3-bn32": {"k_stages": 3, "BN": 32},
                    # up to 4 rows on the CUDA cores (fp8_gemv.fma_acc; x quantized in registers at every size unless
                    # "prequant"), "programs": the split target
                    "fma": {"fma": True, "BK": 512}, "fma-pre": {"fma": True, "BK": 512, "prequant": True},
@@ -121,11 +116,8 @@ SHARED = {"v4": (4096, 2048, 128), "v41": (5120, 2304, 32)}
 PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "split_half": "half",
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
                    "deq": {"deq": True}, "deq-swap": {"deq": True, "swap": True},
-                   "ks2": {"k_stages": 2}, "ks3": {"k_stages": 3}, "ks4": {"k_stages": 4},
-                   # the activations quantized by one act_quant launch before (fp8_swiglu.PREQUANT_ENV), the K loop
-                   # plain or staged
-                   "pre": {"prequant": True}, "pre-ks2": {"prequant": True, "k_stages": 2},
-                   "pre-ks3": {"prequant": True, "k_stages": 3}, "pre-ks4": {"prequant": True, "k_stages": 4},
+                   # the activations quantized by one act_quant launch before (fp8_swiglu.PREQUANT_ENV)
+                   "pre": {"prequant": True}, "pre-w8": {"prequant": True, "num_warps": 8},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
                    "fma-p264": {"fma": True, "BK": 512, "programs": 264}, "fma-bn32": {"fma": True, "BK": 512, "BN": 32},
@@ -382,9 +374,6 @@ def main() -> None:
                         pre = cfg.pop("prequant")
                     if cfg in ("double", "quadruple"):
                         cfg = {"splits": (2 if cfg == "double" else 4) * fp8_gemv.config(M, N, K, G, block)["splits"]}
-                    if isinstance(cfg, dict) and "split_x" in cfg:  # the default's splits times split_x
-                        cfg = {k: v for k, v in cfg.items() if k != "split_x"}
-                        cfg["splits"] = fp8_gemv.config(M, N, K, G, block)["splits"] * variants[vname]["split_x"]
                     make = lambda qc, sc, c=cfg, p=pre: (  # noqa: E731
                         lambda: fp8_gemv.run(x, qc, sc, block, act, torch.bfloat16, c, prequant=p))
                 else:

@@ -204,38 +204,6 @@ def test_decode_gemm_dequantized_bf16_dots(block: int, swap: bool, monkeypatch: 
 
 
 @pytest.mark.parametrize("block", [32, 128])
-def test_decode_gemm_k_loop_stages(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tensor-core K loop with a stage count (cfg "k_stages": its scale loads pipelined as well) gives the plain
-    loop's bits — the same products in the same order — swapped or not, with in-register and prequantized
-    activations and a K that ends inside a tile; V4SERVE_GEMV_K_STAGES sets it for the tensor-core configs only."""
-    g = torch.Generator().manual_seed(5 * block)
-    for M, G, N, K in ((2, 1, 96, 1024), (32, 1, 64, 3 * block + 512), (3, 4, 48, 512)):
-        q, s = fp8_weight(G * N, K, block, g)
-        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
-        ref = grouped_linear_reference(x.float(), q, s, block, block)
-        for swap in (False, True):
-            for pre in (False, True):
-                plain = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap, "k_stages": 0}, prequant=pre)
-                for stages in (2, 3):
-                    cfg = {"swap": swap, "k_stages": stages, "splits": 2}
-                    staged = fp8_gemv.run(x, q, s, block, block, torch.float32, cfg, prequant=pre)
-                    assert rel(staged, ref) < F32_TOL, (M, G, N, K, cfg, rel(staged, ref))
-                    split = fp8_gemv.run(x, q, s, block, block, torch.float32, {**cfg, "k_stages": 0}, prequant=pre)
-                    assert torch.equal(staged, split), (M, G, N, K, cfg)
-                assert rel(plain, ref) < F32_TOL
-    if not GPU:
-        monkeypatch.setattr(fp8_gemv, "interpreting", lambda: False)  # the GPU's configs
-    assert fp8_gemv.config(32, 4096, 8192, 1, 32)["k_stages"] == 0
-    monkeypatch.setenv(fp8_gemv.K_STAGES_ENV, "3")
-    assert fp8_gemv.config(32, 4096, 8192, 1, 32)["k_stages"] == 3
-    assert fp8_gemv.config(8, 4096, 8192, 8, 128, w8a8=False)["k_stages"] == 3
-    assert fp8_gemv.config(1, 4096, 8192, 1, 32)["fma"]  # one row keeps the CUDA-core form
-    monkeypatch.setenv(fp8_gemv.K_STAGES_ENV, "three")
-    with pytest.raises(ValueError, match="stage count"):
-        fp8_gemv.config(32, 4096, 8192, 1, 32)
-
-
-@pytest.mark.parametrize("block", [32, 128])
 @pytest.mark.parametrize("act", [0, 1])
 def test_few_row_gemv_on_the_cuda_cores(block: int, act: int) -> None:
     """fp8_gemv's `fma` form (up to FMA_MAX_ROWS rows: whole weight tiles widened in registers once for all rows,
@@ -772,26 +740,22 @@ aligned = ("x_ptr", "xs_ptr", "w_ptr", "ws_ptr", "part_ptr", "y_ptr", "ys_ptr", 
            "stride_xm", "stride_xg", "stride_wn", "stride_ym", "stride_yg")
 attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
 out = {}
-for case in ("False", "True", "quant_out", "fma", "deq", "plain32", "staged32"):
-    const = dict(SB=32 if case in ("deq", "plain32", "staged32") else 128, A_FP8=case == "fma", A_PRE=case not in ("quant_out", "fma"),
-                 BM=1 if case == "fma" else 32 if case in ("deq", "plain32", "staged32") else 16,
+for case in ("False", "True", "quant_out", "fma", "deq"):
+    const = dict(SB=32 if case == "deq" else 128, A_FP8=case == "fma", A_PRE=case not in ("quant_out", "fma"),
+                 BM=1 if case == "fma" else 32 if case == "deq" else 16,
                  BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
-                 SWAP=case in ("True", "deq", "plain32", "staged32"), W_SCALED=True,
-                 QG=128 if case == "quant_out" else 0, OUT_DT=triton.language.bfloat16, FMA=case == "fma",
-                 EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq", K_STAGES=3 if case == "staged32" else None)
+                 SWAP=case in ("True", "deq"), W_SCALED=True, QG=128 if case == "quant_out" else 0,
+                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq")
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
-    aligned_case = case in ("fma", "plain32", "staged32")
-    ptx = triton.compile(ASTSource(fn, sig, const, attrs if aligned_case else None), target=GPUTarget("cuda", 90, 32),
+    ptx = triton.compile(ASTSource(fn, sig, const, attrs if case == "fma" else None), target=GPUTarget("cuda", 90, 32),
                          options={"num_warps": 4, "num_stages": 4}).asm["ptx"]
     out[case] = {"wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
                  "e4m3_stores": ptx.count("st.global.b8") + ptx.count("st.global.v2.b8") + ptx.count("st.global.v4.b8"),
                  "loads_16B": ptx.count("ld.global.v4"), "byte_loads": ptx.count("ld.global.b8"),
                  "e4m3_cvt": ptx.count("cvt.rn.f16x2.e4m3x2"), "bf16_wgmma": ptx.count(".bf16.bf16"),
-                 "waits": ptx.count("wgmma.wait_group"), "cp_async": ptx.count("cp.async.c"),
-                 "plain_loads": sum(line.lstrip().startswith(("ld.global", "@%p")) and "ld.global" in line
-                                    for line in ptx.splitlines())}
+                 "waits": ptx.count("wgmma.wait_group")}
 print(json.dumps(out))
 """
 
@@ -811,10 +775,6 @@ def test_decode_gemv_fp8_dot_is_wgmma_when_swapped_on_sm90() -> None:
     assert fma["e4m3_cvt"] >= 64 * 512 // 128 // 2, dots
     # the dequantized form (cfg "deq", 32-wide blocks, 32 rows): bf16 wgmma on the weight tile, no FP8 MMA
     assert dots["deq"]["bf16_wgmma"] == dots["deq"]["wgmma"] > 0 and dots["deq"]["mma_sync"] == 0, dots
-    # the K loop with a stage count (cfg k_stages; V4.1's 32-wide blocks at 32 rows, prequantized x): the scale loads
-    # become async copies as well, where the plain loop loads them (and waits) inside each K tile
-    plain, staged = dots["plain32"], dots["staged32"]
-    assert staged["cp_async"] > plain["cp_async"] and staged["plain_loads"] < plain["plain_loads"], dots
     one = fp8_gemv.config(1, 4096, 8192, 1, 128)  # one row: swapped, or on the CUDA cores (the GPU's default)
     assert (one["swap"] or one["fma"]) and fp8_gemv.config(32, 4096, 8192, 1, 128)["swap"]
     assert not fp8_gemv.config(64, 4096, 8192, 1, 128)["swap"]

@@ -56,20 +56,6 @@ FMA_MAX_ROWS = 4  # the CUDA-core form's row limit (cfg "fma"; by default one ro
 # the FP8 dots at 8 and 32 rows on every V4.1 shape (H100, thirty-second session: wo_b 41.7 -> 85.9 us, wq_b 29.8 ->
 # 56.8 at 32 rows), so off unless V4SERVE_GEMV_DEQ=1 (read per config: a graph recaptured under it takes it)
 DEQ_ENV = "V4SERVE_GEMV_DEQ"
-# The tensor-core K loop as `tl.range(..., num_stages=k_stages)` (cfg "k_stages"; 0: a plain `range`, whose loads
-# Triton 3.6 pipelines only where they feed the dots, so the e8m0 weight scales and the activation scales are loaded
-# and waited for inside each K tile: sm_90 SASS of V4.1's wo_b at 32 rows, 36 plain LDGs an iteration consumed by its
-# own FMULs). With a count, those loads go through cp.async stages too (4: 175 registers, 3: 128, 2: 118).
-# V4SERVE_GEMV_K_STAGES sets it for the tensor-core configs of fp8_gemv and fp8_swiglu (read per config).
-K_STAGES_ENV = "V4SERVE_GEMV_K_STAGES"
-
-
-def k_stages() -> int:
-    """The tensor-core configs' K-loop stage count from V4SERVE_GEMV_K_STAGES (unset: 0, the plain loop)."""
-    value = env_get(K_STAGES_ENV) or "0"
-    if not value.isdigit():
-        raise ValueError(f"{K_STAGES_ENV}={value!r}: a stage count (0 for the plain loop)")
-    return int(value)
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
@@ -209,8 +195,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
                         W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1,
-                        DEQ: tl.constexpr = False, K_STAGES: tl.constexpr = None):
-    # K_STAGES: the tensor-core K loop's stage count (None: plain `range`, see K_STAGES_ENV)
+                        DEQ: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -239,7 +224,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                                    m < M, k0, k_hi, SB, BK, A_FP8, A_PRE, EVEN_K)
                 acc = fma_acc(acc, m, w, w_scale, x, x_scale, SB)
     else:
-        for k0 in tl.range(k_lo, k_hi, BK, num_stages=K_STAGES):
+        for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
                 kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB)
                 x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
@@ -328,7 +313,7 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     if plain:
         splits = max(1, splits // 2)
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap,
-            "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1", "k_stages": k_stages()}
+            "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1"}
 
 
 def fma_config(N: int, K: int, G: int) -> dict:
@@ -431,6 +416,5 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")),
-        K_STAGES=cfg.get("k_stages") or None, **pdl_launch(y))
+        EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")), **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y

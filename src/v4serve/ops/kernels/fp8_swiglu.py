@@ -37,10 +37,12 @@ from .quant import act_quant
 from .split_grid import ArrivalCounters, last_to_arrive
 
 _COUNTERS = ArrivalCounters()
-# Rows of the tensor-core form with their activations quantized by one act_quant launch before (cfg "prequant"): in
-# the K loop, the in-register quantization of a [32, 128] x tile for both dots (amax reductions, shuffles) takes the
-# sm_90 build of V4.1's shared expert at 32 rows to 255 registers with spills, and Triton 3.6 then pipelines none of
-# its loads (no cp.async: 176 plain loads a K tile). V4SERVE_SWIGLU_PREQUANT=1 sets it (read per config).
+# Rows of the tensor-core form with their activations quantized by one act_quant launch before (cfg "prequant"): the
+# in-register quantization of each [BM, block] x tile inside the K loop (amax reductions, shuffles, e4m3 rounding)
+# leaves Triton 3.6 staging none of the x loads (sm_90 SASS, V4.1 at 32 rows: 1,121 instructions a K tile against
+# 636). H100, `fp8_gemm.py --shared-expert` (µs, in-register -> prequantized): V4.1 M=8 28.0 -> 23.8, M=32 32.9 ->
+# 30.3; V4 M=32 18.1 -> 15.5 but M=8 12.4 -> 13.2. Opt-in (V4SERVE_SWIGLU_PREQUANT=1, read per config) until its
+# GPU tests and a step A/B of its own have run.
 PREQUANT_ENV = "V4SERVE_SWIGLU_PREQUANT"
 
 
@@ -90,7 +92,7 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False,
-                        K_STAGES: tl.constexpr = None, A_PRE: tl.constexpr = False):
+                        A_PRE: tl.constexpr = False):
     # A_PRE: x already in e4m3 with its per-block float32 scales at xs_ptr (kernels/quant.act_quant, `prequant`)
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
@@ -115,7 +117,7 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
             acc_g = fma_acc(acc_g, 0, w1, ws1, x, x_scale, SB)
             acc_u = fma_acc(acc_u, 0, w3, ws3, x, x_scale, SB)
     else:
-        for k0 in tl.range(k_lo, k_hi, BK, num_stages=K_STAGES):  # (fp8_gemv.K_STAGES_ENV)
+        for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
                 kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB)
                 wk_ok = n_ok[:, None] & k_ok[None, :]
@@ -203,6 +205,6 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), K_STAGES=cfg.get("k_stages") or None, A_PRE=pre,
+        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), A_PRE=pre,
         **pdl_launch(x2))
     return h
