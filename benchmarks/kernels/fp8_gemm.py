@@ -117,7 +117,7 @@ PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "sp
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
                    "deq": {"deq": True}, "deq-swap": {"deq": True, "swap": True},
                    # the activations quantized by one act_quant launch before (fp8_swiglu.PREQUANT_ENV)
-                   "pre": {"prequant": True}, "pre-w8": {"prequant": True, "num_warps": 8},
+                   "pre": {"prequant": True},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
                    "fma-p264": {"fma": True, "BK": 512, "programs": 264}, "fma-bn32": {"fma": True, "BK": 512, "BN": 32},

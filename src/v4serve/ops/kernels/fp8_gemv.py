@@ -118,6 +118,21 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
 
 
 @triton.jit
+def act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, xs_off, kb, kb_ok, w_scale, A_FP8: tl.constexpr,
+              A_PRE: tl.constexpr):
+    """One scale block of x [BM, SB] for block_dot -> (x, its scales [BM]): A_PRE, x already e4m3 with its per-block
+    scales at xs_ptr (+ xs_off: a group's; kernels/quant.act_quant, launched before); A_FP8, quantized here as act_quant would (amax
+    floored at 1e-4, power-of-two scale, e4m3 RNE); else W8A16 (no activation scale: w_scale stands in)."""
+    if A_PRE:
+        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + xs_off + kb, mask=m_ok & kb_ok, other=1.0)
+    elif A_FP8:
+        x, x_scale = quantize_rows(x)
+    else:
+        x_scale = w_scale
+    return x, x_scale  # (one return: Triton types every return of a function alike, constexpr branches included)
+
+
+@triton.jit
 def scale_block(k0, sub, k_hi, SB: tl.constexpr):
     """Scale block `sub` of the K tile at k0 -> (its first K position, its positions [SB], their mask, whether it
     starts before k_hi: a block past the split's end reads zeros and no scales)."""
@@ -236,13 +251,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                                                   mask=n_ok & kb_ok, other=127))
                 else:  # a plain weight (no scale tensor)
                     w_scale = tl.full([BN], 1.0, tl.float32)
-                if A_PRE:  # x already in e4m3 with its per-block scales (kernels/quant.act_quant): large weights
-                    x_scale = tl.load(xs_ptr + offs_m * stride_xsm + g * stride_xsg + kb0 // SB, mask=m_ok & kb_ok,
-                                      other=1.0)
-                elif A_FP8:  # the activation block quantized here: amax floored at 1e-4, power-of-two scale, e4m3 RNE
-                    x, x_scale = quantize_rows(x)
-                else:  # W8A16: no activation scale
-                    x_scale = w_scale
+                x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, g * stride_xsg, kb0 // SB, kb_ok,
+                                       w_scale, A_FP8, A_PRE)
                 acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED, DEQ)
     if SWAP:
         acc = tl.trans(acc)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from ..env import get as env_get
 from . import cdiv, interpreting, step_jit
-from .fp8_gemv import (FMA_ONE_ROW, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x, quantize_rows,
+from .fp8_gemv import (FMA_ONE_ROW, act_block, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x,
                        scale_block, split_count)
 from .fp8_gemv import supports as gemv_supports
 from .pdl import enter as pdl_enter
@@ -128,12 +128,8 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
                 s_ok = n_ok & kb_ok
                 s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=s_ok, other=127))
                 s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=s_ok, other=127))
-                if A_PRE:  # quantized before this launch: no amax reductions in the K loop
-                    x_scale = tl.load(xs_ptr + offs_m * stride_xsm + kb0 // SB, mask=m_ok & kb_ok, other=1.0)
-                elif A_FP8:  # one quantization of the activation block serves both dots
-                    x, x_scale = quantize_rows(x)
-                else:  # W8A16: no activation scale
-                    x_scale = s1
+                # one quantization (or prequantized block) serves both dots; W8A16: s1 stands in
+                x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, 0, kb0 // SB, kb_ok, s1, A_FP8, A_PRE)
                 acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
                 acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
     if SWAP:
