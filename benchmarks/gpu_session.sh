@@ -1939,6 +1939,24 @@ split 8,select split 16,select split 8 2048x8,select split 16 1024x4" 2>&1 | gre
     --env-variant "V4SERVE_PDL_EARLY=none" --out "$OUT/b32" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyseventh1 ]]; then  # prepared in the thirty-seventh session (~330 s): the GEMVs' leaner K-loop
+  # addressing (fp8_gemv.LEAN_ENV: no K masks on whole tiles, the prequantized x's scales transposed; sm_90 SASS of
+  # V4.1's wo_b at 32 rows 449 -> 346 instructions a K tile) and the paired kernel's prequantized x: GPU tests, the
+  # dense shapes at 8 / 32 rows, the paired kernel, then the V4.1 step at batch 32 / 4K (A/B: the lean addressing, then with the prequantized paired kernel too)
+  timeout 110 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "lean or one_launch or prequantized or paired_kernel_matches" \
+    > "$OUT/gpu_tests_lean.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_lean.log" | cut -c1-200 | tail -4
+  timeout 70 python3 benchmarks/kernels/fp8_gemm.py --decode-only --shapes v41_wo_b,v41_wq_b,v41_wq_a,wo_b,wq_b \
+    --rows 8,32 --variants default,lean,full,lean-s6,lean-bn128 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/gemv-lean.log" | grep -E " M=| failed"
+  timeout 50 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 --variants default,lean,pre,pre-lean \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/shared-lean.log" | grep -E " M=| failed"
+  timeout 220 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --env-variant "V4SERVE_GEMV_LEAN=1" --env-variant "V4SERVE_GEMV_LEAN=1 V4SERVE_SWIGLU_PREQUANT=1" --out "$OUT/b32-lean" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
+fi
 if [[ $what == ncuv41 ]]; then  # prepared in the thirty-fifth session (~200 s): where V4.1's one-token MoE waits (its
   # gate-up is 80 registers, 285 SASS a K tile for 64 FP4 values a thread, ~37% of the issue rate it would need to be
   # issue bound: `moe.py --compile-only --model v41-flash --sass`), per SASS line: the gate-up and the down at T = 1

@@ -278,6 +278,34 @@ def test_decode_gemm_with_prequantized_activations(block: int) -> None:
 
 
 @pytest.mark.parametrize("block", [32, 128])
+def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The K loop's leaner addressing (cfg "full": no K masks when K is a multiple of the K tile; "scales_t": the
+    prequantized x's scales transposed by act_quant) gives the same bits as the masked, row-major form: prequantized
+    or in registers, swapped or not, K ragged against the tile (then "full" stays off), rows not a power of two; the
+    transposed scales equal act_quant's; V4SERVE_GEMV_LEAN=1 asks for both in the configs."""
+    g = torch.Generator().manual_seed(3 * block)
+    for M, G, N, K in ((1, 1, 96, 1024), (7, 1, 200, 768), (19, 1, 64, 544 if block == 32 else 640), (3, 2, 48, 512)):
+        q, s = fp8_weight(G * N, K, block, g)
+        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
+        for pre in (True, False):
+            for swap in (True, False):
+                base = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap}, prequant=pre)
+                lean = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap, "full": True,
+                                                                            "scales_t": True}, prequant=pre)
+                assert torch.equal(lean, base), (M, G, N, K, pre, swap)
+    x = torch.randn(5, 1, 256, generator=g).to(DEV)
+    rq, rs = kquant.act_quant(x, block)
+    tq, ts = kquant.act_quant(x, block, scale_rows=16)
+    assert torch.equal(tq.float(), rq.float()) and torch.equal(ts, rs) and ts.stride()[-1] == 16 and ts.stride(0) == 1
+    with pytest.raises(ValueError, match="do not fit"):
+        kquant.act_quant(x, block, scale_rows=4)
+    assert not fp8_gemv.config(32, 5120, 8192, 1, 32)["scales_t"]
+    monkeypatch.setenv(fp8_gemv.LEAN_ENV, "1")
+    cfg = fp8_gemv.config(32, 5120, 8192, 1, 32)
+    assert cfg["full"] and cfg["scales_t"]
+
+
+@pytest.mark.parametrize("block", [32, 128])
 def test_grouped_linear_matches_reference(block: int) -> None:
     g = torch.Generator().manual_seed(11)
     G, N, K = 4, 48, 256  # N not a multiple of the scale block: a group's rows start mid-block
@@ -563,8 +591,8 @@ def test_producer_quantized_activations_give_the_same_output(M: int, block: int,
     xq = quant.fp8_rows(x, block)
     launches = []
     real = kquant.act_quant
-    monkeypatch.setattr(fp8_gemv, "act_quant", lambda *a: launches.append(1) or real(*a))
-    monkeypatch.setattr(fp8_gemm, "act_quant", lambda *a: launches.append(1) or real(*a))
+    monkeypatch.setattr(fp8_gemv, "act_quant", lambda *a, **k: launches.append(1) or real(*a, **k))
+    monkeypatch.setattr(fp8_gemm, "act_quant", lambda *a, **k: launches.append(1) or real(*a, **k))
     for prequant in (False, True):  # the GEMV's in-register quantization, and the launch before (large weights)
         monkeypatch.setattr(fp8_gemv, "prequantize", lambda *a, p=prequant: p)
         want = linear(x, w, s, block, block, backend.TRITON)
@@ -745,7 +773,8 @@ for case in ("False", "True", "quant_out", "fma", "deq"):
                  BM=1 if case == "fma" else 32 if case == "deq" else 16,
                  BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
                  SWAP=case in ("True", "deq"), W_SCALED=True, QG=128 if case == "quant_out" else 0,
-                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq")
+                 OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq",
+                 FULL=False)
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}

@@ -144,6 +144,23 @@ def test_paired_kernel_prequantized_activations(block: int, monkeypatch: pytest.
 
 
 @pytest.mark.parametrize("block", [128, 32])
+def test_paired_kernel_lean_addressing(block: int) -> None:
+    """The paired kernel with fp8_gemv's leaner K-loop addressing (cfg "full", "scales_t") gives the bits of the
+    masked, row-major form, prequantized or quantized in registers, swapped or not."""
+    g = torch.Generator().manual_seed(19 * block)
+    for M, N, K, clamp, splits in CASES:
+        if K % block:
+            continue
+        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
+        for swap in (True, False):
+            for pre in (True, False):
+                base = {"swap": swap, "prequant": pre, **({"splits": splits} if splits else {})}
+                plain = fp8_swiglu.run(x, *w1, *w3, block, block, limit, base)
+                lean = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, "full": True, "scales_t": True})
+                assert torch.equal(lean, plain), (M, N, K, swap, pre)
+
+
+@pytest.mark.parametrize("block", [128, 32])
 @pytest.mark.parametrize("act", [0, 1])
 def test_one_row_paired_kernel_on_the_cuda_cores(block: int, act: int) -> None:
     """The paired kernel's `fma` form (one row, fp8_gemv.fma_acc for both weights) is fp8_gemv's fma form for w1 and

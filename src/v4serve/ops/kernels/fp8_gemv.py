@@ -56,6 +56,12 @@ FMA_MAX_ROWS = 4  # the CUDA-core form's row limit (cfg "fma"; by default one ro
 # the FP8 dots at 8 and 32 rows on every V4.1 shape (H100, thirty-second session: wo_b 41.7 -> 85.9 us, wq_b 29.8 ->
 # 56.8 at 32 rows), so off unless V4SERVE_GEMV_DEQ=1 (read per config: a graph recaptured under it takes it)
 DEQ_ENV = "V4SERVE_GEMV_DEQ"
+# Leaner K-loop addressing for the tensor-core rows (cfg "full", "scales_t"; both with V4SERVE_GEMV_LEAN=1, read per
+# config): "full" drops the K masks when K is a multiple of the K tile (every split's tiles are then whole); "scales_t"
+# has act_quant write the prequantized x's scales transposed ([K / block, BM]: a row's scales at unit stride), so a
+# thread's scales of one block are a few wide loads at constant offsets. sm_90 SASS of V4.1's wo_b at 32 rows: the K
+# loop 449 -> 346 instructions a K tile (LDG 36 -> 20, ISETP 34 -> 8), 134 -> 102 registers. Not timed yet: off.
+LEAN_ENV = "V4SERVE_GEMV_LEAN"
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
@@ -118,13 +124,14 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
 
 
 @triton.jit
-def act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, xs_off, kb, kb_ok, w_scale, A_FP8: tl.constexpr,
+def act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, xs_off, kb, kb_ok, w_scale, A_FP8: tl.constexpr,
               A_PRE: tl.constexpr):
     """One scale block of x [BM, SB] for block_dot -> (x, its scales [BM]): A_PRE, x already e4m3 with its per-block
-    scales at xs_ptr (+ xs_off: a group's; kernels/quant.act_quant, launched before); A_FP8, quantized here as act_quant would (amax
-    floored at 1e-4, power-of-two scale, e4m3 RNE); else W8A16 (no activation scale: w_scale stands in)."""
+    scales at xs_ptr (+ xs_off: a group's; kernels/quant.act_quant, launched before; block kb at kb * stride_xsk);
+    A_FP8, quantized here as act_quant would (amax floored at 1e-4, power-of-two scale, e4m3 RNE); else W8A16 (no
+    activation scale: w_scale stands in)."""
     if A_PRE:
-        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + xs_off + kb, mask=m_ok & kb_ok, other=1.0)
+        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + xs_off + kb * stride_xsk, mask=m_ok & kb_ok, other=1.0)
     elif A_FP8:
         x, x_scale = quantize_rows(x)
     else:
@@ -133,11 +140,14 @@ def act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, xs_off, kb, kb_ok, w_scale, A
 
 
 @triton.jit
-def scale_block(k0, sub, k_hi, SB: tl.constexpr):
+def scale_block(k0, sub, k_hi, SB: tl.constexpr, FULL: tl.constexpr = False):
     """Scale block `sub` of the K tile at k0 -> (its first K position, its positions [SB], their mask, whether it
-    starts before k_hi: a block past the split's end reads zeros and no scales)."""
+    starts before k_hi: a block past the split's end reads zeros and no scales). FULL: the caller's K tiles are whole
+    (K a multiple of the tile, splits on tiles), so the masks are constant true and the compiler drops them."""
     kb0 = k0 + sub * SB
     offs_k = kb0 + tl.arange(0, SB)
+    if FULL:
+        return kb0, offs_k, tl.full([SB], 1, tl.int1), kb0 == kb0
     return kb0, offs_k, offs_k < k_hi, kb0 < k_hi
 
 
@@ -203,14 +213,14 @@ def fma_acc(acc, m: tl.constexpr, w, w_scale, x, x_scale, SB: tl.constexpr):
 @step_jit
 def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, cnt_ptr,
                         M, N, K, k_per_split,
-                        stride_xm, stride_xg, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_ym, stride_yg,
-                        stride_ysm, stride_ysg,
+                        stride_xm, stride_xg, stride_xsm, stride_xsg, stride_xsk, stride_wn, stride_wsn, stride_ym,
+                        stride_yg, stride_ysm, stride_ysg,
                         SB: tl.constexpr, A_FP8: tl.constexpr, A_PRE: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
                         W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1,
-                        DEQ: tl.constexpr = False):
+                        DEQ: tl.constexpr = False, FULL: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -241,7 +251,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
     else:
         for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
-                kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB)
+                kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB, FULL)
                 x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
                             mask=m_ok[:, None] & k_ok[None, :], other=0.0)
                 w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
@@ -251,8 +261,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                                                   mask=n_ok & kb_ok, other=127))
                 else:  # a plain weight (no scale tensor)
                     w_scale = tl.full([BN], 1.0, tl.float32)
-                x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, g * stride_xsg, kb0 // SB, kb_ok,
-                                       w_scale, A_FP8, A_PRE)
+                x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, g * stride_xsg, kb0 // SB,
+                                       kb_ok, w_scale, A_FP8, A_PRE)
                 acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED, DEQ)
     if SWAP:
         acc = tl.trans(acc)
@@ -311,11 +321,12 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     --compressor`, H200, CSA 2624 x 4096 M=1 10.6 -> 9.1 us, M=32 12.8 -> 10.0; HCA 1024 x 4096 M=1 6.5 -> 5.3."""
     bm = max(16, next_pow2(M))
     swap = w8a8 and M <= 32
+    lean = env_get(LEAN_ENV) == "1"
     if interpreting():  # the CPU interpreter pays per program: few, large ones (but still a split when K allows)
         bn = min(256, max(16, next_pow2(N)))
         bk = max(sb, 128)
         return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, cdiv(K, bk))), "num_warps": 4,
-                "num_stages": 1, "swap": swap, "fma": False}
+                "num_stages": 1, "swap": swap, "fma": False, "full": lean, "scales_t": lean}
     if M == 1 and FMA_ONE_ROW and one_row_fma:  # (one_row_fma: false for kernels without the fma form)
         return fma_config(N, K, G)
     bn, bk = 64, max(sb, 128)
@@ -323,7 +334,7 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     if plain:
         splits = max(1, splits // 2)
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap,
-            "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1"}
+            "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1", "full": lean, "scales_t": lean}
 
 
 def fma_config(N: int, K: int, G: int) -> dict:
@@ -403,8 +414,8 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         by_size = prequantize(weight, act_group) and not cfg["fma"]
         pre = by_size if prequant is None else bool(prequant and act_group)
         xs = x3
-        if pre:
-            x3, xs = act_quant(x3, block)  # e4m3 [M, G, K], float32 scales [M, G, K / block]
+        if pre:  # e4m3 [M, G, K], float32 scales [M, G, K / block] (cfg "scales_t", one group: transposed, LEAN_ENV)
+            x3, xs = act_quant(x3, block, scale_rows=cfg["BM"] if cfg.get("scales_t") and G == 1 else 0)
     bn = cfg["BN"]
     if quant_out and (bn % quant_out if bn > quant_out else quant_out % bn):
         raise ValueError(f"tiles of {bn} columns neither hold nor tile groups of {quant_out}")
@@ -420,11 +431,12 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         raise ValueError(f"{n_tiles * G} output tiles exceed the {cnt.numel()} arrival counters")
     _decode_gemm_kernel[(n_tiles, G, splits)](
         x3, xs, weight, scale, part, y, ys, cnt, M, N, K, k_per_split,
-        x3.stride(0), x3.stride(1), xs.stride(0), xs.stride(1), weight.stride(0), scale.stride(0), y.stride(0),
-        y.stride(1), ys.stride(0), ys.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"],
+        x3.stride(0), x3.stride(1), xs.stride(0), xs.stride(1), xs.stride(-1), weight.stride(0), scale.stride(0),
+        y.stride(0), y.stride(1), ys.stride(0), ys.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"],
         BN=cfg["BN"], BK=bk, SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")), **pdl_launch(y))
+        EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")),
+        FULL=bool(cfg.get("full")) and K % bk == 0, **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y

@@ -87,12 +87,12 @@ def swiglu_rounded(g, u, limit, out_ptr, CLAMP: tl.constexpr, HAND_RNE: tl.const
 @step_jit
 def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr, h_ptr, cnt_ptr,
                         M, N, K, k_per_split, limit,
-                        stride_xm, stride_xsm, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,
+                        stride_xm, stride_xsm, stride_xsk, stride_w1n, stride_w3n, stride_s1n, stride_s3n, stride_hm,
                         SB: tl.constexpr, A_FP8: tl.constexpr, CLAMP: tl.constexpr, BM: tl.constexpr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False,
-                        A_PRE: tl.constexpr = False):
+                        A_PRE: tl.constexpr = False, FULL: tl.constexpr = False):
     # A_PRE: x already in e4m3 with its per-block float32 scales at xs_ptr (kernels/quant.act_quant, `prequant`)
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
@@ -119,7 +119,7 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
     else:
         for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
-                kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB)
+                kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB, FULL)
                 wk_ok = n_ok[:, None] & k_ok[None, :]
                 x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                             mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -129,7 +129,8 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
                 s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=s_ok, other=127))
                 s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=s_ok, other=127))
                 # one quantization (or prequantized block) serves both dots; W8A16: s1 stands in
-                x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, 0, kb0 // SB, kb_ok, s1, A_FP8, A_PRE)
+                x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, 0, kb0 // SB, kb_ok, s1, A_FP8,
+                                       A_PRE)
                 acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
                 acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
     if SWAP:
@@ -194,13 +195,14 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
     if n_tiles > cnt.numel():
         raise ValueError(f"{n_tiles} output tiles exceed the {cnt.numel()} arrival counters")
     pre = bool(cfg.get("prequant")) and act_group == block and not cfg["fma"]
-    xq, xs = act_quant(x2, block) if pre else (x2, x2)
+    # (cfg "scales_t": the scales transposed, fp8_gemv.LEAN_ENV)
+    xq, xs = act_quant(x2, block, scale_rows=cfg["BM"] if cfg.get("scales_t") else 0) if pre else (x2, x2)
     _swiglu_gemv_kernel[(n_tiles, splits)](
         xq, xs, w1, w3, s1, s3, part, h, cnt, M, N, K, k_per_split, float(limit),
-        xq.stride(0), xs.stride(0), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
+        xq.stride(0), xs.stride(0), xs.stride(-1), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
         SB=block, A_FP8=act_group == block, CLAMP=limit > 0, BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits,
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
-        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), A_PRE=pre,
+        EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), A_PRE=pre, FULL=bool(cfg.get("full")) and K % bk == 0,
         **pdl_launch(x2))
     return h

@@ -65,7 +65,7 @@ def fp8_simulate_tile(v, R: tl.constexpr, C: tl.constexpr, G: tl.constexpr):
 
 
 @step_jit
-def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_qm, stride_sm,
+def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_qm, stride_sm, stride_sg,
                       GROUP: tl.constexpr, PAIRS: tl.constexpr, SIMULATE: tl.constexpr, PDL: tl.constexpr = False):
     """One program quantizes PAIRS (row, group) pairs: a [PAIRS, GROUP] tile, amax per tile row."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
@@ -79,7 +79,7 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, n_pairs, n_groups, stride_xm, stride_
                  (q.to(tl.float32) * scale[:, None]).to(q_ptr.dtype.element_ty), mask=ok[:, None])
     else:
         tl.store(q_ptr + row[:, None] * stride_qm + cols, q, mask=ok[:, None])
-        tl.store(s_ptr + row * stride_sm + grp, scale, mask=ok)
+        tl.store(s_ptr + row * stride_sm + grp * stride_sg, scale, mask=ok)
 
 
 def _launch(x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, group: int, simulate: bool) -> None:
@@ -93,7 +93,7 @@ def _launch(x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, gr
     pairs = min(pairs, next_pow2(n_pairs))
     _act_quant_kernel[(cdiv(n_pairs, pairs),)](
         x2, out, scales if scales is not None else out, n_pairs, n_groups, x2.stride(0), out.stride(0),
-        scales.stride(0) if scales is not None else 0, GROUP=group, PAIRS=pairs, SIMULATE=simulate,
+        scales.stride(0) if scales is not None else 0, scales.stride(1) if scales is not None else 1, GROUP=group, PAIRS=pairs, SIMULATE=simulate,
         **pdl_launch(out))
 
 
@@ -104,11 +104,18 @@ def _rows(x: torch.Tensor, group: int) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def act_quant(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] -> (float8_e4m3fn [..., K], float32 scales [..., K / group])."""
+def act_quant(x: torch.Tensor, group: int, scale_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (float8_e4m3fn [..., K], float32 scales [..., K / group]). scale_rows (>= x's rows): the scales
+    are a view of a transposed buffer [K / group, scale_rows] (a row's scales at stride scale_rows, a group's rows at
+    unit stride; the rows past x's unwritten), for kernels that read one group's scales of many rows at once."""
     x2 = _rows(x, group)
     q = torch.empty(x2.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(x2.shape[0], x2.shape[1] // group, dtype=torch.float32, device=x.device)
+    if scale_rows:
+        if scale_rows < x2.shape[0]:
+            raise ValueError(f"{x2.shape[0]} rows do not fit a transposed scale buffer of {scale_rows}")
+        s = torch.empty(x2.shape[1] // group, scale_rows, dtype=torch.float32, device=x.device).t()[:x2.shape[0]]
+    else:
+        s = torch.empty(x2.shape[0], x2.shape[1] // group, dtype=torch.float32, device=x.device)
     _launch(x2, q, s, group, False)
     return q.view(x.shape), s.view(*x.shape[:-1], -1)
 
