@@ -1957,6 +1957,18 @@ if [[ $what == thirtyseventh1 ]]; then  # prepared in the thirty-seventh session
     --env-variant "V4SERVE_GEMV_LEAN=1" --env-variant "V4SERVE_GEMV_LEAN=1 V4SERVE_SWIGLU_PREQUANT=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for a short device budget: the lean
+  # addressing's GPU tests, its microbenchmark on V4.1's two largest shapes and V4's wo_b, the b32 step A/B
+  timeout 70 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "lean" > "$OUT/gpu_tests_lean.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_lean.log" | cut -c1-200 | tail -4
+  timeout 45 python3 benchmarks/kernels/fp8_gemm.py --decode-only --shapes v41_wo_b,v41_wq_b,wo_b --rows 8,32 \
+    --variants default,lean --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-lean.log" | grep -E " M=| failed"
+  timeout 170 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
+fi
 if [[ $what == ncuv41 ]]; then  # prepared in the thirty-fifth session (~200 s): where V4.1's one-token MoE waits (its
   # gate-up is 80 registers, 285 SASS a K tile for 64 FP4 values a thread, ~37% of the issue rate it would need to be
   # issue bound: `moe.py --compile-only --model v41-flash --sass`), per SASS line: the gate-up and the down at T = 1
