@@ -1948,7 +1948,7 @@ if [[ $what == thirtyseventh1 ]]; then  # prepared in the thirty-seventh session
     > "$OUT/gpu_tests_lean.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_lean.log" | cut -c1-200 | tail -4
   timeout 70 python3 benchmarks/kernels/fp8_gemm.py --decode-only --shapes v41_wo_b,v41_wq_b,v41_wq_a,wo_b,wq_b \
-    --rows 8,32 --variants default,lean,full,lean-s6,lean-bn128 --out "$OUT" 2>&1 | grep -v Warning \
+    --rows 8,32 --variants default,lean,lean2,lean-s6,lean-bn128 --out "$OUT" 2>&1 | grep -v Warning \
     | tee "$OUT/gemv-lean.log" | grep -E " M=| failed"
   timeout 50 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 --variants default,lean,pre,pre-lean \
     --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/shared-lean.log" | grep -E " M=| failed"

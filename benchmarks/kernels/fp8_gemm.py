@@ -55,9 +55,11 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "deq": {"deq": True}, "deq-swap": {"deq": True, "swap": True},
                    # leaner K-loop addressing (fp8_gemv.LEAN_ENV): no K masks on whole tiles ("full"), the
                    # prequantized x's scales transposed ("scales_t"; weights over MAX_WEIGHT_BYTES)
-                   "lean": {"full": True, "scales_t": True}, "full": {"full": True},
-                   "lean-s6": {"full": True, "scales_t": True, "num_stages": 6},
-                   "lean-bn128": {"full": True, "scales_t": True, "BN": 128},
+                   # and the two scales multiplied first ("pair_scales")
+                   "lean": {"full": True, "scales_t": True, "pair_scales": True},
+                   "lean2": {"full": True, "scales_t": True},
+                   "lean-s6": {"full": True, "scales_t": True, "pair_scales": True, "num_stages": 6},
+                   "lean-bn128": {"full": True, "scales_t": True, "pair_scales": True, "BN": 128},
                    # up to 4 rows on the CUDA cores (fp8_gemv.fma_acc; x quantized in registers at every size unless
                    # "prequant"), "programs": the split target
                    "fma": {"fma": True, "BK": 512}, "fma-pre": {"fma": True, "BK": 512, "prequant": True},
@@ -124,7 +126,8 @@ PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "sp
                    # the activations quantized by one act_quant launch before (fp8_swiglu.PREQUANT_ENV)
                    "pre": {"prequant": True},
                    # fp8_gemv's leaner K-loop addressing (LEAN_ENV), with and without the prequantized x
-                   "lean": {"full": True, "scales_t": True}, "pre-lean": {"prequant": True, "full": True, "scales_t": True},
+                   "lean": {"full": True, "scales_t": True, "pair_scales": True},
+                   "pre-lean": {"prequant": True, "full": True, "scales_t": True, "pair_scales": True},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
                    "fma-p264": {"fma": True, "BK": 512, "programs": 264}, "fma-bn32": {"fma": True, "BK": 512, "BN": 32},

@@ -279,10 +279,10 @@ def test_decode_gemm_with_prequantized_activations(block: int) -> None:
 
 @pytest.mark.parametrize("block", [32, 128])
 def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The K loop's leaner addressing (cfg "full": no K masks when K is a multiple of the K tile; "scales_t": the
-    prequantized x's scales transposed by act_quant) gives the same bits as the masked, row-major form: prequantized
-    or in registers, swapped or not, K ragged against the tile (then "full" stays off), rows not a power of two; the
-    transposed scales equal act_quant's; V4SERVE_GEMV_LEAN=1 asks for both in the configs."""
+    """The leaner K loop (cfg "full": no K masks when K is a multiple of the K tile; "scales_t": the prequantized x's
+    scales transposed by act_quant; "pair_scales": the two scales multiplied first) gives the same bits as the masked,
+    row-major form: prequantized or in registers, swapped or not, K ragged against the tile (then "full" stays off),
+    rows not a power of two; the transposed scales equal act_quant's; V4SERVE_GEMV_LEAN=1 asks for all three."""
     g = torch.Generator().manual_seed(3 * block)
     for M, G, N, K in ((1, 1, 96, 1024), (7, 1, 200, 768), (19, 1, 64, 544 if block == 32 else 640), (3, 2, 48, 512)):
         q, s = fp8_weight(G * N, K, block, g)
@@ -290,19 +290,20 @@ def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch
         for pre in (True, False):
             for swap in (True, False):
                 base = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap}, prequant=pre)
-                lean = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap, "full": True,
-                                                                            "scales_t": True}, prequant=pre)
-                assert torch.equal(lean, base), (M, G, N, K, pre, swap)
+                for lean_cfg in ({"full": True, "scales_t": True}, {"pair_scales": True},
+                                 {"full": True, "scales_t": True, "pair_scales": True}):
+                    lean = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap, **lean_cfg},
+                                        prequant=pre)
+                    assert torch.equal(lean, base), (M, G, N, K, pre, swap, lean_cfg)
     x = torch.randn(5, 1, 256, generator=g).to(DEV)
     rq, rs = kquant.act_quant(x, block)
     tq, ts = kquant.act_quant(x, block, scale_rows=16)
     assert torch.equal(tq.float(), rq.float()) and torch.equal(ts, rs) and ts.stride()[-1] == 16 and ts.stride(0) == 1
     with pytest.raises(ValueError, match="do not fit"):
         kquant.act_quant(x, block, scale_rows=4)
-    assert not fp8_gemv.config(32, 5120, 8192, 1, 32)["scales_t"]
+    assert not any(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in ("full", "scales_t", "pair_scales"))
     monkeypatch.setenv(fp8_gemv.LEAN_ENV, "1")
-    cfg = fp8_gemv.config(32, 5120, 8192, 1, 32)
-    assert cfg["full"] and cfg["scales_t"]
+    assert all(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in ("full", "scales_t", "pair_scales"))
 
 
 @pytest.mark.parametrize("block", [32, 128])
@@ -774,7 +775,7 @@ for case in ("False", "True", "quant_out", "fma", "deq"):
                  BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
                  SWAP=case in ("True", "deq"), W_SCALED=True, QG=128 if case == "quant_out" else 0,
                  OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq",
-                 FULL=False)
+                 FULL=False, PAIR=False)
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}

@@ -145,7 +145,7 @@ def test_paired_kernel_prequantized_activations(block: int, monkeypatch: pytest.
 
 @pytest.mark.parametrize("block", [128, 32])
 def test_paired_kernel_lean_addressing(block: int) -> None:
-    """The paired kernel with fp8_gemv's leaner K-loop addressing (cfg "full", "scales_t") gives the bits of the
+    """The paired kernel with fp8_gemv's leaner K loop (cfg "full", "scales_t", "pair_scales") gives the bits of the
     masked, row-major form, prequantized or quantized in registers, swapped or not."""
     g = torch.Generator().manual_seed(19 * block)
     for M, N, K, clamp, splits in CASES:
@@ -156,7 +156,8 @@ def test_paired_kernel_lean_addressing(block: int) -> None:
             for pre in (True, False):
                 base = {"swap": swap, "prequant": pre, **({"splits": splits} if splits else {})}
                 plain = fp8_swiglu.run(x, *w1, *w3, block, block, limit, base)
-                lean = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, "full": True, "scales_t": True})
+                lean = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, "full": True, "scales_t": True,
+                                                                               "pair_scales": True})
                 assert torch.equal(lean, plain), (M, N, K, swap, pre)
 
 

@@ -56,11 +56,13 @@ FMA_MAX_ROWS = 4  # the CUDA-core form's row limit (cfg "fma"; by default one ro
 # the FP8 dots at 8 and 32 rows on every V4.1 shape (H100, thirty-second session: wo_b 41.7 -> 85.9 us, wq_b 29.8 ->
 # 56.8 at 32 rows), so off unless V4SERVE_GEMV_DEQ=1 (read per config: a graph recaptured under it takes it)
 DEQ_ENV = "V4SERVE_GEMV_DEQ"
-# Leaner K-loop addressing for the tensor-core rows (cfg "full", "scales_t"; both with V4SERVE_GEMV_LEAN=1, read per
-# config): "full" drops the K masks when K is a multiple of the K tile (every split's tiles are then whole); "scales_t"
-# has act_quant write the prequantized x's scales transposed ([K / block, BM]: a row's scales at unit stride), so a
-# thread's scales of one block are a few wide loads at constant offsets. sm_90 SASS of V4.1's wo_b at 32 rows: the K
-# loop 449 -> 346 instructions a K tile (LDG 36 -> 20, ISETP 34 -> 8), 134 -> 102 registers. Not timed yet: off.
+# A leaner K loop for the tensor-core rows (cfg "full", "scales_t", "pair_scales"; all three with V4SERVE_GEMV_LEAN=1,
+# read per config), the same bits: "full" drops the K masks when K is a multiple of the K tile (every split's tiles
+# are then whole); "scales_t" has act_quant write the prequantized x's scales transposed ([K / block, BM]: a block's
+# scales of all rows at unit stride), so a thread's scales of one block are a few wide loads at constant offsets;
+# "pair_scales" multiplies the two power-of-two scales before the product (block_dot PAIR). sm_90 SASS of V4.1's
+# wo_b, instructions a K tile: 32 rows 449 -> 346 (full + scales_t: LDG 36 -> 20, ISETP 34 -> 8; 134 -> 102
+# registers) -> 314 (pair_scales: FMUL 64 -> 32); 8 rows 356 -> 270. Not timed yet: off.
 LEAN_ENV = "V4SERVE_GEMV_LEAN"
 
 
@@ -92,14 +94,16 @@ def e8m0_to_f32(b):
 
 @triton.jit
 def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.constexpr, SWAP: tl.constexpr = False,
-              W_SCALED: tl.constexpr = True, DEQ: tl.constexpr = False):
+              W_SCALED: tl.constexpr = True, DEQ: tl.constexpr = False, PAIR: tl.constexpr = False):
     """acc + one scale block's x [BM, SB] @ w [BN, SB]^T: FP8 x FP8 on the tensor cores with both scales applied to the
     block's product (FP8: x in e4m3), or W8A16, the weight tile dequantized to x's dtype (exact) for a half-precision
     dot. SWAP: acc is the transpose [BN, BM], w @ x^T: the weight is wgmma's 64-row operand, read from shared memory
     (BM = 16 puts x there; sm_90 has FP8 MMAs only as wgmma: its mma.sync form converts both operands to f16 first).
     W_SCALED false: a plain weight in x's dtype, used as it is. DEQ (with FP8): both e4m3 operands times their
     power-of-two scales as bf16 (exact), one bf16 dot chained into acc: no product to wait for and scale per block
-    (V4.1's 32-wide blocks make that a wait and three float ops an accumulator element every 32 of K)."""
+    (V4.1's 32-wide blocks make that a wait and three float ops an accumulator element every 32 of K). PAIR: the two
+    scales multiplied first (exact: both powers of two), so that a thread whose accumulator rows share one weight
+    scale block takes one multiply per column and one FMA per element, not two multiplies per element."""
     if FP8 and DEQ:
         w = (w.to(tl.float32) * w_scale[:, None]).to(tl.bfloat16)
         x = (x.to(tl.float32) * x_scale[:, None]).to(tl.bfloat16)
@@ -117,7 +121,9 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
         prod = tl.dot(lhs.to(tl.float32), tl.trans(rhs.to(tl.float32)), input_precision="ieee")
     else:
         prod = tl.dot(lhs, tl.trans(rhs))
-    if FP8:
+    if FP8 and PAIR:
+        prod = prod * (s_lhs[:, None] * s_rhs[None, :])
+    elif FP8:
         prod = prod * s_lhs[:, None] * s_rhs[None, :]
     acc += prod
     return acc
@@ -220,7 +226,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
                         W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1,
-                        DEQ: tl.constexpr = False, FULL: tl.constexpr = False):
+                        DEQ: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -263,7 +269,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                     w_scale = tl.full([BN], 1.0, tl.float32)
                 x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, g * stride_xsg, kb0 // SB,
                                        kb_ok, w_scale, A_FP8, A_PRE)
-                acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED, DEQ)
+                acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED, DEQ, PAIR)
     if SWAP:
         acc = tl.trans(acc)
     # a quantization group wider than a tile spans TILES tiles: the last of all their programs finishes it
@@ -326,7 +332,8 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
         bn = min(256, max(16, next_pow2(N)))
         bk = max(sb, 128)
         return {"BM": bm, "BN": bn, "BK": bk, "splits": max(1, min(4, cdiv(K, bk))), "num_warps": 4,
-                "num_stages": 1, "swap": swap, "fma": False, "full": lean, "scales_t": lean}
+                "num_stages": 1, "swap": swap, "fma": False, "full": lean, "scales_t": lean,
+                "pair_scales": lean}
     if M == 1 and FMA_ONE_ROW and one_row_fma:  # (one_row_fma: false for kernels without the fma form)
         return fma_config(N, K, G)
     bn, bk = 64, max(sb, 128)
@@ -334,7 +341,8 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     if plain:
         splits = max(1, splits // 2)
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap,
-            "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1", "full": lean, "scales_t": lean}
+            "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1", "full": lean, "scales_t": lean,
+                "pair_scales": lean}
 
 
 def fma_config(N: int, K: int, G: int) -> dict:
@@ -438,5 +446,5 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
         EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")),
-        FULL=bool(cfg.get("full")) and K % bk == 0, **pdl_launch(y))
+        FULL=bool(cfg.get("full")) and K % bk == 0, PAIR=bool(cfg.get("pair_scales")), **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y

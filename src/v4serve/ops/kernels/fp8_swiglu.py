@@ -92,7 +92,7 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False,
-                        A_PRE: tl.constexpr = False, FULL: tl.constexpr = False):
+                        A_PRE: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False):
     # A_PRE: x already in e4m3 with its per-block float32 scales at xs_ptr (kernels/quant.act_quant, `prequant`)
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
@@ -131,8 +131,8 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
                 # one quantization (or prequantized block) serves both dots; W8A16: s1 stands in
                 x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, 0, kb0 // SB, kb_ok, s1, A_FP8,
                                        A_PRE)
-                acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
-                acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ)
+                acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ, PAIR)
+                acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ, PAIR)
     if SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -204,5 +204,5 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
         EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), A_PRE=pre, FULL=bool(cfg.get("full")) and K % bk == 0,
-        **pdl_launch(x2))
+        PAIR=bool(cfg.get("pair_scales")), **pdl_launch(x2))
     return h
