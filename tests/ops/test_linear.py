@@ -282,17 +282,19 @@ def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch
     """The leaner K loop (cfg "full": no K masks when K is a multiple of the K tile; "scales_t": the prequantized x's
     scales transposed by act_quant; "pair_scales": the two scales multiplied first) gives the same bits as the masked,
     row-major form: prequantized or in registers, swapped or not, K ragged against the tile (then "full" stays off),
-    rows not a power of two; the transposed scales equal act_quant's; V4SERVE_GEMV_LEAN=1 asks for all three."""
+    rows not a power of two; the transposed scales equal act_quant's; all three are the default for 32-wide blocks
+    only, and V4SERVE_GEMV_LEAN=1 / 0 forces them on / off."""
     g = torch.Generator().manual_seed(3 * block)
     for M, G, N, K in ((1, 1, 96, 1024), (7, 1, 200, 768), (19, 1, 64, 544 if block == 32 else 640), (3, 2, 48, 512)):
         q, s = fp8_weight(G * N, K, block, g)
         x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
         for pre in (True, False):
             for swap in (True, False):
-                base = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap}, prequant=pre)
+                plain_loop = {"swap": swap, "full": False, "scales_t": False, "pair_scales": False}
+                base = fp8_gemv.run(x, q, s, block, block, torch.float32, plain_loop, prequant=pre)
                 for lean_cfg in ({"full": True, "scales_t": True}, {"pair_scales": True},
                                  {"full": True, "scales_t": True, "pair_scales": True}):
-                    lean = fp8_gemv.run(x, q, s, block, block, torch.float32, {"swap": swap, **lean_cfg},
+                    lean = fp8_gemv.run(x, q, s, block, block, torch.float32, {**plain_loop, **lean_cfg},
                                         prequant=pre)
                     assert torch.equal(lean, base), (M, G, N, K, pre, swap, lean_cfg)
     x = torch.randn(5, 1, 256, generator=g).to(DEV)
@@ -301,9 +303,15 @@ def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch
     assert torch.equal(tq.float(), rq.float()) and torch.equal(ts, rs) and ts.stride()[-1] == 16 and ts.stride(0) == 1
     with pytest.raises(ValueError, match="do not fit"):
         kquant.act_quant(x, block, scale_rows=4)
-    assert not any(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in ("full", "scales_t", "pair_scales"))
+    keys = ("full", "scales_t", "pair_scales")
+    monkeypatch.delenv(fp8_gemv.LEAN_ENV, raising=False)
+    assert all(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in keys)  # the default for 32-wide blocks
+    assert not any(fp8_gemv.config(32, 4096, 8192, 1, 128)[k] for k in keys)
+    assert not any(fp8_gemv.config(32, 4096, 8192, 1, 128, plain=True)[k] for k in keys)
     monkeypatch.setenv(fp8_gemv.LEAN_ENV, "1")
-    assert all(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in ("full", "scales_t", "pair_scales"))
+    assert all(fp8_gemv.config(32, 4096, 8192, 1, 128)[k] for k in keys)
+    monkeypatch.setenv(fp8_gemv.LEAN_ENV, "0")
+    assert not any(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in keys)
 
 
 @pytest.mark.parametrize("block", [32, 128])

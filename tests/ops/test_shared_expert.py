@@ -124,23 +124,27 @@ def test_paired_kernel_dequantized_bf16_dots(block: int, swap: bool) -> None:
 @pytest.mark.parametrize("block", [128, 32])
 def test_paired_kernel_prequantized_activations(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The paired kernel with its activations quantized by act_quant before (cfg "prequant": the same e4m3 values and
-    scales as its in-register quantization) gives the in-register bits, swapped or not; W8A16 ignores it;
-    V4SERVE_SWIGLU_PREQUANT=1 asks for it in the configs."""
+    scales as its in-register quantization) gives the in-register bits, swapped or not; W8A16 ignores it; it is the
+    default for 32-wide blocks only, and V4SERVE_SWIGLU_PREQUANT=1 / 0 forces it on / off."""
     g = torch.Generator().manual_seed(17 * block)
     for M, N, K, clamp, splits in CASES:
         if K % block:
             continue
         w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
         for swap in (True, False):
-            base = {"swap": swap, **({"splits": splits} if splits else {})}
+            base = {"swap": swap, "prequant": False, **({"splits": splits} if splits else {})}
             plain = fp8_swiglu.run(x, *w1, *w3, block, block, limit, base)
             h = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, "prequant": True})
             assert torch.equal(h, plain), (M, N, K, swap)
         w16 = fp8_swiglu.run(x, *w1, *w3, block, 0, limit, base)
         assert torch.equal(fp8_swiglu.run(x, *w1, *w3, block, 0, limit, {**base, "prequant": True}), w16)
-    assert not fp8_swiglu.paired_config(32, 2304, 5120, 32)["prequant"]
+    monkeypatch.delenv(fp8_swiglu.PREQUANT_ENV, raising=False)
+    assert fp8_swiglu.paired_config(32, 2304, 5120, 32)["prequant"]  # the default for 32-wide blocks (V4.1)
+    assert not fp8_swiglu.paired_config(32, 2048, 4096, 128)["prequant"]
     monkeypatch.setenv(fp8_swiglu.PREQUANT_ENV, "1")
-    assert fp8_swiglu.paired_config(32, 2304, 5120, 32)["prequant"]
+    assert fp8_swiglu.paired_config(32, 2048, 4096, 128)["prequant"]
+    monkeypatch.setenv(fp8_swiglu.PREQUANT_ENV, "0")
+    assert not fp8_swiglu.paired_config(32, 2304, 5120, 32)["prequant"]
 
 
 @pytest.mark.parametrize("block", [128, 32])
@@ -154,7 +158,8 @@ def test_paired_kernel_lean_addressing(block: int) -> None:
         w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
         for swap in (True, False):
             for pre in (True, False):
-                base = {"swap": swap, "prequant": pre, **({"splits": splits} if splits else {})}
+                base = {"swap": swap, "prequant": pre, "full": False, "scales_t": False, "pair_scales": False,
+                        **({"splits": splits} if splits else {})}
                 plain = fp8_swiglu.run(x, *w1, *w3, block, block, limit, base)
                 lean = fp8_swiglu.run(x, *w1, *w3, block, block, limit, {**base, "full": True, "scales_t": True,
                                                                                "pair_scales": True})

@@ -62,8 +62,20 @@ DEQ_ENV = "V4SERVE_GEMV_DEQ"
 # scales of all rows at unit stride), so a thread's scales of one block are a few wide loads at constant offsets;
 # "pair_scales" multiplies the two power-of-two scales before the product (block_dot PAIR). sm_90 SASS of V4.1's
 # wo_b, instructions a K tile: 32 rows 449 -> 346 (full + scales_t: LDG 36 -> 20, ISETP 34 -> 8; 134 -> 102
-# registers) -> 314 (pair_scales: FMUL 64 -> 32); 8 rows 356 -> 270. Not timed yet: off.
+# registers) -> 314 (pair_scales: FMUL 64 -> 32); 8 rows 356 -> 270. H100 (`fp8_gemm.py --decode-only`, µs, default
+# -> lean): V4.1 wo_b M=32 41.8 -> 39.7, wq_b M=32 29.9 -> 29.0, M=8 25.5 -> 25.0, but wo_b M=8 29.6 -> 30.5 and V4's
+# 128-block shapes slower (wo_b M=8 19.3 -> 21.4, M=32 21.9 -> 23.5); the V4.1 batch-32 step's replay 22.52 -> 22.19
+# ms (lean everywhere). So the default for 32-block FP8 weights only (`lean_loop`); V4SERVE_GEMV_LEAN=1 / 0 forces.
 LEAN_ENV = "V4SERVE_GEMV_LEAN"
+
+
+def lean_loop(sb: int, plain: bool = False) -> bool:
+    """Whether a tensor-core config takes the lean K loop (LEAN_ENV): by default for FP8 weights of 32-wide blocks
+    (V4.1's), where it was timed faster; V4SERVE_GEMV_LEAN=1 / 0 turns it on / off for every weight."""
+    forced = env_get(LEAN_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    return sb == 32 and not plain
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
@@ -327,7 +339,7 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     --compressor`, H200, CSA 2624 x 4096 M=1 10.6 -> 9.1 us, M=32 12.8 -> 10.0; HCA 1024 x 4096 M=1 6.5 -> 5.3."""
     bm = max(16, next_pow2(M))
     swap = w8a8 and M <= 32
-    lean = env_get(LEAN_ENV) == "1"
+    lean = lean_loop(sb, plain)
     if interpreting():  # the CPU interpreter pays per program: few, large ones (but still a split when K allows)
         bn = min(256, max(16, next_pow2(N)))
         bk = max(sb, 128)
@@ -422,8 +434,10 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         by_size = prequantize(weight, act_group) and not cfg["fma"]
         pre = by_size if prequant is None else bool(prequant and act_group)
         xs = x3
-        if pre:  # e4m3 [M, G, K], float32 scales [M, G, K / block] (cfg "scales_t", one group: transposed, LEAN_ENV)
-            x3, xs = act_quant(x3, block, scale_rows=cfg["BM"] if cfg.get("scales_t") and G == 1 else 0)
+        if pre:  # e4m3 [M, G, K], float32 scales [M, G, K / block]; transposed (LEAN_ENV) for the tensor-core loop of
+            # one group (the CUDA-core form reads a row's scales of a K tile at once)
+            t = cfg.get("scales_t") and G == 1 and not cfg["fma"]
+            x3, xs = act_quant(x3, block, scale_rows=cfg["BM"] if t else 0)
     bn = cfg["BN"]
     if quant_out and (bn % quant_out if bn > quant_out else quant_out % bn):
         raise ValueError(f"tiles of {bn} columns neither hold nor tile groups of {quant_out}")

@@ -41,8 +41,10 @@ _COUNTERS = ArrivalCounters()
 # in-register quantization of each [BM, block] x tile inside the K loop (amax reductions, shuffles, e4m3 rounding)
 # leaves Triton 3.6 staging none of the x loads (sm_90 SASS, V4.1 at 32 rows: 1,121 instructions a K tile against
 # 636). H100, `fp8_gemm.py --shared-expert` (µs, in-register -> prequantized): V4.1 M=8 28.0 -> 23.8, M=32 32.9 ->
-# 30.3; V4 M=32 18.1 -> 15.5 but M=8 12.4 -> 13.2. Opt-in (V4SERVE_SWIGLU_PREQUANT=1, read per config) until its
-# GPU tests and a step A/B of its own have run.
+# 30.3; V4 M=32 18.1 -> 15.5 but M=8 12.4 -> 13.2. With fp8_gemv's lean K loop (its default for 32-wide blocks), H100,
+# thirty-seventh session: V4.1 M=8 28.1 -> 22.6, M=32 33.1 -> 27.3 (V4 M=8 12.3 -> 14.5, slower); the V4.1 batch-32
+# step's replay 22.52 -> 21.68 ms with both (22.19 with the lean loop alone). The default for 32-wide blocks (V4.1);
+# V4SERVE_SWIGLU_PREQUANT=1 / 0 (read per config) forces it on / off.
 PREQUANT_ENV = "V4SERVE_SWIGLU_PREQUANT"
 
 
@@ -162,7 +164,8 @@ def paired_config(M: int, N: int, K: int, block: int, w8a8: bool = True) -> dict
     13.9; V4.1 M=1 27.3 -> 27.1, M=32 36.7 -> 32.5). One row runs on the CUDA cores (fp8_gemv.fma_acc) with 64-row
     tiles 512 wide over about two waves: V4 11.6 -> 9.6 us, V4.1 27.1 -> 13.7 (`--shared-expert --rows 1`)."""
     cfg = config(M, N, K, 1, block, w8a8=w8a8, one_row_fma=False)
-    cfg["prequant"] = env_get(PREQUANT_ENV) == "1"
+    forced = env_get(PREQUANT_ENV)
+    cfg["prequant"] = forced == "1" if forced in ("0", "1") else block == 32
     if not interpreting():
         cfg["splits"] = max(1, cfg["splits"] // 2)
         if M == 1 and FMA_ONE_ROW:  # one row on the CUDA cores, as fp8_gemv's (V4SERVE_GEMV_FMA=0: off)
