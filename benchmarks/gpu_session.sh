@@ -1969,6 +1969,22 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyseventh2 ]]; then  # prepared in the thirty-seventh session (~330 s): the new V4.1 defaults (the
+  # GEMVs' lean K loop for 32-block weights, the paired kernel's prequantized x) — the paired kernel's GPU tests and
+  # the 128-block lean case that the first call did not reach, the tiny models' graph = eager, then the V4.1 step at
+  # batch 32 / 4K with its replay traced (the by-kernel profile after the change) and the A/B the other way round
+  timeout 100 python3 -m pytest tests/ops/test_shared_expert.py tests/ops/test_linear.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "paired or lean or few_row or producer_quantized" > "$OUT/gpu_tests_defaults.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_defaults.log" | cut -c1-200 | tail -4
+  timeout 60 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "graph_decode_equals_eager" > "$OUT/gpu_tests_graph.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_graph.log" | cut -c1-200 | tail -4
+  timeout 200 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 20 \
+    --env-variant "V4SERVE_GEMV_LEAN=0 V4SERVE_SWIGLU_PREQUANT=0" --out "$OUT/b32-defaults" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-defaults.log" \
+    | grep -E "CUDA graphs|floor|round|_decode_gemm|_swiglu_gemv|_gate_up|_down_kernel"
+fi
 if [[ $what == ncuv41 ]]; then  # prepared in the thirty-fifth session (~200 s): where V4.1's one-token MoE waits (its
   # gate-up is 80 registers, 285 SASS a K tile for 64 FP4 values a thread, ~37% of the issue rate it would need to be
   # issue bound: `moe.py --compile-only --model v41-flash --sass`), per SASS line: the gate-up and the down at T = 1
