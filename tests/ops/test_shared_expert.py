@@ -77,6 +77,13 @@ CASES = [(1, 96, 384, False, None), (3, 200, 416, True, None), (17, 300, 256, Tr
          (64, 40, 640, True, None)]
 
 
+def whole_block_cases(block: int, g: torch.Generator):
+    """The CASES whose K is whole scale blocks, with their W8A8 inputs: (M, N, K, splits, w1, w3, x, ref, limit)."""
+    for M, N, K, clamp, splits in CASES:
+        if K % block == 0:
+            yield (M, N, K, splits, *case_inputs(M, N, K, clamp, block, block, g))
+
+
 @pytest.mark.parametrize("block", [128, 32])
 @pytest.mark.parametrize("act", [0, 1])
 @pytest.mark.parametrize("swap", [False, True])
@@ -109,11 +116,8 @@ def test_paired_kernel_dequantized_bf16_dots(block: int, swap: bool) -> None:
     """The paired kernel's `deq` form (fp8_gemv.block_dot's DEQ: W8A8 values as bf16 dots chained over K) matches
     its composition from fp8_gemv's same form and the reference."""
     g = torch.Generator().manual_seed(11 * block + swap)
-    for M, N, K, clamp, splits in CASES:
-        if K % block:
-            continue
+    for M, N, K, splits, w1, w3, x, ref, limit in whole_block_cases(block, g):
         cfg = {"swap": swap, "deq": True, **({"splits": splits} if splits else {})}
-        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
         h = fp8_swiglu.run(x, *w1, *w3, block, block, limit, cfg)
         assert torch.equal(h, fp8_swiglu.run(x, *w1, *w3, block, block, limit, cfg))
         exact = composed_h(x, w1, w3, block, block, limit, {**fp8_swiglu.paired_config(M, N, K, block), **cfg})
@@ -127,10 +131,7 @@ def test_paired_kernel_prequantized_activations(block: int, monkeypatch: pytest.
     scales as its in-register quantization) gives the in-register bits, swapped or not; W8A16 ignores it; it is the
     default for 32-wide blocks only, and V4SERVE_SWIGLU_PREQUANT=1 / 0 forces it on / off."""
     g = torch.Generator().manual_seed(17 * block)
-    for M, N, K, clamp, splits in CASES:
-        if K % block:
-            continue
-        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
+    for M, N, K, splits, w1, w3, x, ref, limit in whole_block_cases(block, g):
         for swap in (True, False):
             base = {"swap": swap, "prequant": False, **({"splits": splits} if splits else {})}
             plain = fp8_swiglu.run(x, *w1, *w3, block, block, limit, base)
@@ -152,10 +153,7 @@ def test_paired_kernel_lean_addressing(block: int) -> None:
     """The paired kernel with fp8_gemv's leaner K loop (cfg "full", "scales_t", "pair_scales") gives the bits of the
     masked, row-major form, prequantized or quantized in registers, swapped or not."""
     g = torch.Generator().manual_seed(19 * block)
-    for M, N, K, clamp, splits in CASES:
-        if K % block:
-            continue
-        w1, w3, x, ref, limit = case_inputs(M, N, K, clamp, block, block, g)
+    for M, N, K, splits, w1, w3, x, ref, limit in whole_block_cases(block, g):
         for swap in (True, False):
             for pre in (True, False):
                 base = {"swap": swap, "prequant": pre, "full": False, "scales_t": False, "pair_scales": False,
