@@ -1969,7 +1969,7 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
-if [[ $what == thirtyseventh2 ]]; then  # prepared in the thirty-seventh session (~330 s): the new V4.1 defaults (the
+if [[ $what == thirtyseventh2 ]]; then  # prepared in the thirty-seventh session (~400 s): the new V4.1 defaults (the
   # GEMVs' lean K loop for 32-block weights, the paired kernel's prequantized x) — the paired kernel's GPU tests and
   # the 128-block lean case that the first call did not reach, the tiny models' graph = eager, then the V4.1 step at
   # batch 32 / 4K with its replay traced (the by-kernel profile after the change) and the A/B the other way round
@@ -1984,6 +1984,10 @@ if [[ $what == thirtyseventh2 ]]; then  # prepared in the thirty-seventh session
     --env-variant "V4SERVE_GEMV_LEAN=0 V4SERVE_SWIGLU_PREQUANT=0" --out "$OUT/b32-defaults" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-defaults.log" \
     | grep -E "CUDA graphs|floor|round|_decode_gemm|_swiglu_gemv|_gate_up|_down_kernel"
+  # 6 stages for long K loops? (V4.1 wo_b at 32 rows: lean 39.7 -> 37.4 us with 6 stages, but wq_b 29.0 -> 38.2)
+  timeout 50 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,stages6 \
+    --shapes v41_wo_b,v41_wq_b,v41_wq_a,v41_shared_w2,"v41_wo_a(grouped)" --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/gemv-stages.log" | grep -E " M=| failed"
 fi
 if [[ $what == ncuv41 ]]; then  # prepared in the thirty-fifth session (~200 s): where V4.1's one-token MoE waits (its
   # gate-up is 80 registers, 285 SASS a K tile for 64 FP4 values a thread, ~37% of the issue rate it would need to be
