@@ -31,3 +31,15 @@ def test_interpreting_follows_triton_interpret(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         backend.resolve("triton", "cpu")  # no CUDA and no interpreter: refused
+
+
+def test_switch_forces_either_way_or_keeps_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A switch left unset (or set to anything but 0 / 1) gives the caller's default; 1 and 0 force it."""
+    monkeypatch.delenv("V4SERVE_TEST_SWITCH", raising=False)
+    assert env.switch("V4SERVE_TEST_SWITCH", True) and not env.switch("V4SERVE_TEST_SWITCH", False)
+    monkeypatch.setenv("V4SERVE_TEST_SWITCH", "1")
+    assert env.switch("V4SERVE_TEST_SWITCH", False)
+    monkeypatch.setenv("V4SERVE_TEST_SWITCH", "0")
+    assert not env.switch("V4SERVE_TEST_SWITCH", True)
+    monkeypatch.setenv("V4SERVE_TEST_SWITCH", "yes")
+    assert env.switch("V4SERVE_TEST_SWITCH", True) and not env.switch("V4SERVE_TEST_SWITCH", False)

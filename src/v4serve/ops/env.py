@@ -27,6 +27,13 @@ def get(name: str, default: str | None = None) -> str | None:
     return default if value is None else _DECODE(value)
 
 
+def switch(name: str, default: bool) -> bool:
+    """An on/off switch that may also be left unset: "1" on, "0" off, anything else the caller's default (which may
+    depend on the case, e.g. on a weight's block size)."""
+    value = get(name)
+    return value == "1" if value in ("0", "1") else default
+
+
 def interpreting() -> bool:
     """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET set and not 0: the tests)."""
     return get("TRITON_INTERPRET", "0") not in ("", "0")

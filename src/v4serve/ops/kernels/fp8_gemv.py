@@ -34,6 +34,7 @@ import triton.language as tl
 
 from ..backend import fused
 from ..env import get as env_get
+from ..env import switch as env_switch
 from ..quant import Quantized
 from . import cdiv, interpreting, next_pow2, step_jit
 from .pdl import enter as pdl_enter
@@ -72,10 +73,7 @@ LEAN_ENV = "V4SERVE_GEMV_LEAN"
 def lean_loop(sb: int, plain: bool = False) -> bool:
     """Whether a tensor-core config takes the lean K loop (LEAN_ENV): by default for FP8 weights of 32-wide blocks
     (V4.1's), where it was timed faster; V4SERVE_GEMV_LEAN=1 / 0 turns it on / off for every weight."""
-    forced = env_get(LEAN_ENV)
-    if forced in ("0", "1"):
-        return forced == "1"
-    return sb == 32 and not plain
+    return env_switch(LEAN_ENV, sb == 32 and not plain)
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
@@ -354,7 +352,7 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
         splits = max(1, splits // 2)
     return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap,
             "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1", "full": lean, "scales_t": lean,
-                "pair_scales": lean}
+            "pair_scales": lean}
 
 
 def fma_config(N: int, K: int, G: int) -> dict:
@@ -454,8 +452,8 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     _decode_gemm_kernel[(n_tiles, G, splits)](
         x3, xs, weight, scale, part, y, ys, cnt, M, N, K, k_per_split,
         x3.stride(0), x3.stride(1), xs.stride(0), xs.stride(1), xs.stride(-1), weight.stride(0), scale.stride(0),
-        y.stride(0), y.stride(1), ys.stride(0), ys.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre, BM=cfg["BM"],
-        BN=cfg["BN"], BK=bk, SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"],
+        y.stride(0), y.stride(1), ys.stride(0), ys.stride(1), SB=block, A_FP8=act_group == block, A_PRE=pre,
+        BM=cfg["BM"], BN=cfg["BN"], BK=bk, SPLITS=splits, INTERPRET=interpreting(), num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],

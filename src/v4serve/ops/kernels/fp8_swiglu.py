@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..env import get as env_get
+from ..env import switch as env_switch
 from . import cdiv, interpreting, step_jit
 from .fp8_gemv import (FMA_ONE_ROW, act_block, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x,
                        scale_block, split_count)
@@ -164,8 +164,7 @@ def paired_config(M: int, N: int, K: int, block: int, w8a8: bool = True) -> dict
     13.9; V4.1 M=1 27.3 -> 27.1, M=32 36.7 -> 32.5). One row runs on the CUDA cores (fp8_gemv.fma_acc) with 64-row
     tiles 512 wide over about two waves: V4 11.6 -> 9.6 us, V4.1 27.1 -> 13.7 (`--shared-expert --rows 1`)."""
     cfg = config(M, N, K, 1, block, w8a8=w8a8, one_row_fma=False)
-    forced = env_get(PREQUANT_ENV)
-    cfg["prequant"] = forced == "1" if forced in ("0", "1") else block == 32
+    cfg["prequant"] = env_switch(PREQUANT_ENV, block == 32)
     if not interpreting():
         cfg["splits"] = max(1, cfg["splits"] // 2)
         if M == 1 and FMA_ONE_ROW:  # one row on the CUDA cores, as fp8_gemv's (V4SERVE_GEMV_FMA=0: off)

@@ -91,10 +91,10 @@ def _launch(x2: torch.Tensor, out: torch.Tensor, scales: torch.Tensor | None, gr
     # a few KB per program on the GPU; the CPU interpreter pays per program, so it takes large tiles
     pairs = 1024 if interpreting() else max(1, 4096 // group)
     pairs = min(pairs, next_pow2(n_pairs))
+    s_strides = scales.stride() if scales is not None else (0, 1)
     _act_quant_kernel[(cdiv(n_pairs, pairs),)](
-        x2, out, scales if scales is not None else out, n_pairs, n_groups, x2.stride(0), out.stride(0),
-        scales.stride(0) if scales is not None else 0, scales.stride(1) if scales is not None else 1, GROUP=group, PAIRS=pairs, SIMULATE=simulate,
-        **pdl_launch(out))
+        x2, out, scales if scales is not None else out, n_pairs, n_groups, x2.stride(0), out.stride(0), *s_strides,
+        GROUP=group, PAIRS=pairs, SIMULATE=simulate, **pdl_launch(out))
 
 
 def _rows(x: torch.Tensor, group: int) -> torch.Tensor:
