@@ -1969,6 +1969,25 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyeighth1 ]]; then  # prepared in the thirty-eighth session (~470 s): the GPU tests the last two calls
+  # cut (the paired kernel's prequantized / lean cases; now with a warm cache), the new head tiles and deep-pipeline
+  # rule's tests, the tiny models' graph = eager, the LM head's tile choices alone at 1 / 32 rows, then the V4.1 step
+  # at batch 32 / 4K against the head tiles and the 6-stage wo_b switched off
+  timeout 120 python3 -m pytest tests/ops/test_shared_expert.py tests/ops/test_linear.py -q -p no:cacheprovider \
+    -o addopts="" -rf --tb=short -k "paired or lean or few_row or producer_quantized or head_tiles or plain_float or deep" \
+    > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-200 | tail -6
+  timeout 80 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -rf --tb=short -s \
+    -k "graph_decode_equals_eager" > "$OUT/gpu_tests_graph.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED|identical" "$OUT/gpu_tests_graph.log" | cut -c1-200 | tail -6
+  timeout 70 python3 benchmarks/kernels/fp8_gemm.py --head --rows 1,32 --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/head.log" | grep -E "^head"
+  timeout 200 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --env-variant "V4SERVE_HEAD_TILES=off V4SERVE_GEMV_DEEP=0" --env-variant "V4SERVE_GEMV_DEEP=0" \
+    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
+    | grep -E "CUDA graphs|floor|round"
+fi
 if [[ $what == thirtyseventh2 ]]; then  # prepared in the thirty-seventh session (~400 s): the new V4.1 defaults (the
   # GEMVs' lean K loop for 32-block weights, the paired kernel's prequantized x) — the paired kernel's GPU tests and
   # the 128-block lean case that the first call did not reach, the tiny models' graph = eager, then the V4.1 step at

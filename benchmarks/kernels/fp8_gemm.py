@@ -16,6 +16,7 @@ run (not with --shapes); `--shared-expert` runs only these rows.
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 from common import bench_graph_many, bench_ms, copies_past_l2, describe, measure_ceilings, write_json
@@ -308,6 +309,38 @@ def widen_rows(hbm: float) -> list[dict]:
     return rows
 
 
+# the LM head's decode tiles (fp8_gemm.HEAD_TILES, chosen by $V4SERVE_HEAD_TILES; "off" = the general decode tiles)
+HEAD_VARIANTS = ("default", "off", *fp8_gemm.HEAD_TILES)
+
+
+def head_rows(hbm: float, rows_m: tuple[int, ...] = (1, 8, 32, 64), only: tuple[str, ...] = ()) -> list[dict]:
+    """The LM head: a bf16 weight [129280, 4096] read as stored under float32 activations (no per-step upcast), each
+    tile choice against the float64 product (the kernel splits x into two bf16 parts: ~1e-5)."""
+    head = torch.randn(129280, 4096, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for M in rows_m:
+        h = torch.randn(M, 4096, device="cuda")
+        ref = h.double() @ head.double().T
+        for vname in only or HEAD_VARIANTS:
+            if vname == "default":
+                os.environ.pop(fp8_gemm.HEAD_TILES_ENV, None)
+            else:
+                os.environ[fp8_gemm.HEAD_TILES_ENV] = vname
+            try:
+                err = float((fp8_gemm.linear(h, head, None, 0).double() - ref).abs().max() / ref.abs().max())
+                ms = bench_graph_many([lambda: fp8_gemm.linear(h, head, None, 0)] * 2)
+            except Exception as e:  # noqa: BLE001 - a tile choice the compiler rejects (shared memory)
+                print(f"head M={M} {vname}: failed ({type(e).__name__}: {str(e)[:120]})", flush=True)
+                continue
+            finally:
+                os.environ.pop(fp8_gemm.HEAD_TILES_ENV, None)
+            pct = head.numel() * 2 / ms / 1e-3 / hbm * 100
+            print(f"head (bf16 W, fp32 x) M={M:3d} {vname:11s} {ms * 1e3:8.1f} us, {head.numel() * 2 / ms / 1e6:5.0f}"
+                  f" GB/s ({pct:5.1f}% HBM)  err {err:.1e}", flush=True)
+            out.append({"shape": "head", "M": M, "variant": vname, "ms": ms, "pct_hbm": pct, "rel_err": err})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -319,6 +352,7 @@ def main() -> None:
     ap.add_argument("--variants", default=None, help="comma-separated decode/prefill variant names (default: all)")
     ap.add_argument("--rows", default=None, help="comma-separated decode row counts (default: 1,8,32,64)")
     ap.add_argument("--shared-expert", action="store_true", help="only the shared expert's decode rows")
+    ap.add_argument("--head", action="store_true", help="only the LM head's decode rows, every tile choice")
     ap.add_argument("--compressor", action="store_true", help="only the compressors' bf16 projections (f32 x)")
     ap.add_argument("--wo-a-quant", action="store_true", help="only wo_a with its output quantized for wo_b")
     ap.add_argument("--widen", action="store_true", help="only the FP8 -> bf16 widening of the grouped wo_a")
@@ -331,6 +365,11 @@ def main() -> None:
         rows_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else ()
         only = tuple(args.variants.split(",")) if args.variants else ()
         write_json(args.out, "fp8_gemm_shared_expert", {"ceilings": ceil, "rows": shared_expert_rows(hbm, rows_m, only)})
+        return
+    if args.head:
+        rows_m = tuple(int(m) for m in args.rows.split(",")) if args.rows else (1, 8, 32, 64)
+        only = tuple(args.variants.split(",")) if args.variants else ()
+        write_json(args.out, "fp8_gemm_head", {"ceilings": ceil, "rows": head_rows(hbm, rows_m, only)})
         return
     if args.compressor:
         write_json(args.out, "fp8_gemm_compressor", {"ceilings": ceil, "rows": compressor_rows(hbm)})
@@ -407,15 +446,8 @@ def main() -> None:
                       f"cuBLAS bf16 {cublas * 1e3:8.1f} us  err {verr:.1e}", flush=True)
     if not args.shapes:
         rows += shared_expert_rows(hbm)
-    # the LM head: bf16 weight read as stored, float32 activations (no per-step upcast)
-    head = None if args.decode_only else torch.randn(129280, 4096, device="cuda", dtype=torch.bfloat16)
-    for M in (1, 32) if head is not None else ():
-        h = torch.randn(M, 4096, device="cuda")
-        ms = bench_graph_many([lambda: fp8_gemm.linear(h, head, None, 0)] * 2)
-        print(f"head (bf16 W, fp32 x) M={M}: {ms * 1e3:.1f} us, {head.numel() * 2 / ms / 1e6:.0f} GB/s "
-              f"({head.numel() * 2 / ms / 1e-3 / hbm * 100:.1f}% HBM)", flush=True)
-        rows.append({"shape": "head", "M": M, "variant": "default", "ms": ms,
-                     "pct_hbm": head.numel() * 2 / ms / 1e-3 / hbm * 100})
+    if not args.decode_only:
+        rows += head_rows(hbm, (1, 32), ("default",))
     best: dict = {}
     for r in rows:
         key = (r["shape"], r["M"])

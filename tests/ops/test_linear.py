@@ -315,6 +315,25 @@ def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch
     assert not any(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in keys)
 
 
+def test_deep_pipeline_for_long_lean_k_loops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Six stages only for the lean swapped loop over 32 rows walking >= DEEP_MIN_TILES K tiles a program (V4.1's
+    wo_b); V4SERVE_GEMV_DEEP=1 / 0 forces them on / off. (Stages change the schedule, not the arithmetic.)"""
+    monkeypatch.setattr(fp8_gemv, "interpreting", lambda: False)  # the GPU's configs
+    monkeypatch.delenv(fp8_gemv.LEAN_ENV, raising=False)
+    monkeypatch.delenv(fp8_gemv.DEEP_ENV, raising=False)
+
+    def stages(M: int, N: int, K: int, sb: int) -> int:
+        return fp8_gemv.config(M, N, K, 1, sb)["num_stages"]
+
+    assert stages(32, 5120, 8192, 32) == 6  # V4.1 wo_b: 16 K tiles a program
+    assert stages(8, 5120, 8192, 32) == 4 and stages(32, 32768, 1280, 32) == 4  # 8 rows; wq_b's 10 tiles
+    assert stages(32, 4096, 8192, 128) == 4  # V4's 128-wide blocks: no lean loop
+    monkeypatch.setenv(fp8_gemv.DEEP_ENV, "0")
+    assert stages(32, 5120, 8192, 32) == 4
+    monkeypatch.setenv(fp8_gemv.DEEP_ENV, "1")
+    assert stages(8, 5120, 8192, 32) == 6
+
+
 @pytest.mark.parametrize("block", [32, 128])
 def test_grouped_linear_matches_reference(block: int) -> None:
     g = torch.Generator().manual_seed(11)
@@ -381,6 +400,39 @@ def test_plain_float_weight_with_wider_activations(wdtype: torch.dtype) -> None:
     out = fp8_gemm.linear(x, w, None, 0)
     assert out.dtype == torch.float32
     assert rel(out, linear_reference(x, w, None, 0, 0)) < F32_TOL
+
+
+@pytest.mark.parametrize("name", sorted(fp8_gemm.HEAD_TILES))
+def test_head_tiles(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LM head's decode tiles (float32 x over a bf16 weight, K tiles of 64 as well as 128), each choice against
+    the reference with N and K ragged against the tiles. On the GPU through the rule (HEAD_TILES_ENV, rows and N past
+    its thresholds); under the interpreter, whose config is its own, the tiles are handed to the kernel."""
+    g = torch.Generator().manual_seed(7)
+    N, K, M = (fp8_gemm.HEAD_MIN_N + 72, 1000, 5) if GPU else (200, 200, 3)
+    w = torch.randn(N, K, generator=g).bfloat16().to(DEV)
+    x = torch.randn(M, K, generator=g).to(DEV)
+    monkeypatch.setenv(fp8_gemm.HEAD_TILES_ENV, name)
+    if GPU:
+        assert fp8_gemm.head_tiles(M, N) == fp8_gemm.HEAD_TILES[name]
+        out = fp8_gemm.linear(x, w, None, 0)
+    else:
+        cfg = {"BM": 16, "splits": 1, **fp8_gemm.HEAD_TILES[name]}
+        out = fp8_gemm.general(x.unsqueeze(1), w, None, 0, 0, torch.float32, cfg=cfg)[:, 0]
+    assert out.dtype == torch.float32
+    assert rel(out, linear_reference(x, w, None, 0, 0)) < F32_TOL
+
+
+def test_head_tiles_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row and narrow outputs keep the general tiles; "off" keeps them everywhere; a name not known is refused."""
+    monkeypatch.delenv(fp8_gemm.HEAD_TILES_ENV, raising=False)
+    big = fp8_gemm.HEAD_MIN_N
+    assert fp8_gemm.head_tiles(32, big) is not None
+    assert fp8_gemm.head_tiles(1, big) is None and fp8_gemm.head_tiles(32, big - 1) is None
+    monkeypatch.setenv(fp8_gemm.HEAD_TILES_ENV, "off")
+    assert fp8_gemm.head_tiles(32, big) is None
+    monkeypatch.setenv(fp8_gemm.HEAD_TILES_ENV, "n512")
+    with pytest.raises(ValueError, match="V4SERVE_HEAD_TILES"):
+        fp8_gemm.head_tiles(32, big)
 
 
 @pytest.mark.parametrize("kind", ["w8a8", "bf16-head"])

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..env import get as env_get
 from ..quant import Quantized, fp8_dequantize
 from . import cdiv, fp8_gemv, fp8_widen, interpreting, next_pow2, scaled_mm, step_jit
 from .pdl import enter as pdl_enter
@@ -190,8 +191,10 @@ def _sum_splits_kernel(p_ptr, y_ptr, total, SPLITS: tl.constexpr, BLOCK: tl.cons
     tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
 
 
-def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool = False) -> dict:
-    """Tile shapes: small M streams the weight (split K to fill the GPU); large M is compute bound."""
+def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool = False,
+            split_x: bool = False) -> dict:
+    """Tile shapes: small M streams the weight (split K to fill the GPU); large M is compute bound. split_x: float32 x
+    over a plain bf16 weight (x split into two bf16 parts in each tile: the LM head)."""
     bk = max(sb, 128)
     if interpreting():  # few, large programs: the CPU interpreter pays per program, not per element
         bm, bn = max(16, min(64, next_pow2(M))), min(512, max(16, next_pow2(N)))
@@ -199,6 +202,9 @@ def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool =
         return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 1}
     if M <= 64:
         bm = max(16, next_pow2(M))
+        head = head_tiles(M, N) if split_x else None
+        if head is not None:
+            return {"BM": bm, "splits": 1, **head}
         bn = 64
         tiles = cdiv(N, bn) * G * cdiv(M, bm)
         k_blocks = cdiv(K, bk)
@@ -209,6 +215,31 @@ def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool =
     bm = 128 if M >= 128 else 64
     splits = prefill_splits(cdiv(M, bm) * cdiv(N, 128) * G, cdiv(K, bk))
     return {"BM": bm, "BN": 128, "BK": bk, "splits": splits, "num_warps": 8, "num_stages": 4 if fp8_dot else 3}
+
+
+# The LM head at decode (float32 x, bf16 weight, N = the vocabulary): with 64-wide N tiles x's float32 tile is as many
+# bytes as the weight's, so at 32 rows each program streams twice the weight's bytes through shared memory and four
+# 32 KB stages leave one CTA an SM (H100 step at batch 32: 731 us against 438 at batch 1). Wider N tiles on 64-deep K
+# tiles halve x's share and its stage. HEAD_TILES_ENV names a choice (A/B); "off" keeps the general decode tiles.
+HEAD_TILES = {
+    "n128k64": {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 4},
+    "n128k64w8": {"BN": 128, "BK": 64, "num_warps": 8, "num_stages": 4},
+    "n256k64w8": {"BN": 256, "BK": 64, "num_warps": 8, "num_stages": 3},
+    "n64k64": {"BN": 64, "BK": 64, "num_warps": 4, "num_stages": 6},
+    "n128k128w8": {"BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3},
+}
+HEAD_TILES_ENV = "V4SERVE_HEAD_TILES"
+HEAD_MIN_ROWS, HEAD_MIN_N = 2, 16384  # one row: the general tiles measured at ~98% of HBM (H100, twenty-sixth session)
+
+
+def head_tiles(M: int, N: int) -> dict | None:
+    """The head's decode tiles for M rows over N outputs, or None for the general ones."""
+    name = env_get(HEAD_TILES_ENV) or "n128k64"
+    if name == "off" or M < HEAD_MIN_ROWS or N < HEAD_MIN_N:
+        return None
+    if name not in HEAD_TILES:
+        raise ValueError(f"{HEAD_TILES_ENV}={name!r}: one of off, {', '.join(HEAD_TILES)}")
+    return HEAD_TILES[name]
 
 
 def prefill_splits(tiles: int, k_blocks: int, sms: int = _SMS) -> int:
@@ -277,8 +308,11 @@ def general(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, 
         return scaled_mm.gemm(x3[:, 0], xs[:, 0], weight, scale, out_dtype).view(M, 1, N)  # prefill rows: cuBLAS
     sb = block if w_fp8 else 128  # plain float weights: no scale blocks
     wide = x3.dtype in (torch.float32, torch.float64)
-    cfg = {**_config(M, N, K, G, sb, a_fp8, wide), **(cfg or {})}
+    split_x = x3.dtype == torch.float32 and weight.dtype == torch.bfloat16 and x3.is_cuda and G == 1
+    cfg = {**_config(M, N, K, G, sb, a_fp8, wide, split_x), **(cfg or {})}
     splits, bk = cfg["splits"], cfg["BK"]
+    if not w_fp8:
+        sb = bk  # no scale blocks: the K loop's sub-block is the whole tile
     k_per_split = k_share(K, splits, bk)
     splits = cdiv(K, k_per_split)
     y = torch.empty(M, G, N, dtype=out_dtype, device=x3.device)

@@ -76,6 +76,19 @@ def lean_loop(sb: int, plain: bool = False) -> bool:
     return env_switch(LEAN_ENV, sb == 32 and not plain)
 
 
+DEEP_ENV = "V4SERVE_GEMV_DEEP"
+DEEP_MIN_TILES = 16
+
+
+def deep_pipeline(bm: int, swap: bool, lean: bool, k_tiles: int) -> bool:
+    """Six stages instead of four for the lean swapped loop over 32 rows walking >= DEEP_MIN_TILES K tiles a program
+    (V4.1's wo_b, 16). H100, `fp8_gemm.py --decode-only --variants default,stages6` (µs, 4 -> 6 stages), V4.1 at 32
+    rows: wo_b 39.7 -> 37.4 and 40.0 -> 37.5 (thirty-seventh / thirty-eighth sessions), but wq_b (10 tiles) 28.9 ->
+    38.5, grouped wo_a (11) 30.2 -> 38.7, shared w2 (5) 18.8 -> 24.0; at 8 rows wo_b 30.4 -> 31.7. DEEP_ENV 1 / 0
+    forces either way."""
+    return env_switch(DEEP_ENV, bm == 32 and swap and lean and k_tiles >= DEEP_MIN_TILES)
+
+
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
     """Decode rows of half-precision x over an FP8 weight, with the activation quantization of the weight's block (or
     none); everything else takes fp8_gemm's general kernel."""
@@ -350,7 +363,8 @@ def config(M: int, N: int, K: int, G: int, sb: int, w8a8: bool = True, plain: bo
     splits = split_count(N, K, G, bn, bk)
     if plain:
         splits = max(1, splits // 2)
-    return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": 4, "swap": swap,
+    stages = 6 if deep_pipeline(bm, swap, lean, cdiv(cdiv(K, splits), bk)) else 4
+    return {"BM": bm, "BN": bn, "BK": bk, "splits": splits, "num_warps": 4, "num_stages": stages, "swap": swap,
             "fma": False, "deq": w8a8 and env_get(DEQ_ENV) == "1", "full": lean, "scales_t": lean,
             "pair_scales": lean}
 
