@@ -1969,6 +1969,29 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyeighth2 ]]; then  # prepared in the thirty-eighth session (~540 s): the head tiles' and the deep
+  # pipeline's GPU tests (-v: a cut run still names what passed), the V4.1 step at batch 32 / 4K with the head tiles
+  # (default now) against them off and against the opt-in 6-stage wo_b, the eager step by op family at batch 32 / 512
+  # with and without the head tiles, then V4 at batch 32 / 2K with and without them
+  timeout 90 python3 -m pytest tests/ops/test_linear.py -v -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "head_tiles or plain_float or deep or producer_quantized or zero_rows" > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-160 | tail -14
+  timeout 180 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
+    --env-variant "V4SERVE_HEAD_TILES=off" --env-variant "V4SERVE_GEMV_DEEP=1" \
+    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
+    | grep -E "CUDA graphs|floor|round"
+  for v in default off; do
+    env $([[ $v == off ]] && echo V4SERVE_HEAD_TILES=off) timeout 100 python3 benchmarks/profile_step.py \
+      v41-flash-e16-engram1m --batch 32 --context 512 --steps 2 --prefill 0 --no-graphs --kv-cache-dtype fp4 \
+      --kv-cache-memory 8589934592 --out "$OUT/eager-$v" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
+      > "$OUT/eager-b32-$v.log"
+    echo "== eager by family, head tiles $v"; grep -E "^\| [a-z]|total|floor" "$OUT/eager-b32-$v.log" | head -16
+  done
+  timeout 170 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 6 --prefill 0 \
+    --graph-only --kv-cache-memory 8589934592 --env-variant "V4SERVE_HEAD_TILES=off" --out "$OUT/v4b32" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v4-b32.log" | grep -E "CUDA graphs|floor|round"
+fi
 if [[ $what == thirtyeighth1 ]]; then  # prepared in the thirty-eighth session (~470 s): the GPU tests the last two calls
   # cut (the paired kernel's prequantized / lean cases; now with a warm cache), the new head tiles and deep-pipeline
   # rule's tests, the tiny models' graph = eager, the LM head's tile choices alone at 1 / 32 rows, then the V4.1 step

@@ -81,12 +81,13 @@ DEEP_MIN_TILES = 16
 
 
 def deep_pipeline(bm: int, swap: bool, lean: bool, k_tiles: int) -> bool:
-    """Six stages instead of four for the lean swapped loop over 32 rows walking >= DEEP_MIN_TILES K tiles a program
-    (V4.1's wo_b, 16). H100, `fp8_gemm.py --decode-only --variants default,stages6` (µs, 4 -> 6 stages), V4.1 at 32
-    rows: wo_b 39.7 -> 37.4 and 40.0 -> 37.5 (thirty-seventh / thirty-eighth sessions), but wq_b (10 tiles) 28.9 ->
-    38.5, grouped wo_a (11) 30.2 -> 38.7, shared w2 (5) 18.8 -> 24.0; at 8 rows wo_b 30.4 -> 31.7. DEEP_ENV 1 / 0
-    forces either way."""
-    return env_switch(DEEP_ENV, bm == 32 and swap and lean and k_tiles >= DEEP_MIN_TILES)
+    """Opt-in (DEEP_ENV=1): six stages instead of four for the lean swapped loop over 32 rows walking >= DEEP_MIN_TILES
+    K tiles a program (V4.1's wo_b, 16). Alone it is faster — H100, `fp8_gemm.py --decode-only --variants
+    default,stages6` (µs, 4 -> 6 stages), V4.1 at 32 rows: wo_b 39.7 -> 37.4 and 40.0 -> 37.5 (thirty-seventh /
+    thirty-eighth sessions), though wq_b (10 tiles) 28.9 -> 38.5, grouped wo_a (11) 30.2 -> 38.7, shared w2 (5) 18.8 ->
+    24.0, wo_b at 8 rows 30.4 -> 31.7 — but the V4.1 step at batch 32 / 4K replayed slower with it: 21.553 / 21.615 ms
+    against 21.412 / 21.484 (thirty-eighth session)."""
+    return env_get(DEEP_ENV) == "1" and bm == 32 and swap and lean and k_tiles >= DEEP_MIN_TILES
 
 
 def supports(x3: torch.Tensor, weight: torch.Tensor, block: int, act_group: int) -> bool:
