@@ -1969,6 +1969,19 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
+if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~330 s): the head tiles at the row counts
+  # not timed (2-16 and 64 rows), the l8 preset's graphed steps (issue 11's table, last measured in the eleventh
+  # session), then where V4.1's one-token MoE waits (ncuv41)
+  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
+    | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
+  for b in 1 32; do
+    timeout 80 python3 benchmarks/profile_step.py v4-flash-l8-e16 --batch $b --context 2048 --steps 6 --prefill 0 \
+      --graph-only --kv-cache-memory 8589934592 --out "$OUT/l8b$b" 2>&1 | grep -v -e Warning -e USDT \
+      -e "Random weights" | tee "$OUT/graph-l8-b$b.log" | grep -E "CUDA graphs|floor"
+  done
+  ncu_prof gate-up-v41-t1 "gate_up" moe 1 --model v41-flash --experts 64
+  ncu_prof down-v41-t1 "_down_kernel" moe 1 --model v41-flash --experts 64
+fi
 if [[ $what == thirtyeighth2 ]]; then  # prepared in the thirty-eighth session (~540 s): the head tiles' and the deep
   # pipeline's GPU tests (-v: a cut run still names what passed), the V4.1 step at batch 32 / 4K with the head tiles
   # (default now) against them off and against the opt-in 6-stage wo_b, the eager step by op family at batch 32 / 512
