@@ -1969,9 +1969,9 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
-if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~330 s): the head tiles at the row counts
+if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~450 s): the head tiles at the row counts
   # not timed (2-16 and 64 rows), the l8 preset's graphed steps (issue 11's table, last measured in the eleventh
-  # session), then where V4.1's one-token MoE waits (ncuv41)
+  # session), then where V4.1's one-token MoE waits (ncuv41) and where its batch-32 wo_b GEMV waits
   timeout 60 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
   for b in 1 32; do
@@ -1981,6 +1981,9 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   done
   ncu_prof gate-up-v41-t1 "gate_up" moe 1 --model v41-flash --experts 64
   ncu_prof down-v41-t1 "_down_kernel" moe 1 --model v41-flash --experts 64
+  # and what V4.1's wo_b GEMV at 32 rows waits for (~2 us a 128-wide K tile for 8 KB of weight a CTA, ~2.4 CTAs an SM:
+  # 314 SASS a tile, four QGMMAs each waited for, 20 plain LDGs of scales consumed in the same tile)
+  ncu_prof gemv-v41-wob-m32 "_decode_gemm" gemv 5120 8192 32 --block 32
 fi
 if [[ $what == thirtyeighth2 ]]; then  # prepared in the thirty-eighth session (~540 s): the head tiles' and the deep
   # pipeline's GPU tests (-v: a cut run still names what passed), the V4.1 step at batch 32 / 4K with the head tiles

@@ -4,8 +4,9 @@
         python3 benchmarks/kernels/ncu_targets.py moe 1
 
 Targets: `moe T [--model PRESET --experts E]` (the routed experts over FP4 stacks, the default config, T tokens of
-random routing; V4-Flash's geometry unless a preset's is named), `gemv N K`
-(one FP8 block-scaled decode linear, M = 1), `mhc T D` (the mHC seam `hc_post_pre`: the expansion and the next
+random routing; V4-Flash's geometry unless a preset's is named), `gemv N K [M] [--block B]`
+(one FP8 block-scaled decode linear through ops.linear as the step calls it: M rows, default 1; B x B weight blocks
+with 1 x B activation groups, default 128 — V4.1's `wo_b` at batch 32 is `gemv 5120 8192 32 --block 32`), `mhc T D` (the mHC seam `hc_post_pre`: the expansion and the next
 sub-layer's hc_pre with its norm, T tokens of streams D wide, n = 4, fn on its own copy a call) and `indexer B`
 (the lightning indexer's logits + select at 64K context, 16K entries, top-512, B decode rows, MXFP4 keys). Each call
 uses other weights than the one before (the routed experts hit differ; the GEMV rotates copies), so a profiled launch
@@ -32,7 +33,8 @@ from v4serve.ops.linear import linear
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("target", choices=("moe", "gemv", "indexer", "mhc"))
-    ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K; indexer: B; mhc: T D")
+    ap.add_argument("shape", type=int, nargs="+", help="moe: T; gemv: N K [M]; indexer: B; mhc: T D")
+    ap.add_argument("--block", type=int, default=128, help="gemv: the weight's scale block (and activation group)")
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--model", default=None, help="moe: a preset's MoE geometry (as benchmarks/kernels/moe.py)")
     ap.add_argument("--experts", type=int, default=None, help="moe: routed experts (default: the geometry's)")
@@ -71,11 +73,12 @@ def main() -> None:
         for pool in pools:
             ik.index_topk(q, w, pool, ent, K)
     else:
-        n, k = args.shape
-        weights = [weight(n, k, 128) for _ in range(args.calls)]
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        n, k, m = (*args.shape, 1)[:3]
+        b = args.block
+        weights = [weight(n, k, b) for _ in range(args.calls)]
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         for q, s in weights:
-            linear(x, q, s, 128, 128, backend.TRITON)
+            linear(x, q, s, b, b, backend.TRITON)
     torch.cuda.synchronize()
     print(f"{args.target} {args.shape}: {args.calls} calls", flush=True)
 
