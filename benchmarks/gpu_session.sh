@@ -1969,11 +1969,27 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
-if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~450 s): the head tiles at the row counts
-  # not timed (2-16 and 64 rows), the l8 preset's graphed steps (issue 11's table, last measured in the eleventh
-  # session), then where V4.1's one-token MoE waits (ncuv41) and where its batch-32 wo_b GEMV waits
-  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
+if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~500 s): the GEMV loop with its scales
+  # loaded an iteration ahead (fp8_gemv._ahead_loop, opt-in V4SERVE_GEMV_AHEAD=1: its GPU test, V4.1's GEMV shapes
+  # alone, the V4.1 batch-32 step A/B), then ncu of what V4.1's wo_b GEMV at 32 rows waits for (~2 us a 128-wide K
+  # tile for 8 KB of weight a CTA, ~2.4 CTAs an SM: 314 SASS a tile, four QGMMAs each waited for, 20 plain LDGs of
+  # scales consumed in the same tile), plain and ahead, and the head tiles at the row counts not timed (2-16, 64)
+  timeout 90 python3 -m pytest tests/ops/test_linear.py -v -p no:cacheprovider -o addopts="" -rf --tb=short \
+    -k "scales_ahead or lean_addressing" > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-160 | tail -6
+  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,ahead \
+    --shapes v41_wo_b,v41_wq_b --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-ahead.log" | grep -E " M=| failed"
+  timeout 180 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant "V4SERVE_GEMV_AHEAD=1" \
+    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
+    | grep -E "CUDA graphs|floor|round"
+  ncu_prof gemv-v41-wob-m32 "_decode_gemm" gemv 5120 8192 32 --block 32
+  V4SERVE_GEMV_AHEAD=1 ncu_prof gemv-v41-wob-m32-ahead "_decode_gemm" gemv 5120 8192 32 --block 32
+  timeout 50 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
+fi
+if [[ $what == thirtyninth2 ]]; then  # prepared in the thirty-eighth session (~380 s): the l8 preset's graphed steps
+  # (issue 11's table, last measured in the eleventh session), then where V4.1's one-token MoE waits (ncuv41)
   for b in 1 32; do
     timeout 80 python3 benchmarks/profile_step.py v4-flash-l8-e16 --batch $b --context 2048 --steps 6 --prefill 0 \
       --graph-only --kv-cache-memory 8589934592 --out "$OUT/l8b$b" 2>&1 | grep -v -e Warning -e USDT \
@@ -1981,9 +1997,6 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   done
   ncu_prof gate-up-v41-t1 "gate_up" moe 1 --model v41-flash --experts 64
   ncu_prof down-v41-t1 "_down_kernel" moe 1 --model v41-flash --experts 64
-  # and what V4.1's wo_b GEMV at 32 rows waits for (~2 us a 128-wide K tile for 8 KB of weight a CTA, ~2.4 CTAs an SM:
-  # 314 SASS a tile, four QGMMAs each waited for, 20 plain LDGs of scales consumed in the same tile)
-  ncu_prof gemv-v41-wob-m32 "_decode_gemm" gemv 5120 8192 32 --block 32
 fi
 if [[ $what == thirtyeighth2 ]]; then  # prepared in the thirty-eighth session (~540 s): the head tiles' and the deep
   # pipeline's GPU tests (-v: a cut run still names what passed), the V4.1 step at batch 32 / 4K with the head tiles

@@ -58,6 +58,9 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    # prequantized x's scales transposed ("scales_t"; weights over MAX_WEIGHT_BYTES)
                    # and the two scales multiplied first ("pair_scales")
                    "lean": {"full": True, "scales_t": True, "pair_scales": True},
+                   # each K tile's scales loaded an iteration ahead (fp8_gemv._ahead_loop: prequantized x, 32-wide
+                   # blocks; elsewhere the default loop)
+                   "ahead": {"ahead": True},
                    "lean2": {"full": True, "scales_t": True},
                    "lean-s6": {"full": True, "scales_t": True, "pair_scales": True, "num_stages": 6},
                    "lean-bn128": {"full": True, "scales_t": True, "pair_scales": True, "BN": 128},
@@ -128,6 +131,9 @@ PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "sp
                    "pre": {"prequant": True},
                    # fp8_gemv's leaner K-loop addressing (LEAN_ENV), with and without the prequantized x
                    "lean": {"full": True, "scales_t": True, "pair_scales": True},
+                   # each K tile's scales loaded an iteration ahead (fp8_gemv._ahead_loop: prequantized x, 32-wide
+                   # blocks; elsewhere the default loop)
+                   "ahead": {"ahead": True},
                    "pre-lean": {"prequant": True, "full": True, "scales_t": True, "pair_scales": True},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},

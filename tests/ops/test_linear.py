@@ -315,6 +315,32 @@ def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch
     assert not any(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in keys)
 
 
+def test_decode_gemm_scales_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensor-core loop with each K tile's scales loaded an iteration ahead (cfg "ahead", V4SERVE_GEMV_AHEAD=1)
+    gives the plain loop's bits over prequantized x: swapped or not, lean or masked, K ragged against the tile (a
+    split's last tile with scale blocks past its end), rows not a power of two. Where it does not apply (x quantized in
+    registers, 128-wide blocks) the plain loop runs."""
+    g = torch.Generator().manual_seed(41)
+    block = 32
+    for M, N, K in ((1, 96, 1024), (7, 200, 544), (19, 64, 768), (32, 64, 512)):
+        q, s = fp8_weight(N, K, block, g)
+        x = torch.randn(M, 1, K, generator=g).to(torch.bfloat16).to(DEV)
+        for swap in (True, False):
+            for lean in (True, False):
+                base = {"swap": swap, "full": lean, "scales_t": lean, "pair_scales": lean}
+                plain = fp8_gemv.run(x, q, s, block, block, torch.float32, base, prequant=True)
+                ahead = fp8_gemv.run(x, q, s, block, block, torch.float32, {**base, "ahead": True}, prequant=True)
+                assert torch.equal(ahead, plain), (M, N, K, swap, lean)
+    assert fp8_gemv.ahead_applies({"fma": False, "ahead": True}, True, True, True, 32, 128)
+    assert not fp8_gemv.ahead_applies({"fma": False, "ahead": True}, False, True, True, 32, 128)  # in registers
+    assert not fp8_gemv.ahead_applies({"fma": False, "ahead": True}, True, True, True, 128, 128)  # V4's blocks
+    assert not fp8_gemv.ahead_applies({"fma": True, "ahead": True}, True, True, True, 32, 512)
+    monkeypatch.delenv(fp8_gemv.AHEAD_ENV, raising=False)
+    assert not fp8_gemv.ahead_applies({"fma": False}, True, True, True, 32, 128)  # opt-in
+    monkeypatch.setenv(fp8_gemv.AHEAD_ENV, "1")
+    assert fp8_gemv.ahead_applies({"fma": False}, True, True, True, 32, 128)
+
+
 def test_deep_pipeline_for_long_lean_k_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     """Opt-in (V4SERVE_GEMV_DEEP=1): six stages only for the lean swapped loop over 32 rows walking >= DEEP_MIN_TILES
     K tiles a program (V4.1's wo_b); four otherwise and by default. (Stages change the schedule, not the arithmetic.)"""

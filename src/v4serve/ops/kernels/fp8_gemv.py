@@ -76,6 +76,8 @@ def lean_loop(sb: int, plain: bool = False) -> bool:
     return env_switch(LEAN_ENV, sb == 32 and not plain)
 
 
+# "1": the tensor-core loop's scales loaded an iteration ahead (`_ahead_loop`, cfg "ahead"; opt-in until timed)
+AHEAD_ENV = "V4SERVE_GEMV_AHEAD"
 DEEP_ENV = "V4SERVE_GEMV_DEEP"
 DEEP_MIN_TILES = 16
 
@@ -250,7 +252,8 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
                         W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1,
-                        DEQ: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False):
+                        DEQ: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False,
+                        AHEAD: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -278,6 +281,10 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                 x, x_scale = fma_x(x_ptr + m * stride_xm + g * stride_xg, xs_ptr + m * stride_xsm + g * stride_xsg,
                                    m < M, k0, k_hi, SB, BK, A_FP8, A_PRE, EVEN_K)
                 acc = fma_acc(acc, m, w, w_scale, x, x_scale, SB)
+    elif AHEAD:  # the tensor-core loop with each K tile's scales loaded in the iteration before (`_ahead_loop`)
+        acc = _ahead_loop(acc, x_ptr, xs_ptr, w_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, g, k_lo, k_hi, stride_xm,
+                          stride_xg, stride_xsm, stride_xsg, stride_xsk, stride_wn, stride_wsn, SB, BK, INTERPRET, SWAP,
+                          FULL, PAIR)
     else:
         for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
@@ -318,6 +325,64 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
             _store_out(total, y_ptr, ys_ptr, offs_m, (first - g * tl.num_programs(0)) * BN, g, m_ok, N, stride_ym,
                        stride_yg, stride_ysm, stride_ysg, BM, BN * TILES, QG, OUT_DT)
             tl.store(cnt_ptr + tile // TILES, 0)  # ready for the next launch / graph replay
+
+
+@triton.jit
+def _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb, ok, stride_xsm, stride_xsk):
+    """Scale block kb's scales: prequantized x's [BM] and the weight's e8m0 as float32 [BN] (w_at: its rows' scale
+    rows); none read where not ok (past the split's K: never used)."""
+    xs = tl.load(xs_ptr + offs_m * stride_xsm + xs_off + kb * stride_xsk, mask=m_ok & ok, other=1.0)
+    ws = e8m0_to_f32(tl.load(w_at + kb, mask=n_ok & ok, other=127))
+    return xs, ws
+
+
+@triton.jit
+def _tile_scales(xs_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, xs_off, k0, k_hi, stride_xsm, stride_xsk, stride_wsn,
+                 SB: tl.constexpr):
+    """The four scale blocks' scales of the K tile at k0 (_block_scales), each read only where it starts before
+    k_hi."""
+    w_at = ws_ptr + (w_rows // SB) * stride_wsn
+    kb = k0 // SB
+    xs0, ws0 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb, k0 < k_hi, stride_xsm, stride_xsk)
+    xs1, ws1 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb + 1, k0 + SB < k_hi, stride_xsm, stride_xsk)
+    xs2, ws2 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb + 2, k0 + 2 * SB < k_hi, stride_xsm,
+                             stride_xsk)
+    xs3, ws3 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb + 3, k0 + 3 * SB < k_hi, stride_xsm,
+                             stride_xsk)
+    return xs0, xs1, xs2, xs3, ws0, ws1, ws2, ws3
+
+
+@triton.jit
+def _ahead_loop(acc, x_ptr, xs_ptr, w_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, g, k_lo, k_hi, stride_xm, stride_xg,
+                stride_xsm, stride_xsg, stride_xsk, stride_wn, stride_wsn, SB: tl.constexpr, BK: tl.constexpr,
+                INTERPRET: tl.constexpr, SWAP: tl.constexpr, FULL: tl.constexpr, PAIR: tl.constexpr):
+    """The W8A8 tensor-core K loop over prequantized x with K tiles of four scale blocks (BK = 4 SB, V4.1's 32-wide
+    blocks), each tile's scales loaded an iteration before their use and carried: a plain load in the iteration that
+    consumes it is a memory latency each K tile (the pipeliner stages only the loads that feed the dots). The same
+    products in the same order as the plain loop: the same bits."""
+    xs_off = g * stride_xsg
+    xs0, xs1, xs2, xs3, ws0, ws1, ws2, ws3 = _tile_scales(xs_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, xs_off, k_lo,
+                                                          k_hi, stride_xsm, stride_xsk, stride_wsn, SB)
+    for k0 in range(k_lo, k_hi, BK):
+        nx0, nx1, nx2, nx3, nw0, nw1, nw2, nw3 = _tile_scales(xs_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, xs_off,
+                                                              k0 + BK, k_hi, stride_xsm, stride_xsk, stride_wsn, SB)
+        for sub in tl.static_range(4):
+            kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB, FULL)
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
+                        mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            if sub == 0:
+                x_scale, w_scale = xs0, ws0
+            elif sub == 1:
+                x_scale, w_scale = xs1, ws1
+            elif sub == 2:
+                x_scale, w_scale = xs2, ws2
+            else:
+                x_scale, w_scale = xs3, ws3
+            acc = block_dot(acc, x, w, x_scale, w_scale, True, INTERPRET, SWAP, True, False, PAIR)
+        xs0, xs1, xs2, xs3, ws0, ws1, ws2, ws3 = nx0, nx1, nx2, nx3, nw0, nw1, nw2, nw3
+    return acc
 
 
 @triton.jit
@@ -473,5 +538,13 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
         EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")),
-        FULL=bool(cfg.get("full")) and K % bk == 0, PAIR=bool(cfg.get("pair_scales")), **pdl_launch(y))
+        FULL=bool(cfg.get("full")) and K % bk == 0, PAIR=bool(cfg.get("pair_scales")),
+        AHEAD=ahead_applies(cfg, pre, scaled, bool(act_group), block, bk), **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y
+
+
+def ahead_applies(cfg: dict, pre: bool, scaled: bool, w8a8: bool, block: int, bk: int) -> bool:
+    """cfg "ahead" (by default AHEAD_ENV=1) where the loop allows it: the tensor-core W8A8 form (not fma, not deq)
+    over prequantized x, K tiles of four scale blocks."""
+    want = cfg.get("ahead", env_get(AHEAD_ENV) == "1")
+    return bool(want) and pre and scaled and w8a8 and not cfg["fma"] and not cfg.get("deq") and bk == 4 * block
