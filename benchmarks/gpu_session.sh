@@ -1969,14 +1969,6 @@ if [[ $what == thirtyseventh1s ]]; then  # thirtyseventh1 cut down (~280 s) for 
     --env-variant "V4SERVE_GEMV_LEAN=1" --out "$OUT/b32-lean" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-lean.log" | grep -E "CUDA graphs|floor|round"
 fi
-if [[ $what == thirtyeighth3 ]]; then  # prepared in the thirty-eighth session (~140 s, for the budget's last minutes):
-  # the GEMV loop with its scales loaded ahead — its GPU test and V4.1's two large GEMVs alone
-  timeout 70 python3 -m pytest tests/ops/test_linear.py -v -p no:cacheprovider -o addopts="" -rf --tb=short \
-    -k "scales_ahead" > "$OUT/gpu_tests.log" 2>&1
-  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-160 | tail -6
-  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,ahead \
-    --shapes v41_wo_b,v41_wq_b --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-ahead.log" | grep -E " M=| failed"
-fi
 if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~500 s): the GEMV loop with its scales
   # loaded an iteration ahead (fp8_gemv._ahead_loop, opt-in V4SERVE_GEMV_AHEAD=1: its GPU test, V4.1's GEMV shapes
   # alone, the V4.1 batch-32 step A/B), then ncu of what V4.1's wo_b GEMV at 32 rows waits for (~2 us a 128-wide K
