@@ -860,7 +860,7 @@ for case in ("False", "True", "quant_out", "fma", "deq"):
                  BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
                  SWAP=case in ("True", "deq"), W_SCALED=True, QG=128 if case == "quant_out" else 0,
                  OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq",
-                 FULL=False, PAIR=False)
+                 FULL=False, PAIR=False, AHEAD=False)
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}
