@@ -131,9 +131,6 @@ PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "sp
                    "pre": {"prequant": True},
                    # fp8_gemv's leaner K-loop addressing (LEAN_ENV), with and without the prequantized x
                    "lean": {"full": True, "scales_t": True, "pair_scales": True},
-                   # each K tile's scales loaded an iteration ahead (fp8_gemv._ahead_loop: prequantized x, 32-wide
-                   # blocks; elsewhere the default loop)
-                   "ahead": {"ahead": True},
                    "pre-lean": {"prequant": True, "full": True, "scales_t": True, "pair_scales": True},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
