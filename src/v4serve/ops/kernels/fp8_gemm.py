@@ -219,8 +219,8 @@ def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool =
 
 # The LM head at decode (float32 x, bf16 weight, N = the vocabulary): with 64-wide N tiles x's float32 tile is as many
 # bytes as the weight's, so at 32 rows each program streams twice the weight's bytes through shared memory and four
-# 32 KB stages leave one CTA an SM (H100 step at batch 32: 731 us against 438 at batch 1). Wider N tiles on 64-deep K
-# tiles halve x's share and its stage: H100, `benchmarks/kernels/fp8_gemm.py --head` (thirty-eighth session), 32 rows
+# 32 KB stages leave one CTA an SM (H100 step at batch 32: 731 us against 438 at batch 1). From 17 rows (32-row tiles)
+# wider N tiles on 64-deep K tiles halve x's share and its stage: H100, `benchmarks/kernels/fp8_gemm.py --head` (thirty-eighth session), 32 rows
 # 584.7 -> 382.2 us (60 -> 92% of HBM) with n128k64, the other choices 394-755; one row 348 us in every choice. The V4.1
 # batch-32 step's replay -0.17 to -0.28 ms, V4's -0.20 to -0.26. HEAD_TILES_ENV names a choice (A/B); "off" keeps the
 # general decode tiles.
@@ -232,7 +232,10 @@ HEAD_TILES = {
     "n128k128w8": {"BN": 128, "BK": 128, "num_warps": 8, "num_stages": 3},
 }
 HEAD_TILES_ENV = "V4SERVE_HEAD_TILES"
-HEAD_MIN_ROWS, HEAD_MIN_N = 2, 16384  # one row: the general tiles measured at ~98% of HBM (H100, twenty-sixth session)
+# Up to 16 rows the general tiles are 16 rows tall (x's float32 tile half the weight's) and stay faster: H100,
+# `fp8_gemm.py --head --rows 2,8,16,64` (thirty-ninth session, µs, n128k64 against the general tiles): 2 rows 393.5 /
+# 360.3, 8 rows 396.5 / 365.4, 16 rows 398.8 / 369.0, but 64 rows 408.2 / 639.5 (32 rows: 382.2 / 584.7); one row ~348
+HEAD_MIN_ROWS, HEAD_MIN_N = 17, 16384
 
 
 def head_tiles(M: int, N: int) -> dict | None:
