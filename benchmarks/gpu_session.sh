@@ -1988,6 +1988,14 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   timeout 50 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
 fi
+if [[ $what == thirtyninth6 ]]; then  # ~90 s (249 s of the budget left): the staged scales' GEMVs and paired kernel
+  # alone, each variant checked against the reference first (the step A/B is thirtyninth5)
+  timeout 55 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,staged \
+    --shapes "v41_wo_b,v41_wq_b,v41_shared_w2" --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-staged.log" \
+    | grep -E " M=| failed"
+  timeout 35 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 32 --variants default,staged \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/paired-staged.log" | grep -E "M=| failed"
+fi
 if [[ $what == thirtyninth5 ]]; then  # thirtyninth4 cut to ~220 s (339 s of the budget left): the V4.1 batch-32 step
   # A/B with the staged scales, then their GEMVs alone (each variant checked against the reference first)
   timeout 165 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \

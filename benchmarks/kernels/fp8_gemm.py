@@ -58,13 +58,6 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    # prequantized x's scales transposed ("scales_t"; weights over MAX_WEIGHT_BYTES)
                    # and the two scales multiplied first ("pair_scales")
                    "lean": {"full": True, "scales_t": True, "pair_scales": True},
-                   # each K tile's scales loaded an iteration ahead (fp8_gemv._ahead_loop: prequantized x, 32-wide
-                   # blocks; elsewhere the default loop)
-                   "ahead": {"ahead": True},
-                   # the scales staged as async copies with the operands (fp8_gemv.staged_applies: a K tile's four
-                   # e8m0 bytes a scale row as one word; 32-wide blocks, whole K tiles), at 4, 3 and 6 stages
-                   "staged": {"staged": True}, "staged-s3": {"staged": True, "num_stages": 3},
-                   "staged-s6": {"staged": True, "num_stages": 6},
                    "lean2": {"full": True, "scales_t": True},
                    "lean-s6": {"full": True, "scales_t": True, "pair_scales": True, "num_stages": 6},
                    "lean-bn128": {"full": True, "scales_t": True, "pair_scales": True, "BN": 128},
@@ -136,8 +129,6 @@ PAIRED_VARIANTS = {"default": None, "bn32": {"BN": 32}, "split2x": "double", "sp
                    # fp8_gemv's leaner K-loop addressing (LEAN_ENV), with and without the prequantized x
                    "lean": {"full": True, "scales_t": True, "pair_scales": True},
                    "pre-lean": {"prequant": True, "full": True, "scales_t": True, "pair_scales": True},
-                   # both weights' scales staged as words (fp8_gemv.staged_applies), the config's form otherwise
-                   "staged": {"staged": True}, "staged-s3": {"staged": True, "num_stages": 3},
                    # one row on the CUDA cores (fp8_gemv.fma_acc for both weights; M = 1 only)
                    "fma": {"fma": True, "BK": 512}, "fma-bk256": {"fma": True, "BK": 256},
                    "fma-p264": {"fma": True, "BK": 512, "programs": 264}, "fma-bn32": {"fma": True, "BK": 512, "BN": 32},

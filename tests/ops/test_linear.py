@@ -315,65 +315,6 @@ def test_decode_gemm_lean_addressing(block: int, monkeypatch: pytest.MonkeyPatch
     assert not any(fp8_gemv.config(32, 5120, 8192, 1, 32)[k] for k in keys)
 
 
-def test_decode_gemm_scales_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tensor-core loop with each K tile's scales loaded an iteration ahead (cfg "ahead", V4SERVE_GEMV_AHEAD=1)
-    gives the plain loop's bits over prequantized x: swapped or not, lean or masked, K ragged against the tile (a
-    split's last tile with scale blocks past its end), rows not a power of two. Where it does not apply (x quantized in
-    registers, 128-wide blocks) the plain loop runs."""
-    g = torch.Generator().manual_seed(41)
-    block = 32
-    for M, N, K in ((1, 96, 1024), (7, 200, 544), (19, 64, 768), (32, 64, 512)):
-        q, s = fp8_weight(N, K, block, g)
-        x = torch.randn(M, 1, K, generator=g).to(torch.bfloat16).to(DEV)
-        for swap in (True, False):
-            for lean in (True, False):
-                base = {"swap": swap, "full": lean, "scales_t": lean, "pair_scales": lean}
-                plain = fp8_gemv.run(x, q, s, block, block, torch.float32, base, prequant=True)
-                ahead = fp8_gemv.run(x, q, s, block, block, torch.float32, {**base, "ahead": True}, prequant=True)
-                assert torch.equal(ahead, plain), (M, N, K, swap, lean)
-    assert fp8_gemv.ahead_applies({"fma": False, "ahead": True}, True, True, True, 32, 128)
-    assert not fp8_gemv.ahead_applies({"fma": False, "ahead": True}, False, True, True, 32, 128)  # in registers
-    assert not fp8_gemv.ahead_applies({"fma": False, "ahead": True}, True, True, True, 128, 128)  # V4's blocks
-    assert not fp8_gemv.ahead_applies({"fma": True, "ahead": True}, True, True, True, 32, 512)
-    monkeypatch.delenv(fp8_gemv.AHEAD_ENV, raising=False)
-    assert not fp8_gemv.ahead_applies({"fma": False}, True, True, True, 32, 128)  # opt-in
-    monkeypatch.setenv(fp8_gemv.AHEAD_ENV, "1")
-    assert fp8_gemv.ahead_applies({"fma": False}, True, True, True, 32, 128)
-
-
-def test_decode_gemm_scales_staged(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The tensor-core loop with its scales staged as async copies (cfg "staged", V4SERVE_GEMV_STAGED=1: a K tile's
-    four e8m0 bytes of a scale row read as one 32-bit word, masked rows' scales zero-filled) gives the plain loop's bits:
-    x prequantized or quantized in registers, W8A16, swapped or not, lean or masked, rows and columns not a power of
-    two, grouped projections. It applies only where every K tile is whole and holds four scale blocks."""
-    g = torch.Generator().manual_seed(43)
-    block = 32
-    for M, N, K, G in ((1, 96, 1024, 1), (7, 200, 512, 1), (19, 64, 768, 1), (32, 64, 512, 1), (5, 96, 512, 2)):
-        q, s = fp8_weight(G * N, K, block, g)
-        x = torch.randn(M, G, K, generator=g).to(torch.bfloat16).to(DEV)
-        for pre, act in ((True, block), (False, block), (False, 0)):
-            if pre and G > 1:
-                continue  # (prequantized grouped x: not a decode form)
-            for swap in (True, False):
-                for lean in (True, False):
-                    base = {"swap": swap, "full": lean, "scales_t": lean, "pair_scales": lean}
-                    plain = fp8_gemv.run(x, q, s, block, act, torch.float32, base, prequant=pre)
-                    staged = fp8_gemv.run(x, q, s, block, act, torch.float32, {**base, "staged": True}, prequant=pre)
-                    assert torch.equal(staged, plain), (M, N, K, G, pre, act, swap, lean)
-    q, s = fp8_weight(64, 512, block, g)
-    on = {"fma": False, "staged": True}
-    assert fp8_gemv.staged_applies(on, s, 512, 32, 128)
-    assert not fp8_gemv.staged_applies(on, s, 544, 32, 128)  # a ragged last tile
-    assert not fp8_gemv.staged_applies(on, s, 512, 128, 128)  # V4's blocks: one a tile
-    assert not fp8_gemv.staged_applies(on, None, 512, 32, 128)  # a plain weight
-    assert not fp8_gemv.staged_applies({**on, "fma": True}, s, 512, 32, 512)
-    assert not fp8_gemv.staged_applies(on, s[:, 1:], 480, 32, 128)  # scale rows off their words
-    monkeypatch.delenv(fp8_gemv.STAGED_ENV, raising=False)
-    assert not fp8_gemv.staged_applies({"fma": False}, s, 512, 32, 128)  # opt-in
-    monkeypatch.setenv(fp8_gemv.STAGED_ENV, "1")
-    assert fp8_gemv.staged_applies({"fma": False}, s, 512, 32, 128)
-
-
 def test_deep_pipeline_for_long_lean_k_loops(monkeypatch: pytest.MonkeyPatch) -> None:
     """Opt-in (V4SERVE_GEMV_DEEP=1): six stages only for the lean swapped loop over 32 rows walking >= DEEP_MIN_TILES
     K tiles a program (V4.1's wo_b); four otherwise and by default. (Stages change the schedule, not the arithmetic.)"""
@@ -896,7 +837,7 @@ for case in ("False", "True", "quant_out", "fma", "deq"):
                  BN=64, BK=512 if case == "fma" else 128, SPLITS=4, INTERPRET=False, PDL=False, PREFETCH=False,
                  SWAP=case in ("True", "deq"), W_SCALED=True, QG=128 if case == "quant_out" else 0,
                  OUT_DT=triton.language.bfloat16, FMA=case == "fma", EVEN_K=True, FMA_STAGES=1, DEQ=case == "deq",
-                 FULL=False, PAIR=False, AHEAD=False, STAGED=False, LOOP_STAGES=None)
+                 FULL=False, PAIR=False)
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*fp8e4nv"} if case == "quant_out" else ptrs
     types = {**ptrs, "x_ptr": "*bf16", "y_ptr": "*bf16"} if case == "fma" else types
     sig = {n: "constexpr" if n in const else types.get(n, "i32") for n in fn.arg_names}

@@ -82,7 +82,7 @@ ptrs = {"x_ptr": "*bf16", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*u8
         "y_ptr": "*bf16", "ys_ptr": "*fp32", "cnt_ptr": "*i32"}
 const = dict(SB=128, A_FP8=True, A_PRE=False, BM=16, BN=64, BK=128, SPLITS=4, INTERPRET=False, PDL=True,
              PREFETCH=False, SWAP=True, W_SCALED=True, QG=0, OUT_DT=triton.language.bfloat16, FMA=False, EVEN_K=False,
-             FMA_STAGES=1, DEQ=False, FULL=False, PAIR=False, AHEAD=False, STAGED=False, LOOP_STAGES=None)
+             FMA_STAGES=1, DEQ=False, FULL=False, PAIR=False)
 sig = {n: ptrs.get(n, "constexpr" if n in const else "i32") for n in fn.arg_names}
 k = triton.compile(ASTSource(fn, sig, const), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": 4, "num_stages": 4, "launch_pdl": True})

@@ -76,18 +76,15 @@ def lean_loop(sb: int, plain: bool = False) -> bool:
     return env_switch(LEAN_ENV, sb == 32 and not plain)
 
 
-# "1": the tensor-core loop's scales loaded an iteration ahead (`_ahead_loop`, cfg "ahead"). Opt-in: slower (H100,
-# thirty-ninth session, `fp8_gemm.py --decode-only`, µs: V4.1 wo_b M=32 39.7 -> 42.5, wq_b M=32 29.0 -> 33.9, wo_b M=8
-# 30.5 -> 28.6; the V4.1 batch-32 / 4K replay 21.47 / 21.51 -> 22.10 / 22.14 ms): 128 -> 177 registers, two CTAs an
-# SM where there were four (ncu)
-AHEAD_ENV = "V4SERVE_GEMV_AHEAD"
-# The tensor-core loop's scales as async copies, staged with the operands (`staged_applies`, cfg "staged"): ncu of
-# V4.1's wo_b at 32 rows (H100, thirty-ninth session) put 48% of the warps' stall samples on the plain e8m0 byte
-# loads' results (long scoreboard), each K tile waiting a memory latency for them. A byte cannot be an async copy
-# (4 bytes at least), so a K tile's four bytes of a scale row load as one 32-bit word; and the loop carries a stage
-# count of its own, without which Triton 3.6 stages only the loads that feed a dot. sm_90 SASS (wo_b, 32 rows): no
-# plain load left in the loop, 314 -> 383 instructions a tile, 106 -> 90 registers. "1" / "0" force it on / off.
-STAGED_ENV = "V4SERVE_GEMV_STAGED"
+# The tensor-core loop's scale loads (plain loads consumed in the K tile that issues them) were taken out of the tile
+# twice more and timed slower both times, so the loop keeps them in place. ncu of V4.1's wo_b at 32 rows (H100,
+# thirty-ninth session) put 48% of its stall samples on the weight scale byte's load, yet: (1) the scales loaded an
+# iteration ahead and carried: wo_b M=32 39.7 -> 42.5 us, wq_b M=32 29.0 -> 33.9, the V4.1 batch-32 / 4K replay
+# 21.47 / 21.51 -> 22.10 / 22.14 ms (177 registers on the GPU, two CTAs an SM where there were four); (2) the scales
+# staged as async copies with the operands (a K tile's four e8m0 bytes a scale row read as one 32-bit word, a stage
+# count on the loop; no plain load left, 90 registers in sm_90 SASS): wo_b M=32 39.7 -> 42.3, wq_b 29.1 -> 31.8, the
+# rest within 0.3 us or slower. Without the byte loads the warps wait on the operands and the four waited wgmmas a tile
+# instead (the thirty-sixth session's staged loop, 175 registers, was slower too). Both removed; RESULTS.md has them.
 DEEP_ENV = "V4SERVE_GEMV_DEEP"
 DEEP_MIN_TILES = 16
 
@@ -167,14 +164,13 @@ def block_dot(acc, x, w, x_scale, w_scale, FP8: tl.constexpr, INTERPRET: tl.cons
 
 @triton.jit
 def act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, xs_off, kb, kb_ok, w_scale, A_FP8: tl.constexpr,
-              A_PRE: tl.constexpr, XS_OTHER: tl.constexpr = 1.0):
+              A_PRE: tl.constexpr):
     """One scale block of x [BM, SB] for block_dot -> (x, its scales [BM]): A_PRE, x already e4m3 with its per-block
     scales at xs_ptr (+ xs_off: a group's; kernels/quant.act_quant, launched before; block kb at kb * stride_xsk);
     A_FP8, quantized here as act_quant would (amax floored at 1e-4, power-of-two scale, e4m3 RNE); else W8A16 (no
-    activation scale: w_scale stands in). XS_OTHER: the scale of a masked row or block (A_PRE; 0 lets an async copy
-    zero-fill it with no select after; their products are zeros either way)."""
+    activation scale: w_scale stands in)."""
     if A_PRE:
-        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + xs_off + kb * stride_xsk, mask=m_ok & kb_ok, other=XS_OTHER)
+        x_scale = tl.load(xs_ptr + offs_m * stride_xsm + xs_off + kb * stride_xsk, mask=m_ok & kb_ok, other=1.0)
     elif A_FP8:
         x, x_scale = quantize_rows(x)
     else:
@@ -263,8 +259,7 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                         PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False, SWAP: tl.constexpr = False,
                         W_SCALED: tl.constexpr = True, QG: tl.constexpr = 0, OUT_DT: tl.constexpr = tl.bfloat16,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, FMA_STAGES: tl.constexpr = 1,
-                        DEQ: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False,
-                        AHEAD: tl.constexpr = False, STAGED: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None):
+                        DEQ: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False):
     pid_n = tl.program_id(0)
     g = tl.program_id(1)
     split = tl.program_id(2)
@@ -292,32 +287,19 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
                 x, x_scale = fma_x(x_ptr + m * stride_xm + g * stride_xg, xs_ptr + m * stride_xsm + g * stride_xsg,
                                    m < M, k0, k_hi, SB, BK, A_FP8, A_PRE, EVEN_K)
                 acc = fma_acc(acc, m, w, w_scale, x, x_scale, SB)
-    elif AHEAD:  # the tensor-core loop with each K tile's scales loaded in the iteration before (`_ahead_loop`)
-        acc = _ahead_loop(acc, x_ptr, xs_ptr, w_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, g, k_lo, k_hi, stride_xm,
-                          stride_xg, stride_xsm, stride_xsg, stride_xsk, stride_wn, stride_wsn, SB, BK, INTERPRET, SWAP,
-                          FULL, PAIR)
     else:
-        if STAGED:  # a K tile's e8m0 bytes of a scale row as one 32-bit word (`staged_applies`: whole tiles of 4 blocks)
-            words = ws_ptr.to(tl.pointer_type(tl.int32)) + (w_rows // SB) * (stride_wsn // 4)
-        # LOOP_STAGES (STAGED): a stage count on the loop itself, so that the pipeliner also stages the loads that feed
-        # no dot (the scales: async copies stages ahead, not a plain load each tile waits for); None: as launched
-        for k0 in tl.range(k_lo, k_hi, BK, num_stages=LOOP_STAGES):
-            if STAGED:
-                # (masked rows read 0: a zero-fill, no select; 2^-127 -> 0 on their zero products)
-                word = tl.load(words + k0 // BK, mask=n_ok, other=0)
+        for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
                 kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB, FULL)
                 x, w = _block_tiles(x_ptr + g * stride_xg, w_ptr, offs_m, m_ok, w_rows, n_ok, offs_k, k_ok, stride_xm,
                                     stride_wn)
-                if STAGED:
-                    w_scale = e8m0_to_f32(word >> (8 * sub))  # (e8m0_to_f32 keeps the low byte)
-                elif W_SCALED:
+                if W_SCALED:
                     w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB,
                                                   mask=n_ok & kb_ok, other=127))
                 else:  # a plain weight (no scale tensor)
                     w_scale = tl.full([BN], 1.0, tl.float32)
                 x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, g * stride_xsg, kb0 // SB,
-                                       kb_ok, w_scale, A_FP8, A_PRE, 0.0 if STAGED else 1.0)
+                                       kb_ok, w_scale, A_FP8, A_PRE)
                 acc = block_dot(acc, x, w, x_scale, w_scale, A_FP8 or A_PRE, INTERPRET, SWAP, W_SCALED, DEQ, PAIR)
     if SWAP:
         acc = tl.trans(acc)
@@ -352,62 +334,6 @@ def _block_tiles(x_ptr, w_ptr, offs_m, m_ok, w_rows, n_ok, offs_k, k_ok, stride_
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
     w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
     return x, w
-
-
-@triton.jit
-def _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb, ok, stride_xsm, stride_xsk):
-    """Scale block kb's scales: prequantized x's [BM] and the weight's e8m0 as float32 [BN] (w_at: its rows' scale
-    rows); none read where not ok (past the split's K: never used)."""
-    xs = tl.load(xs_ptr + offs_m * stride_xsm + xs_off + kb * stride_xsk, mask=m_ok & ok, other=1.0)
-    ws = e8m0_to_f32(tl.load(w_at + kb, mask=n_ok & ok, other=127))
-    return xs, ws
-
-
-@triton.jit
-def _tile_scales(xs_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, xs_off, k0, k_hi, stride_xsm, stride_xsk, stride_wsn,
-                 SB: tl.constexpr):
-    """The four scale blocks' scales of the K tile at k0 (_block_scales), each read only where it starts before
-    k_hi."""
-    w_at = ws_ptr + (w_rows // SB) * stride_wsn
-    kb = k0 // SB
-    xs0, ws0 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb, k0 < k_hi, stride_xsm, stride_xsk)
-    xs1, ws1 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb + 1, k0 + SB < k_hi, stride_xsm, stride_xsk)
-    xs2, ws2 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb + 2, k0 + 2 * SB < k_hi, stride_xsm,
-                             stride_xsk)
-    xs3, ws3 = _block_scales(xs_ptr, w_at, offs_m, m_ok, n_ok, xs_off, kb + 3, k0 + 3 * SB < k_hi, stride_xsm,
-                             stride_xsk)
-    return xs0, xs1, xs2, xs3, ws0, ws1, ws2, ws3
-
-
-@triton.jit
-def _ahead_loop(acc, x_ptr, xs_ptr, w_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, g, k_lo, k_hi, stride_xm, stride_xg,
-                stride_xsm, stride_xsg, stride_xsk, stride_wn, stride_wsn, SB: tl.constexpr, BK: tl.constexpr,
-                INTERPRET: tl.constexpr, SWAP: tl.constexpr, FULL: tl.constexpr, PAIR: tl.constexpr):
-    """The W8A8 tensor-core K loop over prequantized x with K tiles of four scale blocks (BK = 4 SB, V4.1's 32-wide
-    blocks), each tile's scales loaded an iteration before their use and carried: a plain load in the iteration that
-    consumes it is a memory latency each K tile (the pipeliner stages only the loads that feed the dots). The same
-    products in the same order as the plain loop: the same bits."""
-    xs_off = g * stride_xsg
-    xs0, xs1, xs2, xs3, ws0, ws1, ws2, ws3 = _tile_scales(xs_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, xs_off, k_lo,
-                                                          k_hi, stride_xsm, stride_xsk, stride_wsn, SB)
-    for k0 in range(k_lo, k_hi, BK):
-        nx0, nx1, nx2, nx3, nw0, nw1, nw2, nw3 = _tile_scales(xs_ptr, ws_ptr, offs_m, m_ok, w_rows, n_ok, xs_off,
-                                                              k0 + BK, k_hi, stride_xsm, stride_xsk, stride_wsn, SB)
-        for sub in tl.static_range(4):
-            kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB, FULL)
-            x, w = _block_tiles(x_ptr + g * stride_xg, w_ptr, offs_m, m_ok, w_rows, n_ok, offs_k, k_ok, stride_xm,
-                                stride_wn)
-            if sub == 0:
-                x_scale, w_scale = xs0, ws0
-            elif sub == 1:
-                x_scale, w_scale = xs1, ws1
-            elif sub == 2:
-                x_scale, w_scale = xs2, ws2
-            else:
-                x_scale, w_scale = xs3, ws3
-            acc = block_dot(acc, x, w, x_scale, w_scale, True, INTERPRET, SWAP, True, False, PAIR)
-        xs0, xs1, xs2, xs3, ws0, ws1, ws2, ws3 = nx0, nx1, nx2, nx3, nw0, nw1, nw2, nw3
-    return acc
 
 
 @triton.jit
@@ -554,8 +480,6 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
     cnt = _COUNTERS.get(x3.device)
     if n_tiles * G > cnt.numel():
         raise ValueError(f"{n_tiles * G} output tiles exceed the {cnt.numel()} arrival counters")
-    ahead = ahead_applies(cfg, pre, scaled, bool(act_group), block, bk)
-    staged = not ahead and staged_applies(cfg, scale if scaled else None, K, block, bk)
     _decode_gemm_kernel[(n_tiles, G, splits)](
         x3, xs, weight, scale, part, y, ys, cnt, M, N, K, k_per_split,
         x3.stride(0), x3.stride(1), xs.stride(0), xs.stride(1), xs.stride(-1), weight.stride(0), scale.stride(0),
@@ -565,23 +489,6 @@ def run(x3: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: int,
         PREFETCH=pdl_prefetch(y) and weight.stride(0) % 16 == 0 and weight.data_ptr() % 16 == 0,
         SWAP=cfg["swap"], W_SCALED=scaled, QG=quant_out, OUT_DT=TL_DTYPES[out_dtype], FMA=cfg["fma"],
         EVEN_K=K % block == 0, FMA_STAGES=cfg.get("fma_stages", 1), DEQ=bool(cfg.get("deq")),
-        FULL=bool(cfg.get("full")) and K % bk == 0, PAIR=bool(cfg.get("pair_scales")),
-        AHEAD=ahead, STAGED=staged, LOOP_STAGES=cfg["num_stages"] if staged else None, **pdl_launch(y))
+        FULL=bool(cfg.get("full")) and K % bk == 0, PAIR=bool(cfg.get("pair_scales")), **pdl_launch(y))
     return Quantized(y, ys, quant_out, out_dtype) if quant_out else y
 
-
-def ahead_applies(cfg: dict, pre: bool, scaled: bool, w8a8: bool, block: int, bk: int) -> bool:
-    """cfg "ahead" (by default AHEAD_ENV=1) where the loop allows it: the tensor-core W8A8 form (not fma, not deq)
-    over prequantized x, K tiles of four scale blocks."""
-    want = cfg.get("ahead", env_get(AHEAD_ENV) == "1")
-    return bool(want) and pre and scaled and w8a8 and not cfg["fma"] and not cfg.get("deq") and bk == 4 * block
-
-
-def staged_applies(cfg: dict, scale: torch.Tensor | None, K: int, block: int, bk: int) -> bool:
-    """cfg "staged" (STAGED_ENV: "1" / "0" force; default off until timed) where the tensor-core loop (not fma, not
-    deq) can read a K tile's e8m0 scales of a row as one aligned 32-bit word: FP8 weights, K tiles of four scale
-    blocks, whole (K a multiple of the tile), scale rows of whole words."""
-    want = cfg.get("staged", env_get(STAGED_ENV) == "1")
-    if not want or scale is None or cfg["fma"] or cfg.get("deq") or bk != 4 * block or K % bk:
-        return False
-    return scale.stride(-1) == 1 and scale.stride(0) % 4 == 0 and scale.data_ptr() % 4 == 0

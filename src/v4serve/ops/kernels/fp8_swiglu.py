@@ -29,7 +29,7 @@ import triton.language as tl
 from ..env import switch as env_switch
 from . import cdiv, interpreting, step_jit
 from .fp8_gemv import (FMA_ONE_ROW, act_block, block_dot, config, e8m0_to_f32, fit_fma, fma_acc, fma_w, fma_x,
-                       scale_block, split_count, staged_applies)
+                       scale_block, split_count)
 from .fp8_gemv import supports as gemv_supports
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
@@ -94,8 +94,7 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
                         BN: tl.constexpr, BK: tl.constexpr, SPLITS: tl.constexpr, INTERPRET: tl.constexpr,
                         HAND_RNE: tl.constexpr, PDL: tl.constexpr = False, SWAP: tl.constexpr = False,
                         FMA: tl.constexpr = False, EVEN_K: tl.constexpr = False, DEQ: tl.constexpr = False,
-                        A_PRE: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False,
-                        STAGED: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None):
+                        A_PRE: tl.constexpr = False, FULL: tl.constexpr = False, PAIR: tl.constexpr = False):
     # A_PRE: x already in e4m3 with its per-block float32 scales at xs_ptr (kernels/quant.act_quant, `prequant`)
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     pid_n = tl.program_id(0)
@@ -120,13 +119,7 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
             acc_g = fma_acc(acc_g, 0, w1, ws1, x, x_scale, SB)
             acc_u = fma_acc(acc_u, 0, w3, ws3, x, x_scale, SB)
     else:
-        if STAGED:  # both weights' scales staged as words, as fp8_gemv's STAGED loop (fp8_gemv.staged_applies)
-            words1 = s1_ptr.to(tl.pointer_type(tl.int32)) + (offs_n // SB) * (stride_s1n // 4)
-            words3 = s3_ptr.to(tl.pointer_type(tl.int32)) + (offs_n // SB) * (stride_s3n // 4)
-        for k0 in tl.range(k_lo, k_hi, BK, num_stages=LOOP_STAGES):
-            if STAGED:
-                word1 = tl.load(words1 + k0 // BK, mask=n_ok, other=0)
-                word3 = tl.load(words3 + k0 // BK, mask=n_ok, other=0)
+        for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
                 kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB, FULL)
                 wk_ok = n_ok[:, None] & k_ok[None, :]
@@ -134,16 +127,12 @@ def _swiglu_gemv_kernel(x_ptr, xs_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, part_ptr,
                             mask=m_ok[:, None] & k_ok[None, :], other=0.0)
                 w1 = tl.load(w1_ptr + offs_n[:, None] * stride_w1n + offs_k[None, :], mask=wk_ok, other=0.0)
                 w3 = tl.load(w3_ptr + offs_n[:, None] * stride_w3n + offs_k[None, :], mask=wk_ok, other=0.0)
-                if STAGED:
-                    s1 = e8m0_to_f32(word1 >> (8 * sub))
-                    s3 = e8m0_to_f32(word3 >> (8 * sub))
-                else:
-                    s_ok = n_ok & kb_ok
-                    s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=s_ok, other=127))
-                    s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=s_ok, other=127))
+                s_ok = n_ok & kb_ok
+                s1 = e8m0_to_f32(tl.load(s1_ptr + (offs_n // SB) * stride_s1n + kb0 // SB, mask=s_ok, other=127))
+                s3 = e8m0_to_f32(tl.load(s3_ptr + (offs_n // SB) * stride_s3n + kb0 // SB, mask=s_ok, other=127))
                 # one quantization (or prequantized block) serves both dots; W8A16: s1 stands in
                 x, x_scale = act_block(x, xs_ptr, offs_m, m_ok, stride_xsm, stride_xsk, 0, kb0 // SB, kb_ok, s1, A_FP8,
-                                       A_PRE, 0.0 if STAGED else 1.0)
+                                       A_PRE)
                 acc_g = block_dot(acc_g, x, w1, x_scale, s1, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ, PAIR)
                 acc_u = block_dot(acc_u, x, w3, x_scale, s3, A_FP8 or A_PRE, INTERPRET, SWAP, True, DEQ, PAIR)
     if SWAP:
@@ -210,7 +199,6 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
     pre = bool(cfg.get("prequant")) and act_group == block and not cfg["fma"]
     # (cfg "scales_t": the scales transposed, fp8_gemv.LEAN_ENV)
     xq, xs = act_quant(x2, block, scale_rows=cfg["BM"] if cfg.get("scales_t") else 0) if pre else (x2, x2)
-    staged = staged_applies(cfg, s1, K, block, bk) and staged_applies(cfg, s3, K, block, bk)
     _swiglu_gemv_kernel[(n_tiles, splits)](
         xq, xs, w1, w3, s1, s3, part, h, cnt, M, N, K, k_per_split, float(limit),
         xq.stride(0), xs.stride(0), xs.stride(-1), w1.stride(0), w3.stride(0), s1.stride(0), s3.stride(0), h.stride(0),
@@ -218,6 +206,5 @@ def run(x2: torch.Tensor, w1: torch.Tensor, s1: torch.Tensor, w3: torch.Tensor, 
         INTERPRET=interpreting(), HAND_RNE=interpreting() and x2.dtype == torch.bfloat16,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], SWAP=cfg["swap"], FMA=cfg["fma"],
         EVEN_K=K % block == 0, DEQ=bool(cfg.get("deq")), A_PRE=pre, FULL=bool(cfg.get("full")) and K % bk == 0,
-        PAIR=bool(cfg.get("pair_scales")), STAGED=staged, LOOP_STAGES=cfg["num_stages"] if staged else None,
-        **pdl_launch(x2))
+        PAIR=bool(cfg.get("pair_scales")), **pdl_launch(x2))
     return h
