@@ -1989,54 +1989,12 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
 fi
 if [[ $what == thirtyninth6 ]]; then  # ~90 s (249 s of the budget left): the staged scales' GEMVs and paired kernel
-  # alone, each variant checked against the reference first (the step A/B is thirtyninth5)
+  # alone, each variant checked against the reference first (run on ac46ca2; the staged form was removed after it)
   timeout 55 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,staged \
     --shapes "v41_wo_b,v41_wq_b,v41_shared_w2" --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-staged.log" \
     | grep -E " M=| failed"
   timeout 35 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 32 --variants default,staged \
     --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/paired-staged.log" | grep -E "M=| failed"
-fi
-if [[ $what == thirtyninth5 ]]; then  # thirtyninth4 cut to ~220 s (339 s of the budget left): the V4.1 batch-32 step
-  # A/B with the staged scales, then their GEMVs alone (each variant checked against the reference first)
-  timeout 165 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
-    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant "V4SERVE_GEMV_STAGED=1" \
-    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
-    | grep -E "CUDA graphs|floor|round"
-  timeout 50 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,staged \
-    --shapes "v41_wo_b,v41_wq_b" --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/gemv-staged.log" | grep -E " M=| failed"
-fi
-if [[ $what == thirtyninth4 ]]; then  # thirtyninth3 cut to ~360 s (failed starts had spent the budget): the
-  # staged scales' GEMVs and paired kernel alone, the V4.1 batch-32 step A/B, then the GPU tests
-  timeout 60 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,staged \
-    --shapes "v41_wo_b,v41_wq_b,v41_shared_w2" --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/gemv-staged.log" | grep -E " M=| failed"
-  timeout 40 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 32 --variants default,staged \
-    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/paired-staged.log" | grep -E "M=| failed"
-  timeout 170 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
-    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant "V4SERVE_GEMV_STAGED=1" \
-    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
-    | grep -E "CUDA graphs|floor|round"
-  timeout 90 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -v -p no:cacheprovider \
-    -o addopts="" -rf --tb=short -k "scales_staged or head_tiles" > "$OUT/gpu_tests.log" 2>&1
-  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-160 | tail -12
-fi
-if [[ $what == thirtyninth3 ]]; then  # prepared in the thirty-ninth session (~480 s): the GEMV's scales staged as
-  # async copies (fp8_gemv.staged_applies, opt-in V4SERVE_GEMV_STAGED=1: a K tile's four e8m0 bytes a scale row as one
-  # word; ncu put 48% of wo_b's stall samples on the plain byte loads): the GPU tests, V4.1's GEMVs and the paired
-  # kernel alone, the V4.1 batch-32 step A/B, ncu of wo_b at 32 rows staged (the plain one is thirtyninth1's)
-  timeout 110 python3 -m pytest tests/ops/test_linear.py tests/ops/test_shared_expert.py -v -p no:cacheprovider \
-    -o addopts="" -rf --tb=short -k "scales_staged or head_tiles" > "$OUT/gpu_tests.log" 2>&1
-  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests.log" | cut -c1-160 | tail -12
-  timeout 80 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,staged,staged-s3,staged-s6 \
-    --shapes "v41_wo_b,v41_wq_b,v41_wq_a,v41_shared_w2,v41_wo_a(grouped)" --out "$OUT" 2>&1 | grep -v Warning \
-    | tee "$OUT/gemv-staged.log" | grep -E " M=| failed"
-  timeout 50 python3 benchmarks/kernels/fp8_gemm.py --shared-expert --rows 8,32 --variants default,staged,staged-s3 \
-    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/paired-staged.log" | grep -E "M=| failed"
-  timeout 180 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
-    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --env-variant "V4SERVE_GEMV_STAGED=1" \
-    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
-    | grep -E "CUDA graphs|floor|round"
-  V4SERVE_GEMV_STAGED=1 ncu_prof gemv-v41-wob-m32-staged "_decode_gemm" gemv 5120 8192 32 --block 32
 fi
 if [[ $what == thirtyninth2 ]]; then  # prepared in the thirty-eighth session (~380 s): the l8 preset's graphed steps
   # (issue 11's table, last measured in the eleventh session), then where V4.1's one-token MoE waits (ncuv41)
