@@ -1988,6 +1988,20 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   timeout 50 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
 fi
+if [[ $what == fortieth1 ]]; then  # prepared in the thirty-ninth session (~330 s): V4.1's wo_b at 32 rows is one wave
+  # of 320 CTAs (80 tiles x 4 splits, ~2.4 an SM where registers and shared memory allow 4), each walking 16 K tiles
+  # at ~2.4 us a tile; taking its scale loads out of the tile did not shorten the tile (thirty-ninth), so: more,
+  # shorter programs (splits 3-8 against the rule's), then the l8 preset's graphed steps (issue 11's table, last
+  # measured in the eleventh session)
+  timeout 100 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,s3,s5,s6,s8 \
+    --shapes "v41_wo_b,v41_wq_a,v41_shared_w2,v41_wo_a(grouped),wo_b" --out "$OUT" 2>&1 | grep -v Warning \
+    | tee "$OUT/gemv-splits.log" | grep -E " M=| failed"
+  for b in 1 32; do
+    timeout 80 python3 benchmarks/profile_step.py v4-flash-l8-e16 --batch $b --context 2048 --steps 6 --prefill 0 \
+      --graph-only --kv-cache-memory 8589934592 --out "$OUT/l8b$b" 2>&1 | grep -v -e Warning -e USDT \
+      -e "Random weights" | tee "$OUT/graph-l8-b$b.log" | grep -E "CUDA graphs|floor"
+  done
+fi
 if [[ $what == thirtyninth6 ]]; then  # ~90 s (249 s of the budget left): the staged scales' GEMVs and paired kernel
   # alone, each variant checked against the reference first (run on ac46ca2; the staged form was removed after it)
   timeout 55 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,staged \

@@ -45,7 +45,8 @@ DECODE_VARIANTS = {"default": None, "bn16": {"BN": 16}, "bn32": {"BN": 32}, "bn1
                    "bk256": {"BK": 256}, "bk512": {"BK": 512}, "bn32bk256": {"BN": 32, "BK": 256},
                    "bn128w8": {"BN": 128, "num_warps": 8}, "bk256s3": {"BK": 256, "num_stages": 3},
                    "stages2": {"num_stages": 2}, "stages6": {"num_stages": 6}, "w8": {"num_warps": 8},
-                   "w2": {"num_warps": 2}, "split1": {"splits": 1}, "split2x": "double", "split4x": "quadruple",
+                   "w2": {"num_warps": 2}, "split1": {"splits": 1}, "s3": {"splits": 3}, "s5": {"splits": 5},
+                   "s6": {"splits": 6}, "s8": {"splits": 8}, "split2x": "double", "split4x": "quadruple",
                    "in-register": "in-register", "prequantized": "prequantized", "general": "general",
                    # the weight as wgmma's operand (fp8_gemv.block_dot SWAP: no FP8 -> f16 conversions on sm_90)
                    "swap": {"swap": True}, "swap-bn128": {"swap": True, "BN": 128},
