@@ -7,11 +7,11 @@ Targets: `moe T [--model PRESET --experts E]` (the routed experts over FP4 stack
 random routing; V4-Flash's geometry unless a preset's is named), `gemv N K [M] [--block B]` (one FP8 block-scaled
 decode linear through ops.linear as the step calls it: M rows, default 1; B x B weight blocks with 1 x B activation
 groups, default 128 — V4.1's `wo_b` at batch 32 is `gemv 5120 8192 32 --block 32`), `mhc T D` (the mHC seam
-`hc_post_pre`: the expansion and the next sub-layer's hc_pre with its norm, T tokens of streams D wide, n = 4, fn on its own copy a call) and `indexer B`
-(the lightning indexer's logits + select at 64K context, 16K entries, top-512, B decode rows, MXFP4 keys). Each call
-uses other weights than the one before (the routed experts hit differ; the GEMV rotates copies), so a profiled launch
-reads its weights from HBM even when ncu keeps the caches. Prints nothing but the op's name and the calls made: the
-figures are ncu's.
+`hc_post_pre`: the expansion and the next sub-layer's hc_pre with its norm, T tokens of streams D wide, n = 4, fn on
+its own copy a call) and `indexer B` (the lightning indexer's logits + select at 64K context, 16K entries, top-512,
+B decode rows, MXFP4 keys). Each call uses other weights than the one before (the routed experts hit differ; the GEMV
+rotates copies), so a profiled launch reads its weights from HBM even when ncu keeps the caches. Prints nothing but
+the op's name and the calls made: the figures are ncu's.
 """
 
 from __future__ import annotations

@@ -220,10 +220,10 @@ def _config(M: int, N: int, K: int, G: int, sb: int, fp8_dot: bool, wide: bool =
 # The LM head at decode (float32 x, bf16 weight, N = the vocabulary): with 64-wide N tiles x's float32 tile is as many
 # bytes as the weight's, so at 32 rows each program streams twice the weight's bytes through shared memory and four
 # 32 KB stages leave one CTA an SM (H100 step at batch 32: 731 us against 438 at batch 1). From 17 rows (32-row tiles)
-# wider N tiles on 64-deep K tiles halve x's share and its stage: H100, `benchmarks/kernels/fp8_gemm.py --head` (thirty-eighth session), 32 rows
-# 584.7 -> 382.2 us (60 -> 92% of HBM) with n128k64, the other choices 394-755; one row 348 us in every choice. The V4.1
-# batch-32 step's replay -0.17 to -0.28 ms, V4's -0.20 to -0.26. HEAD_TILES_ENV names a choice (A/B); "off" keeps the
-# general decode tiles.
+# wider N tiles on 64-deep K tiles halve x's share and its stage: H100, `benchmarks/kernels/fp8_gemm.py --head`
+# (thirty-eighth session), 32 rows 584.7 -> 382.2 us (60 -> 92% of HBM) with n128k64, the other choices 394-755; one row
+# 348 us in every choice. The V4.1 batch-32 step's replay -0.17 to -0.28 ms, V4's -0.20 to -0.26. HEAD_TILES_ENV names
+# a choice (A/B); "off" keeps the general decode tiles.
 HEAD_TILES = {
     "n128k64": {"BN": 128, "BK": 64, "num_warps": 4, "num_stages": 4},
     "n128k64w8": {"BN": 128, "BK": 64, "num_warps": 8, "num_stages": 4},

@@ -291,8 +291,10 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
         for k0 in range(k_lo, k_hi, BK):
             for sub in tl.static_range(BK // SB):  # one scale block of K at a time
                 kb0, offs_k, k_ok, kb_ok = scale_block(k0, sub, k_hi, SB, FULL)
-                x, w = _block_tiles(x_ptr + g * stride_xg, w_ptr, offs_m, m_ok, w_rows, n_ok, offs_k, k_ok, stride_xm,
-                                    stride_wn)
+                x = tl.load(x_ptr + offs_m[:, None] * stride_xm + g * stride_xg + offs_k[None, :],
+                            mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+                w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :],
+                            mask=n_ok[:, None] & k_ok[None, :], other=0.0)
                 if W_SCALED:
                     w_scale = e8m0_to_f32(tl.load(ws_ptr + (w_rows // SB) * stride_wsn + kb0 // SB,
                                                   mask=n_ok & kb_ok, other=127))
@@ -325,15 +327,6 @@ def _decode_gemm_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, part_ptr, y_ptr, ys_ptr, c
             _store_out(total, y_ptr, ys_ptr, offs_m, (first - g * tl.num_programs(0)) * BN, g, m_ok, N, stride_ym,
                        stride_yg, stride_ysm, stride_ysg, BM, BN * TILES, QG, OUT_DT)
             tl.store(cnt_ptr + tile // TILES, 0)  # ready for the next launch / graph replay
-
-
-@triton.jit
-def _block_tiles(x_ptr, w_ptr, offs_m, m_ok, w_rows, n_ok, offs_k, k_ok, stride_xm, stride_wn):
-    """One scale block's operands: x [BM, SB] (x_ptr at its group) and the weight's rows [BN, SB], zeros where
-    masked."""
-    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-    w = tl.load(w_ptr + w_rows[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-    return x, w
 
 
 @triton.jit
