@@ -18,6 +18,9 @@ venv: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/v4serve serve $(MODEL)
 
+# the suite on every core (a CPU machine: Triton's interpreter, single-threaded torch per worker)
+PYTEST_ARGS ?= -n auto --dist worksteal
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
