@@ -2002,6 +2002,12 @@ if [[ $what == fortieth1 ]]; then  # prepared in the thirty-ninth session (~330 
       -e "Random weights" | tee "$OUT/graph-l8-b$b.log" | grep -E "CUDA graphs|floor"
   done
 fi
+if [[ $what == fortieth2 ]]; then  # prepared in the fortieth session (~200 s): where V4.1's batch-32 routed gate-up
+  # waits (16 experts x 12 rows; sm_90 SASS on the CPU: 935 instructions a K tile, 231 registers -> two CTAs an SM;
+  # fewer instructions changed nothing in the thirty-first session) and its down, under Nsight Compute
+  ncu_prof gate-up-v41-t32 "gate_up" moe 32 --model v41-flash --experts 16
+  ncu_prof down-v41-t32 "_down_kernel" moe 32 --model v41-flash --experts 16
+fi
 if [[ $what == thirtyninth6 ]]; then  # ~90 s (249 s of the budget left): the staged scales' GEMVs and paired kernel
   # alone, each variant checked against the reference first (run on ac46ca2; the staged form was removed after it)
   timeout 55 python3 benchmarks/kernels/fp8_gemm.py --decode-only --rows 8,32 --variants default,staged \
