@@ -96,6 +96,14 @@ VARIANTS = {
         # occupancy (ncu, T=1: gate-up 168 registers with spills -> 3 CTAs an SM, 2.7 warps a scheduler, one issue
         # per 6.7 cycles; down 72 registers but 2.9 CTAs an SM for want of programs): smaller tiles, fewer
         # registers, K shares sized to the CTAs an SM then holds (`fit`)
+        # the gate-up capped at 168 registers a thread (3 CTAs an SM; its row-major weight loads, forty-first
+        # session, took ptxas to 184)
+        "regs168": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=168)),
+        "gu-rows-free": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=0)),
+        # the narrow down at 96 registers (its aligned scale vectors took ptxas from 96 to 103: 5 -> 4 CTAs an SM)
+        "nw-dn-r96": lambda t: replace(auto(t), down=replace(auto(t).down, max_regs=96)),
+        "nw-rows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=True),
+                                     down=replace(auto(t).down, row_loads=True)),
         "dn-s4": lambda t: with_split(auto(t), auto(t).gate_up.split_k, 2 * auto(t).down.split_k),
         "gu-n64k64": lambda t: fit(t, G(64, 64, 4, 4), None, 6, 0),
         "gu-n64k64-dn7": lambda t: fit(t, G(64, 64, 4, 4), G(128, 128, 4, 3), 6, 7),
@@ -241,7 +249,7 @@ def time_decode(ex, t: int, fn) -> tuple[float, float]:
     """-> (ms per call, bytes per call) over ROUTINGS routings replayed from one graph."""
     calls = [(x, w, i, simulated(x, ex)) for x, w, i in (inputs(t, seed=r) for r in range(ROUTINGS))]
     ms = common.bench_graph_ms(lambda: [fn(x, ex, w, i, xq) for x, w, i, xq in calls]) / ROUTINGS
-    hit = sum(int(torch.unique(i).numel()) for _, _, i in calls) / ROUTINGS
+    hit = sum(int(torch.unique(i).numel()) for _, _, i, _ in calls) / ROUTINGS
     return ms, hit * EXPERT_BYTES + t * D * (2 + 4)
 
 
@@ -292,7 +300,8 @@ def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
             if sig[n].startswith("*") or n.startswith("stride") or n in ("D", "I"):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": gemm.num_warps, "num_stages": gemm.num_stages})
+                           options={"num_warps": gemm.num_warps, "num_stages": gemm.num_stages}
+                           | ({"maxnreg": gemm.max_regs} if gemm.max_regs else {}))
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(k.asm["cubin"])
             f.flush()
@@ -334,14 +343,14 @@ def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
         jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
                  act | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
                  dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,
-                      CLAMP=LIMIT > 0, FINISH=False, **({} if dot else {"STAGES": gu.num_stages}),
+                      CLAMP=LIMIT > 0, FINISH=False, **({"ROWS": gu.row_loads} if dot else {"STAGES": gu.num_stages}),
                       **({} if dot else {"HDT": tl.bfloat16 if fp8 else None}),
                       **({} if dot or fp8 else {"xs_ptr": None, "hs_ptr": None}))),
                 ("down", mk._down_kernel if dot else moe_decode.down_kernel, dn,
                  {"h_ptr": act["h_ptr"], "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"} | (
                      {"hs_ptr": "*fp32"} if fp8 else {}),
                  dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
-                      QUANT_A=not quant_h, **({} if dot else {"STAGES": dn.num_stages}),
+                      QUANT_A=not quant_h, **({"ROWS": dn.row_loads} if dot else {"STAGES": dn.num_stages}),
                       **({"COMBINE": False, "TOPK": K, "APPLY_W": False, "ADD": False, "BT": 16} if dot else {}),
                       **({} if dot or fp8 else {"hs_ptr": None})))]
         for gemm_name, fn, gemm, ptrs, const in jobs:

@@ -119,11 +119,12 @@ def test_split_k(dtype, act_group, before):
     check(5, 96, 64, 6, 3, dtype, act_group, before, 2.0, config=cfg, skew=2)
 
 
-@pytest.mark.parametrize("D,I,split", [(96, 64, 1), (96, 64, 3), (160, 96, 2)])
+@pytest.mark.parametrize("D,I,split", [(96, 64, 1), (96, 64, 3), (160, 96, 2), (128, 64, 3), (256, 192, 2)])
 def test_scales_loaded_ahead(D, I, split):
     """MoeConfig.ahead: each K tile's scale bytes loaded an iteration before their use (and the ones past a K share's
-    end masked) give the bits of the loads in place — whole and ragged last K tiles (D = 96, 160 on 64-wide ones),
-    split K, several row blocks of an expert; only the dot body takes it."""
+    end masked, or with whole K tiles read from the share's last tile and dropped) give the bits of the loads in place
+    — whole and ragged last K tiles (D = 96, 160 on 64-wide ones), split K (D = 128 over 3 shares: one share empty),
+    several row blocks of an expert; only the dot body takes it."""
     if ON_GPU:
         pytest.skip("float64 under the CPU interpreter (the GPU runs it in test_v41_flash_one_row_an_expert_bf16)")
     cfg = mk.MoeConfig(16, mk.GemmConfig(32, 64, split_k=split), mk.GemmConfig(32, 64, split_k=split))
@@ -760,17 +761,24 @@ for name, fn, gemm, extra, ptrs in (
                                                                    HDT=tl.bfloat16, FOLD=False),
          gu_ptrs | {"x_ptr": "*fp8e4nv", "h_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hs_ptr": "*fp32"}),
         ("fp8 down", md.down_kernel, cfg.down, dict(QUANT_A=False, BODY="fp8", STAGES=3, FOLD=False),
-         {"h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "y_ptr": "*fp32"})):
+         {"h_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "y_ptr": "*fp32"}),
+        # V4.1's down (I = 2304): 1152-byte weight rows, 72-byte scale rows (not a multiple of 16: Triton knows
+        # nothing of their alignment)
+        ("v41 down", mk._down_kernel, cfg.down, dict(QUANT_A=False, COMBINE=False, TOPK=6, APPLY_W=False, ADD=False,
+                                                     BT=16, unaligned="stride_sn"),
+         {"h_ptr": "*bf16", "y_ptr": "*fp32"})):
+    unaligned = extra.pop("unaligned", "")
     const = dict(BM=cfg.block_m, BN=gemm.block_n, BK=gemm.block_k, GROUP_M=1, SPLIT=gemm.split_k, G=128, ASM=True,
                  PREC="tf32", ACC=tl.float32, F32=False, EVEN_K=True, **extra)
-    if "AHEAD" in fn.arg_names:  # a constexpr with a default: the launch's value (off unless the config asks)
+    if "AHEAD" in fn.arg_names:  # constexprs with defaults: the launch's values (`moe._body`)
         const.setdefault("AHEAD", False)
+        const.setdefault("ROWS", gemm.row_loads)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         weights = re.fullmatch(r"[ws][123]_ptr", n)  # FP4 bytes and their e8m0 scales
         sig[n] = "constexpr" if n in const else ptrs.get(n, "*u8" if weights else "*i32" if n.endswith("_ptr") else
                                                         "i32")
-        if sig[n].startswith("*") or n.startswith("stride") or n in ("D", "I"):
+        if (sig[n].startswith("*") or n.startswith("stride") or n in ("D", "I")) and n != unaligned:
             attrs[(i,)] = [["tt.divisibility", 16]]
     k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": gemm.num_warps, "num_stages": gemm.num_stages})
@@ -778,6 +786,14 @@ for name, fn, gemm, extra, ptrs in (
     loop = ir[ir.index("scf.for"):]
     loop = loop[:loop.index("scf.yield")]
     out[name] = {"sync": len(re.findall(r" tt[.]load ", loop)), "async": loop.count("async_copy_global_to_local")}
+    # the FP4 weight tiles' copies [BN, BK/2]: does a warp's lanes x vector span a row's BK/2 bytes (coalesced)?
+    rows = []
+    for layout in re.findall(r"async_copy_global_to_local .*: tensor<\\d+x" + str(gemm.block_k // 2)
+                             + r"x!tt[.]ptr<i8>, (#\\w+)>", loop):
+        spt, tpw = re.search("^" + layout + r" = #ttg[.]blocked<[{]sizePerThread = \\[\\d+, (\\d+)\\], "
+                             r"threadsPerWarp = \\[\\d+, (\\d+)\\]", ir, re.M).groups()
+        rows.append(int(spt) * int(tpw) == gemm.block_k // 2)
+    out[name]["row_copies"] = rows
     out.setdefault("cg", {})[name] = "ld.global.cg" in k.asm["ptx"]
 sig = {"y_ptr": "*fp32", "rw_ptr": "*fp32", "add_ptr": "*bf16", "out_ptr": "*bf16", "T": "i32", "D": "i32",
        "TOPK": "i32", "stride_y": "i32", "stride_ys": "i32", "stride_add": "i32", "stride_out": "i32",
@@ -796,15 +812,21 @@ def test_decode_k_loop_loads_are_all_async_copies_on_sm90() -> None:
     copy that the pipeliner issues stages ahead. A scale load masked per byte stays a plain load that each iteration
     waits for (EVEN_K drops that mask): on the H200 that wait cost the gate-up 48 -> 36 us per layer."""
     loops = json.loads(run_compile(SM90_LOOP).strip().splitlines()[-1])
-    assert loops["gate_up"] == {"sync": 0, "async": 5}, loops  # x, w1, w3, s1, s3
+    # x, w1, w3, s1, s3; each weight tile copied as whole rows: a warp reads 64-byte rows, not a 16-byte piece of 32
+    # rows (the [BN, BK/32, 16] load did that: ncu, V4.1 gate-up at 32 tokens: 2x the L2 sectors and 7x the shared
+    # memory wavefronts of its weight copies)
+    assert loops["gate_up"] == {"sync": 0, "async": 5, "row_copies": [True, True]}, loops
     assert loops["gate_up+finish"] == loops["gate_up"], loops  # the in-kernel split-K finish leaves the loop alone
-    assert loops["down"] == {"sync": 0, "async": 3}, loops  # h, w2, s2
+    assert loops["down"] == {"sync": 0, "async": 3, "row_copies": [True]}, loops  # h, w2, s2
     assert loops["down+combine"] == loops["down"], loops  # the fused combine (after the loop) leaves it alone
+    # scale rows Triton cannot know aligned still one vector a row (their offsets written as multiples of BK/32)
+    assert loops["v41 down"] == loops["down"], loops
     # the combine reads the rows other programs wrote past L1 (not coherent across SMs): in the fused down and alone
     assert loops["cg"]["down+combine"] and loops["cg"]["combine"], loops["cg"]
-    # the fp8 body: per 32-group of a 128-wide K tile, x's e4m3 rows and each weight's bytes; a tile's scales
-    assert loops["fp8 gate_up+finish"] == {"sync": 0, "async": 4 * 3 + 3}, loops  # + s1, s3, xs
-    assert loops["fp8 down"] == {"sync": 0, "async": 4 * 2 + 2}, loops  # + s2, hs
+    # the fp8 body: per 32-group of a 128-wide K tile, x's e4m3 rows and each weight's 16 bytes a row (no [BN, BK/2]
+    # copy); a tile's scales
+    assert loops["fp8 gate_up+finish"] == {"sync": 0, "async": 4 * 3 + 3, "row_copies": []}, loops  # + s1, s3, xs
+    assert loops["fp8 down"] == {"sync": 0, "async": 4 * 2 + 2, "row_copies": []}, loops  # + s2, hs
 
 
 @pytest.mark.parametrize("T,split,before,with_shared", [(1, 1, True, True), (5, 2, False, True), (37, 2, True, False),

@@ -117,27 +117,40 @@ def _fp4_asm(packed, sbyte):
 
 @triton.jit
 def _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK: tl.constexpr, EVEN_K: tl.constexpr):
-    """The e8m0 bytes [BN, BK/32] of rows offs_n, K columns [k0, k0 + BK) (none past K: 127 = 1.0). EVEN_K (every K
-    tile whole): the mask is constant along a row's bytes, so the load is one vector per row, which Triton's pipeliner
-    turns into an async copy; a mask per byte keeps it a plain load that each K iteration waits for (sm_90 TTGIR)."""
-    grp = k0 // 32 + tl.arange(0, BK // 32)
+    """The e8m0 bytes [BN, BK/32] of rows offs_n, K columns [k0, k0 + BK) (none past K: 127 = 1.0). EVEN_K (the
+    launch's promise: K, k0 and the K shares' ends multiples of BK, stride_sn of BK/32): a tile past K (an AHEAD
+    load's next tile, an empty K share's first: bytes never used) reads the last one instead, so the mask is the
+    rows' alone, and the row offsets, written as multiples of BK/32, tell Triton the bytes are aligned: one vector
+    per row, which Triton's pipeliner turns into an async copy (a mask that changes with k0 would also be carried
+    through the pipeline: 238 registers in V4.1's gate-up against 168). Else a mask per byte (or a row stride not
+    known to be aligned) keeps it byte loads that each K iteration waits for (sm_90 SASS: V4.1's down, 72-byte scale
+    rows, stalled on its LDG.E.U8)."""
+    NG: tl.constexpr = BK // 32
     if EVEN_K:
-        gmask = (offs_n < N)[:, None]  # broadcast by the load
-    else:
-        gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
+        grp = tl.minimum(k0 // BK, K // BK - 1) * NG + tl.arange(0, NG)
+        row = offs_n * (stride_sn // NG) * NG
+        return tl.load(s_ptr + row[:, None] + grp[None, :], mask=(offs_n < N)[:, None], other=127)
+    grp = k0 // 32 + tl.arange(0, NG)
+    gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
     return tl.load(s_ptr + offs_n[:, None] * stride_sn + grp[None, :], mask=gmask, other=127)
 
 
 @triton.jit
-def _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr):
+def _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr,
+                ROWS: tl.constexpr = False):
     """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix with their e8m0 bytes sb -> (even, odd) K columns
     [BN, BK/32, 16] in DT (bf16 scaled by 2^-ASM_SHIFT when ASM): per 32-group, its 16 bytes' low and high nibbles."""
     NG: tl.constexpr = BK // 32
-    grp = k0 // 32 + tl.arange(0, NG)
-    byte = tl.arange(0, 16)
-    gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
-    p = tl.load(w_ptr + offs_n[:, None, None] * stride_n + grp[None, :, None] * 16 + byte[None, None, :],
-                mask=gmask[:, :, None], other=0)
+    if ROWS:  # (whole K tiles) a row's BK/2 bytes as one run: lanes across a row's 16-byte pieces, then rows
+        kb = k0 // 2 + tl.arange(0, BK // 2)
+        p = tl.load(w_ptr + offs_n[:, None] * stride_n + kb[None, :], mask=(offs_n < N)[:, None], other=0)
+        p = tl.reshape(p, (offs_n.shape[0], NG, 16))
+    else:
+        grp = k0 // 32 + tl.arange(0, NG)
+        byte = tl.arange(0, 16)
+        gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
+        p = tl.load(w_ptr + offs_n[:, None, None] * stride_n + grp[None, :, None] * 16 + byte[None, None, :],
+                    mask=gmask[:, :, None], other=0)
     if ASM:
         return _fp4_asm(p, sb)
     else:
@@ -152,7 +165,7 @@ def _tile_scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, AH
     is no async copy for Triton's pipeliner, so each iteration would wait a memory latency for bytes loaded in it.
     Else this tile's are loaded here (sb unused)."""
     if AHEAD:
-        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, False)
+        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, EVEN_K)
     else:
         cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
         return cur, cur
@@ -160,19 +173,20 @@ def _tile_scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, AH
 
 @triton.jit
 def _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
-                   ASM: tl.constexpr):
+                   ASM: tl.constexpr, ROWS: tl.constexpr = False):
     """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix with their e8m0 bytes sb [BN, BK/32] -> (even, odd) K
     columns transposed, [BK/2, BN] in DT: the B operand of x @ W^T."""
-    lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM)
+    lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM, ROWS)
     return tl.trans(tl.reshape(lo, (BN, BK // 2))), tl.trans(tl.reshape(hi, (BN, BK // 2)))
 
 
 @triton.jit
 def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
-              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr):
+              BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
+              ROWS: tl.constexpr = False):
     """`_fp4_tile_from` with the tile's scale bytes loaded here."""
     sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK, EVEN_K)
-    return _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN, BK, DT, ASM)
+    return _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN, BK, DT, ASM, ROWS)
 
 
 @triton.jit
@@ -329,12 +343,15 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
                     SPLIT: tl.constexpr, G: tl.constexpr, QUANT_H: tl.constexpr, WEIGHT_H: tl.constexpr,
                     CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                     F32: tl.constexpr, EVEN_K: tl.constexpr = False, FINISH: tl.constexpr = False,
-                    PDL: tl.constexpr = False, AHEAD: tl.constexpr = False, DIRECT: tl.constexpr = False):
+                    PDL: tl.constexpr = False, AHEAD: tl.constexpr = False, DIRECT: tl.constexpr = False,
+                    ROWS: tl.constexpr = False):
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel` or (FINISH) by the tile's last program to
     arrive. AHEAD (`MoeConfig.ahead`): each K tile's scale bytes loaded an iteration before their use. DIRECT: blocks
-    straight from one token's routing (`_expert_block`)."""
+    straight from one token's routing (`_expert_block`). ROWS (`GemmConfig.row_loads`): with whole K tiles, the FP4
+    bytes copied as whole rows (`_fp4_groups`)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    RW: tl.constexpr = EVEN_K and ROWS
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM, BN,
                                                           GROUP_M, DIRECT)
     if expert < 0:
@@ -350,25 +367,27 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
     acc_u = tl.zeros([BM, BN], dtype=ACC)
     k_lo, k_hi = _k_range(D, BK, SPLIT)
     if AHEAD:
-        sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
-        sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
+        sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, EVEN_K)
+        sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, EVEN_K)
     for k0 in range(k_lo, k_hi, BK):
         a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
         a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & (k0 + offs_k < D)[None, :], BM, BK, DT, False, G)
         if AHEAD:  # this tile's bytes from the iteration before, the next tile's now (`_tile_scales`)
             sb1, nsb1 = _tile_scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, True, EVEN_K)
             sb3, nsb3 = _tile_scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, True, EVEN_K)
-            w_ev, w_od = _fp4_tile_from(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM)
+            w_ev, w_od = _fp4_tile_from(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM, RW)
         else:
-            w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
+            w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K,
+                                   RW)
         acc_g = _dot(a_ev, w_ev, acc_g, PREC, ACC, F32)
         acc_g = _dot(a_od, w_od, acc_g, PREC, ACC, F32)
         if AHEAD:
-            w_ev, w_od = _fp4_tile_from(w3_ptr, sb3, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM)
+            w_ev, w_od = _fp4_tile_from(w3_ptr, sb3, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM, RW)
             sb1 = nsb1
             sb3 = nsb3
         else:
-            w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K)
+            w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K,
+                                   RW)
         acc_u = _dot(a_ev, w_ev, acc_u, PREC, ACC, F32)
         acc_u = _dot(a_od, w_od, acc_u, PREC, ACC, F32)
     _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h,
@@ -449,12 +468,13 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  cnt_ptr=None, rw_ptr=None, add_ptr=None, out_ptr=None, T=0, stride_add=0, stride_out=0,
                  COMBINE: tl.constexpr = False, TOPK: tl.constexpr = 1, APPLY_W: tl.constexpr = False,
                  ADD: tl.constexpr = False, BT: tl.constexpr = 16, AHEAD: tl.constexpr = False,
-                 DIRECT: tl.constexpr = False):
+                 DIRECT: tl.constexpr = False, ROWS: tl.constexpr = False):
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums. COMBINE (fusion `moe_combine`): the last of the
     NB * SPLIT programs of a column tile to arrive runs the combine kernel's sums over that tile for every token.
-    AHEAD: each K tile's scale bytes loaded an iteration before their use. DIRECT: as the gate-up's."""
+    AHEAD: each K tile's scale bytes loaded an iteration before their use. DIRECT, ROWS: as the gate-up's."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
+    RW: tl.constexpr = EVEN_K and ROWS
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM, BN,
                                                           GROUP_M, DIRECT)
     DT = h_ptr.dtype.element_ty
@@ -465,17 +485,17 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
         acc = tl.zeros([BM, BN], dtype=ACC)
         k_lo, k_hi = _k_range(I, BK, SPLIT)
         if AHEAD:
-            sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, False)
+            sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, EVEN_K)
         for k0 in range(k_lo, k_hi, BK):
             a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
             if AHEAD:
                 sb, nsb = _tile_scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, True, EVEN_K)
-                w_ev, w_od = _fp4_tile_from(w2_ptr, sb, offs_n, D, k0, I, stride_wn, BN, BK, DT, ASM)
+                w_ev, w_od = _fp4_tile_from(w2_ptr, sb, offs_n, D, k0, I, stride_wn, BN, BK, DT, ASM, RW)
                 sb = nsb
             else:
                 w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM,
-                                       EVEN_K)
+                                       EVEN_K, RW)
             acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
             acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
         _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
@@ -561,6 +581,10 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1  # K shares per tile (float partials summed in order): CTAs for the few-expert decode steps
+    max_regs: int = 0  # ptxas's register cap a thread (Triton's maxnreg; 0: ptxas's choice): CTAs an SM
+    # the dot body's FP4 K tiles copied as whole rows (`_fp4_groups`), or as [BN, BK/32, 16] (a warp over a 16-byte
+    # piece of 32 rows: 2x the L2 sectors, bank-conflicted shared stores, but fewer registers after the dequant)
+    row_loads: bool = True
 
 
 BODIES = ("dot", "swap", "fma", "fp8", "grouped")
@@ -615,9 +639,15 @@ class MoeConfig:
 # issue: small BLOCK_M, K tiles of 128 (registers for 3 CTAs per SM), a gate-up N tile of 128 so h's 1 x 128 FP8
 # groups are quantized once in its epilogue. Prefill is compute bound: big tiles, GROUP_M row blocks of an expert
 # sweep the columns together (weight tiles reused from L2).
-DECODE = MoeConfig(16, GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3))
-MID = MoeConfig(32, GemmConfig(128, 128, 4, 3), GemmConfig(128, 128, 4, 3), group_m=4)
-PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), group_m=8)
+# The decode gate-up's rows copied whole take ptxas to 184 registers (2 CTAs an SM; the split rule plans 3): capped at
+# 168 (16 bytes of spills outside the K loop). H100, `benchmarks/kernels/moe.py --model v41-flash --experts 16`
+# (forty-first session): T=8 236.0 -> 195.5 us, T=32 220.9 -> 207.3 (row copies uncapped: 223.1, 210.0). MID and
+# PREFILL keep the [BN, BK/32, 16] copies (not timed with rows).
+DECODE = MoeConfig(16, GemmConfig(128, 128, 4, 3, max_regs=168), GemmConfig(128, 128, 4, 3))
+MID = MoeConfig(32, GemmConfig(128, 128, 4, 3, row_loads=False), GemmConfig(128, 128, 4, 3, row_loads=False),
+                group_m=4)
+PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3, row_loads=False), GemmConfig(128, 64, 8, 3, row_loads=False),
+                    group_m=8)
 
 
 # One row an expert with activation groups of at most 64 (V4.1's 1 x 32): 64-wide gate-up tiles over 64 of K (whole
@@ -625,7 +655,10 @@ PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3), GemmConfig(128, 64, 8, 3), g
 # 64-wide down tiles, their K shares sized for 6 and 5 CTAs an SM. H100, `benchmarks/kernels/moe.py --model v41-flash
 # --experts 64 --tokens 1` (thirty-third session): 96.9 -> 89.7 us a layer (38.6 -> 41.7% of HBM); the gate-up's tiles
 # alone 92.0, every other tile or split variant 96.6-143.7. `V4SERVE_MOE_NARROW=0` keeps DECODE's tiles (A/B).
-NARROW_GATE_UP, NARROW_DOWN = GemmConfig(64, 64, 4, 4), GemmConfig(64, 128, 4, 3)
+# Their [BN, BK/32, 16] copies: rows copied whole took the gate-up from 80 to 102 registers (6 -> 4 CTAs an SM) and
+# the down from 96 to 108; H100, 64 experts, T=1: 88.3 -> 94.0 us (forty-first session).
+NARROW_GATE_UP = GemmConfig(64, 64, 4, 4, row_loads=False)
+NARROW_DOWN = GemmConfig(64, 128, 4, 3, row_loads=False)
 NARROW_ENV = "V4SERVE_MOE_NARROW"
 # the narrow tiles' scale bytes loaded an iteration ahead (MoeConfig.ahead): H100, the graphed V4.1 step at batch 1 /
 # 64K, replay 9.92 -> 9.84 ms (thirty-fourth session); "0" loads them in place (A/B)
@@ -745,6 +778,11 @@ def decode_config(rows: int, num_experts: int, dim: int = 4096, inter: int = 204
     return MoeConfig(block_m, gu, dn, body=body)
 
 
+def _even_k(K: int, block_k: int, scales: torch.Tensor) -> bool:
+    """The kernels' EVEN_K: whole K tiles, each row's scale bytes of a tile aligned to their count (`_fp4_scales`)."""
+    return K % block_k == 0 and scales.stride(-2) % (block_k // 32) == 0
+
+
 def supports(x: torch.Tensor, experts) -> bool:
     """FP4 stacks and a bf16/f32 x on CUDA (f64 only under the CPU interpreter, as a numerics check)."""
     if experts.fmt != "fp4" or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float32, torch.float64):
@@ -841,10 +879,11 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return _prologue(ids, num_experts, block_m)[:2]
 
 
-def _body(cfg: MoeConfig, gemm: GemmConfig) -> dict:
+def _body(cfg: MoeConfig, gemm: GemmConfig, x: torch.Tensor) -> dict:
+    regs = {"maxnreg": gemm.max_regs} if gemm.max_regs and x.is_cuda else {}
     if cfg.body == "dot":
-        return {"AHEAD": True} if cfg.ahead else {}
-    return {"BODY": cfg.body, "STAGES": gemm.num_stages} | ({"FOLD": FOLDS[cfg.fold]} if cfg.fold else {})
+        return regs | ({"AHEAD": True} if cfg.ahead else {}) | ({"ROWS": True} if gemm.row_loads else {})
+    return regs | {"BODY": cfg.body, "STAGES": gemm.num_stages} | ({"FOLD": FOLDS[cfg.fold]} if cfg.fold else {})
 
 
 def _fp8_body_applies(x: torch.Tensor, act_group: int, gate_up_n: int, split_launch: bool) -> bool:
@@ -939,8 +978,8 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         xa.stride(0), w1.stride(0), w1.stride(1), s1.stride(0), s1.stride(1), h.stride(0), 2 * P * I, P * I,
         BM=BM, BN=gu.block_n, BK=gu.block_k, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_H=quant_h,
         WEIGHT_H=weight_before_w2, CLAMP=limit > 0, ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32,
-        EVEN_K=D % gu.block_k == 0, FINISH=finish,
-        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg, gu), **fp8_gu, **direct_kw, **pdl_launch(x))
+        EVEN_K=_even_k(D, gu.block_k, s1), FINISH=finish,
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **_body(cfg, gu, x), **fp8_gu, **direct_kw, **pdl_launch(x))
     if S > 1 and not finish:
         _swiglu_kernel[(NB, cdiv(I, bne))](
             part, h, rw, sorted_ids, block_expert, M, I, float(limit), 2 * P * I, P * I, h.stride(0),
@@ -971,8 +1010,8 @@ def experts_forward(x: torch.Tensor, experts, weights: torch.Tensor, ids: torch.
         h, w2, s2, y, sorted_ids, block_expert, M, NB, D, I,
         h.stride(0), w2.stride(0), w2.stride(1), s2.stride(0), s2.stride(1), y.stride(1), y.stride(0),
         BM=BM, BN=dn.block_n, BK=bk_dn, GROUP_M=cfg.group_m, SPLIT=S, G=max(G, 1), QUANT_A=quant_h_in_tile,
-        ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32, EVEN_K=I % bk_dn == 0,
-        num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg, dn), **({"hs_ptr": hs} if fp8 else {}),
+        ASM=use_asm, PREC=prec, ACC=acc_tl, F32=f32, EVEN_K=_even_k(I, bk_dn, s2),
+        num_warps=dn.num_warps, num_stages=dn.num_stages, **_body(cfg, dn, x), **({"hs_ptr": hs} if fp8 else {}),
         **direct_kw, **combine, **pdl_launch(x))
 
     if combine_in_down:

@@ -307,8 +307,8 @@ def gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_p
     acc_g = tl.zeros([BN, BM], dtype=ACC)
     acc_u = tl.zeros([BN, BM], dtype=ACC)
     k_lo, k_hi = _k_range(D, BK, SPLIT)
-    sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
-    sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, False)
+    sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, EVEN_K)
+    sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, EVEN_K)
     r = tl.arange(0, BM)
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
         sb1, nsb1 = _scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, BODY, EVEN_K, FOLD)
@@ -366,7 +366,7 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
     s2_ptr += expert * stride_se
     acc = tl.zeros([BN, BM], dtype=ACC)
     k_lo, k_hi = _k_range(I, BK, SPLIT)
-    sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, False)
+    sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, EVEN_K)
     r = tl.arange(0, BM)
     for k0 in tl.range(k_lo, k_hi, BK, num_stages=STAGES):
         sb, nsb = _scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, BODY, EVEN_K, FOLD)

@@ -33,7 +33,8 @@ import triton.language as tl
 from ..env import get as env_get
 from ..linear import scale_bytes
 from . import cdiv, next_pow2, step_jit
-from .moe import _TL, _combine_kernel, _fp4_groups, _fp4_scales, _prologue_kernel, _swiglu_store, sort_launch
+from .moe import (_TL, _combine_kernel, _even_k, _fp4_groups, _fp4_scales, _prologue_kernel, _swiglu_store,
+                  sort_launch)
 from .pdl import enter as pdl_enter
 from .pdl import launch as pdl_launch
 from .quant import fp8_simulate_tile
@@ -44,16 +45,17 @@ DEFAULT_SCRATCH = 4 << 30
 
 @triton.jit
 def _dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, stride_we, stride_wn, stride_se, stride_sn, stride_oe, stride_on,
-                    BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False):
+                    BN: tl.constexpr, BK: tl.constexpr, PDL: tl.constexpr = False, EVEN_K: tl.constexpr = False):
     """One expert's FP4 rows [BN] x K columns [BK] (packed bytes + e8m0 bytes) -> out's dtype in natural K order:
-    byte j of a 32-group holds K elements 2j (low nibble) and 2j + 1 (high)."""
+    byte j of a 32-group holds K elements 2j (low nibble) and 2j + 1 (high). EVEN_K: as the GEMMs' (moe._even_k),
+    whole rows' bytes a warp and the scale bytes as one vector a row."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     e = tl.program_id(0).to(tl.int64)
     offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
     k0 = tl.program_id(2) * BK
-    sb = _fp4_scales(s_ptr + e * stride_se, offs_n, N, k0, K, stride_sn, BK, False)
+    sb = _fp4_scales(s_ptr + e * stride_se, offs_n, N, k0, K, stride_sn, BK, EVEN_K)
     lo, hi = _fp4_groups(w_ptr + e * stride_we, sb, offs_n, N, k0, K, stride_wn, BK, out_ptr.dtype.element_ty,
-                          False)
+                          False, EVEN_K)
     v = tl.reshape(tl.join(lo, hi), (BN, BK))  # [BN, BK/32, 16, 2] -> the group's 32 values in order
     cols = k0 + tl.arange(0, BK)
     tl.store(out_ptr + e * stride_oe + offs_n[:, None].to(tl.int64) * stride_on + cols[None, :], v,
@@ -68,7 +70,7 @@ def dequantize_into(w: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> torc
     bn, bk = 32, min(256, next_pow2(K))
     _dequant_kernel[(E, cdiv(N, bn), cdiv(K, bk))](
         w, s, out, N, K, w.stride(0), w.stride(1), s.stride(0), s.stride(1), out.stride(0), out.stride(1),
-        BN=bn, BK=bk, num_warps=4, **pdl_launch(out))
+        BN=bn, BK=bk, num_warps=4, EVEN_K=_even_k(K, bk, s), **pdl_launch(out))
     return out
 
 
