@@ -47,6 +47,23 @@ ncu_prof() {  # one launch under Nsight Compute: $1 = name, $2 = kernel regex, r
   grep -E "Duration|Warp Cycles|Issued|Eligible|Active Warps|Registers|Achieved Occ|Theoretical Occ|Memory Thr" \
     "$OUT/$name-details.txt" | head -24
 }
+MOE_K=src/v4serve/ops/kernels
+moe_side() {  # $1 = new | old: old copies the committed MoE kernels ($OLD, default .old: moe.py, moe_decode.py,
+  # moe_grouped.py, as the caller saved them) over the tree's; new restores the tree's
+  if [[ $1 == old ]]; then cp ${OLD:-.old}/moe*.py $MOE_K/; else git checkout -q -- $MOE_K/moe*.py; fi
+}
+moe_alone() {  # the MoE alone at V4.1's 8 / 32 tokens (16 experts, variants $2) and one token (64 experts), and with
+  # $3 = v4 V4's 16 experts at 32 tokens; rows tagged [$1] in $OUT/moe-rows.log
+  timeout 80 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \
+    --variants $2 --no-reference 2>&1 | grep -v Warning | sed "s/^/[$1] /" | tee -a "$OUT/moe-rows.log" \
+    | grep -E "T=|HBM copy" | cut -c1-170
+  timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --tokens 1 --no-prefill \
+    --variants default --no-reference 2>&1 | grep -v Warning | sed "s/^/[$1] /" | tee -a "$OUT/moe-rows.log" \
+    | grep -E "T=" | cut -c1-170
+  [[ ${3:-} == v4 ]] && timeout 60 python3 benchmarks/kernels/moe.py --experts 16 --tokens 32 --no-prefill \
+    --variants default --no-reference 2>&1 | grep -v Warning | sed "s/^/[$1 v4] /" | tee -a "$OUT/moe-rows.log" \
+    | grep -E "T=" | cut -c1-170
+}
 prefill8k() {  # the engine's 8K prompt alone (v4-flash-e16, batch 1, one step), $1 = V4SERVE_ATTN_PREFILL ("": default)
   V4SERVE_ATTN_PREFILL=$1 timeout ${P8K_TIMEOUT:-170} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
     --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
@@ -1988,9 +2005,10 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   timeout 50 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
 fi
-if [[ $what == fortyfirst5 ]]; then  # prepared in the forty-first session (~150 s; FORTYFIRST5_B32=1: ~250 s): the
-  # chosen defaults (decode gate-up rows capped at 168 registers; the narrow tiles' [BN, BK/32, 16] copies) against
-  # their alternatives in the MoE alone, then the V4 batch-1 and V4.1 batch-32 steps with them
+if [[ $what == fortyfirst5 ]]; then  # prepared in the forty-first session (~350 s): the committed defaults (the decode
+  # gate-up's rows capped at 168 registers; the narrow tiles' [BN, BK/32, 16] copies, their down capped at 96) against
+  # their alternatives in the MoE alone, then the standing steps with them (V4 batch 1 / 2K: 8.75 ms replay with the
+  # rows uncapped, 8.63 before them; V4.1 batch 1 / 64K not run with rows; V4.1 batch 32 / 4K 20.31 uncapped)
   timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \
     --variants default,gu-rows-free --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-final.log" \
     | grep -E "T=" | cut -c1-170
@@ -2000,25 +2018,20 @@ if [[ $what == fortyfirst5 ]]; then  # prepared in the forty-first session (~150
   timeout 90 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only \
     --kv-cache-memory 8589934592 --out "$OUT/v4-b1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
     | tee "$OUT/graph-v4-b1.log" | grep -E "CUDA graphs|floor|round"
-  [[ ${FORTYFIRST5_B32:-0} == 1 ]] && timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m \
-    --batch 32 --context 4096 --steps 6 --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 \
-    --out "$OUT/b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" \
-    | grep -E "CUDA graphs|floor"
+  timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/v41-b1-64k" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k.log" | grep -E "CUDA graphs|floor"
+  timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor"
 fi
 if [[ $what == fortyfirst4 ]]; then  # prepared in the forty-first session (~450 s, 721 s of the budget left): the
-  # MoE A/B of fortyfirst2 without the grouped body and ncu, then fortyfirst3's graph = eager and V4 steps
-  K=src/v4serve/ops/kernels
+  # MoE A/B of fortyfirst2 without the grouped body and ncu, then the tiny models' graph = eager and V4's steps
   for side in new old; do
-    [[ $side == old ]] && cp ${OLD:-.old}/moe.py ${OLD:-.old}/moe_decode.py ${OLD:-.old}/moe_grouped.py $K/
-    v=default; [[ $side == new ]] && v=default,regs168
-    timeout 70 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \
-      --variants $v --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side] /" | tee -a "$OUT/moe-rows.log" \
-      | grep -E "T=|HBM copy" | cut -c1-170
-    timeout 50 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --tokens 1 --no-prefill \
-      --variants default --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side] /" | tee -a "$OUT/moe-rows.log" \
-      | grep -E "T=" | cut -c1-170
+    moe_side $side
+    moe_alone $side $([[ $side == new ]] && echo default,regs168 || echo default)
   done
-  git checkout -q -- $K/moe.py $K/moe_decode.py $K/moe_grouped.py
+  moe_side new
   timeout 80 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
     -k "graph_decode_equals_eager" > "$OUT/gpu_tests_graph.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_graph.log" | cut -c1-200 | tail -4
@@ -2029,21 +2042,6 @@ if [[ $what == fortyfirst4 ]]; then  # prepared in the forty-first session (~450
     --kv-cache-memory 8589934592 --out "$OUT/v4-b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
     | tee "$OUT/graph-v4-b32.log" | grep -E "CUDA graphs|floor|round"
 fi
-if [[ $what == fortyfirst3 ]]; then  # prepared in the forty-first session (~420 s): the standing steps with the FP4
-  # tiles copied as rows (V4.1 batch 32 / 4K: fortyfirst1), and the tiny models' graph = eager on the GPU
-  timeout 80 python3 -m pytest tests/gpu/test_cuda.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
-    -k "graph_decode_equals_eager" > "$OUT/gpu_tests_graph.log" 2>&1
-  grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_graph.log" | cut -c1-200 | tail -4
-  timeout 130 python3 benchmarks/profile_step.py v4-flash-e16 --batch 32 --context 2048 --steps 6 --graph-only \
-    --kv-cache-memory 8589934592 --out "$OUT/v4-b32" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
-    | tee "$OUT/graph-v4-b32.log" | grep -E "CUDA graphs|floor|round"
-  timeout 110 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only \
-    --kv-cache-memory 8589934592 --out "$OUT/v4-b1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
-    | tee "$OUT/graph-v4-b1.log" | grep -E "CUDA graphs|floor|round"
-  timeout 150 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
-    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/v41-b1-64k" 2>&1 \
-    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k.log" | grep -E "CUDA graphs|floor"
-fi
 if [[ $what == fortyfirst2 ]]; then  # prepared in the forty-first session (~300 s): fortyfirst1's MoE A/B again (the
   # benchmark's decode timing had failed since the thirty-fourth session: its bytes counted from 4-tuples unpacked as
   # 3), the grouped prefill body's weight copies, then the new gate-up and down under Nsight Compute (V4.1, 16
@@ -2051,24 +2049,14 @@ if [[ $what == fortyfirst2 ]]; then  # prepared in the forty-first session (~300
   timeout 90 python3 -m pytest tests/ops/test_moe_grouped.py -q -p no:cacheprovider -o addopts="" -rf --tb=short \
     > "$OUT/gpu_tests_grouped.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_grouped.log" | cut -c1-200 | tail -4
-  K=src/v4serve/ops/kernels
   for side in new old; do
-    [[ $side == old ]] && cp ${OLD:-.old}/moe.py ${OLD:-.old}/moe_decode.py ${OLD:-.old}/moe_grouped.py $K/
+    moe_side $side
     timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --no-decode --prefill-tokens 2048 \
       --variants pf-grouped --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side] /" \
       | tee -a "$OUT/moe-grouped.log" | grep -E "T=" | cut -c1-170
-    v=default; [[ $side == new ]] && v=default,regs168
-    timeout 80 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \
-      --variants $v --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side] /" | tee -a "$OUT/moe-rows.log" \
-      | grep -E "T=|HBM copy" | cut -c1-170
-    timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --tokens 1 --no-prefill \
-      --variants default --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side] /" | tee -a "$OUT/moe-rows.log" \
-      | grep -E "T=" | cut -c1-170
-    timeout 60 python3 benchmarks/kernels/moe.py --experts 16 --tokens 32 --no-prefill --variants default \
-      --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side v4] /" | tee -a "$OUT/moe-rows.log" | grep -E "T=" \
-      | cut -c1-170
+    moe_alone $side $([[ $side == new ]] && echo default,regs168 || echo default) v4
   done
-  git checkout -q -- $K/moe.py $K/moe_decode.py $K/moe_grouped.py
+  moe_side new
   ncu_prof gate-up-v41-t32 "gate_up" moe 32 --model v41-flash --experts 16
   ncu_prof down-v41-t32 "_down_kernel" moe 32 --model v41-flash --experts 16
 fi
@@ -2080,29 +2068,18 @@ if [[ $what == fortyfirst1 ]]; then  # prepared in the forty-first session (~560
     -k "v4_flash_shapes or v41_flash_one_row or cuda_graph_replay or real_shapes or async_copies or ptx_dequant" \
     > "$OUT/gpu_tests_moe.log" 2>&1
   grep -E "^E |passed|failed|^FAILED" "$OUT/gpu_tests_moe.log" | cut -c1-200 | tail -6
-  K=src/v4serve/ops/kernels
   for side in new old; do
-    [[ $side == old ]] && cp ${OLD:-.old}/moe.py ${OLD:-.old}/moe_decode.py $K/
-    v=default; [[ $side == new ]] && v=default,regs168
-    timeout 80 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \
-      --variants $v --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side] /" | tee -a "$OUT/moe-rows.log" \
-      | grep -E "T=|HBM copy" | cut -c1-170
-    timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --tokens 1 --no-prefill \
-      --variants default --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side] /" | tee -a "$OUT/moe-rows.log" \
-      | grep -E "T=" | cut -c1-170
-    timeout 60 python3 benchmarks/kernels/moe.py --experts 16 --tokens 32 --no-prefill --variants default \
-      --no-reference 2>&1 | grep -v Warning | sed "s/^/[$side v4] /" | tee -a "$OUT/moe-rows.log" | grep -E "T=" \
-      | cut -c1-170
+    moe_side $side
+    moe_alone $side $([[ $side == new ]] && echo default,regs168 || echo default) v4
   done
-  git checkout -q -- $K/moe.py $K/moe_decode.py
   for side in new old; do
-    [[ $side == old ]] && cp ${OLD:-.old}/moe.py ${OLD:-.old}/moe_decode.py $K/
+    moe_side $side
     timeout 150 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
       --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/b32-$side" 2>&1 \
       | grep -v -e Warning -e USDT -e "Random weights" | sed "s/^/[$side] /" | tee "$OUT/graph-b32-$side.log" \
       | grep -E "CUDA graphs|floor"
   done
-  git checkout -q -- $K/moe.py $K/moe_decode.py
+  moe_side new
 fi
 if [[ $what == fortieth1 ]]; then  # prepared in the thirty-ninth session (~330 s): V4.1's wo_b at 32 rows is one wave
   # of 320 CTAs (80 tiles x 4 splits, ~2.4 an SM where registers and shared memory allow 4), each walking 16 K tiles

@@ -658,7 +658,7 @@ PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3, row_loads=False), GemmConfig(
 # Their [BN, BK/32, 16] copies: rows copied whole took the gate-up from 80 to 102 registers (6 -> 4 CTAs an SM) and
 # the down from 96 to 108; H100, 64 experts, T=1: 88.3 -> 94.0 us (forty-first session). The down's aligned scale
 # vectors (EVEN_K) alone took it to 103: capped at the 96 it had (16 bytes of spills, outside the K loop; sm_90 SASS
-# on the CPU, not timed: `benchmarks/kernels/moe.py` variants nw-dn-r96 / nw-rows, gpu_session.sh fortyfirst5).
+# on the CPU, not timed: `benchmarks/kernels/moe.py` variants nw-dn-free / nw-rows, gpu_session.sh fortyfirst5).
 NARROW_GATE_UP = GemmConfig(64, 64, 4, 4, row_loads=False)
 NARROW_DOWN = GemmConfig(64, 128, 4, 3, row_loads=False, max_regs=96)
 NARROW_ENV = "V4SERVE_MOE_NARROW"
