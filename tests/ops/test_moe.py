@@ -179,6 +179,12 @@ def test_default_config_selection(monkeypatch):
     assert mk.select_config(12, 384, 5120, 2304, act_group=32).gate_up.block_n == 64  # 12 experts, a row each
     assert mk.select_config(32 * 6, 16, 5120, 2304, act_group=32).gate_up.block_n == 128  # 12 rows an expert
     assert narrow.ahead  # the scale bytes an iteration ahead (V4SERVE_MOE_AHEAD=0: in place)
+    # FP4 tiles copied as whole rows where that was timed faster (the decode tiles, their gate-up capped at 168
+    # registers: 3 CTAs an SM); the narrow tiles keep the [BN, BK/32, 16] copies (fewer registers), their down at 96
+    assert thirty_two.gate_up.row_loads and thirty_two.down.row_loads and thirty_two.gate_up.max_regs == 168
+    assert one.gate_up.max_regs == 168 and not one.down.max_regs
+    assert not (narrow.gate_up.row_loads or narrow.down.row_loads) and narrow.down.max_regs == 96
+    assert not (mk.MID.gate_up.row_loads or mk.PREFILL.gate_up.row_loads)
     assert not mk.select_config(6, 256, 4096, 2048).ahead  # DECODE's 4-byte scale rows are async copies already
     monkeypatch.setenv(mk.AHEAD_ENV, "0")
     assert not mk.select_config(6, 384, 5120, 2304, act_group=32).ahead
@@ -198,6 +204,18 @@ def test_default_config_selection(monkeypatch):
     monkeypatch.setenv(mk.DECODE_BODY_ENV, "fma")
     with pytest.raises(ValueError, match="one of dot, swap, fp8"):
         mk.select_config(6, 256)
+
+
+def test_gemm_config_launch_options():
+    """A dot-body config's launch: ROWS where its tiles are copied as rows, Triton's maxnreg where it caps registers —
+    on CUDA only (the interpreter takes no register cap); the other bodies take neither."""
+    x = torch.zeros(2, 64, device=DEV)
+    cfg = mk.select_config(32 * 6, 16)
+    want = {"ROWS": True} | ({"maxnreg": 168} if x.is_cuda else {})
+    assert mk._body(cfg, cfg.gate_up, x) == want and mk._body(cfg, cfg.down, x) == {"ROWS": True}
+    narrow = mk.select_config(6, 384, 5120, 2304, act_group=32)
+    assert mk._body(narrow, narrow.gate_up, x) == {"AHEAD": True}
+    assert "ROWS" not in mk._body(dataclasses.replace(cfg, body="swap"), cfg.gate_up, x)
 
 
 def test_prefill_config_from_the_environment(monkeypatch, fp8_taken):
