@@ -96,8 +96,9 @@ VARIANTS = {
         # occupancy (ncu, T=1: gate-up 168 registers with spills -> 3 CTAs an SM, 2.7 warps a scheduler, one issue
         # per 6.7 cycles; down 72 registers but 2.9 CTAs an SM for want of programs): smaller tiles, fewer
         # registers, K shares sized to the CTAs an SM then holds (`fit`)
-        # the gate-up capped at 168 registers a thread (3 CTAs an SM; its row-major weight loads, forty-first
-        # session, took ptxas to 184)
+        # the decode gate-up's register cap (row copies took ptxas to 184: 2 CTAs an SM): "regs168" is the default
+        # since 48ce6ca (kept: gpu_session.sh fortyfirst1/2/4 timed it against the uncapped rows), "gu-rows-free"
+        # the uncapped form
         "regs168": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=168)),
         "gu-rows-free": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=0)),
         # the narrow down uncapped (its aligned scale vectors took ptxas from 96 to 103: 5 -> 4 CTAs an SM; the default

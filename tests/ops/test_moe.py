@@ -790,6 +790,7 @@ for name, fn, gemm, extra, ptrs in (
                  PREC="tf32", ACC=tl.float32, F32=False, EVEN_K=True, **extra)
     if "AHEAD" in fn.arg_names:  # constexprs with defaults: the launch's values (`moe._body`)
         const.setdefault("AHEAD", False)
+    if "ROWS" in fn.arg_names:
         const.setdefault("ROWS", gemm.row_loads)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
