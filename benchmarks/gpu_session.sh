@@ -2005,6 +2005,73 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   timeout 50 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
 fi
+if [[ $what == fortysecond4 ]]; then  # prepared in the forty-second session (~250 s): the mHC seam at batched decode
+  # (V4.1's batch-32 replay: 73 hc_post_pre launches, 1,993 us exposed, ~10x their bytes) on token blocks over many
+  # D slices (benchmarks/kernels/mhc.py: the 1-token blocks read fn once a token from L2)
+  timeout 250 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 32,8,128 --variants \
+    default,diag:iters1,c-x3p-bt16-s40,c-x3p-bt16-d64-s80,c-x3p-bt32-s40,c-x3p-bt32-d64-s80,c-x3p-bt64-d64-s80 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc-sweep.log" | grep -E "hc_pre|failed"
+fi
+if [[ $what == fortysecond3 ]]; then  # prepared in the forty-second session (~330 s): K shares against the grid's
+  # waves (ncu, fortysecond2: V4.1's batch-32 gate-up waits at the loop top; 288 tiles x 3 shares = 2.2 waves of 3
+  # CTAs an SM), V4 and V4.1 at 16 experts; then the graphed V4.1 step at batch 1 / 64K with the narrow down's row
+  # copies (the tree) against it capped at 96 registers ($OLD = .old: HEAD's moe.py, copied in by the caller)
+  timeout 110 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill --variants \
+    default,s1/1,s2/1,s4/1,s4/2,s4/3,s3/3,s2/3,s1/3,s8/2,s5/2,s6/2 --no-reference 2>&1 | grep -v Warning \
+    | tee -a "$OUT/moe-split.log" | grep -E "T=" | cut -c1-170
+  timeout 70 python3 benchmarks/kernels/moe.py --experts 16 --tokens 32 --no-prefill --variants \
+    default,s4/2,s3/3,s4/3,s2/2 --no-reference 2>&1 | grep -v Warning | sed "s/^/[v4] /" \
+    | tee -a "$OUT/moe-split.log" | grep -E "T=" | cut -c1-170
+  for side in new old; do
+    moe_side $side
+    timeout 100 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/v41-b1-64k-$side" 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k-$side.log" \
+      | grep -E "CUDA graphs|floor" | sed "s/^/[$side] /"
+  done
+  moe_side new
+fi
+if [[ $what == fortysecond2 ]]; then  # prepared in the forty-second session (~420 s): the batch-32 step's replay
+  # traced with the committed kernels (fortysecond1's timed out compiling), the copies A/B where one token is routed
+  # (V4's 16 experts: its 2K step 8.63 -> 8.86 ms since the row copies; V4.1's narrow down uncapped / with rows),
+  # then V4.1's batch-32 gate-up and down under Nsight Compute after the row copies (against fortieth2)
+  timeout 200 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+    --out "$OUT/b32-new" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-new.log" \
+    | grep -E "CUDA graphs|floor"
+  timeout 70 python3 benchmarks/kernels/moe.py --experts 16 --tokens 1 --no-prefill \
+    --variants default,norows,gu-norows --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-t1.log" \
+    | grep -E "T=" | cut -c1-170
+  timeout 70 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --tokens 1 --no-prefill \
+    --variants default,nw-dn-free,nw-dn-rows --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-t1.log" \
+    | grep -E "T=" | cut -c1-170
+  ncu_prof gate-up-v41-t32 "gate_up" moe 32 --model v41-flash --experts 16
+  ncu_prof down-v41-t32 "_down_kernel" moe 32 --model v41-flash --experts 16
+fi
+if [[ $what == fortysecond1 ]]; then  # prepared in the forty-second session (~500 s): fortyfirst5 with the step's
+  # replay traced kernel by kernel (the op-family profile the forty-first session's change lacked), first with the
+  # committed MoE kernels, then with those before the row copies ($OLD = .old: 48ce6ca^'s, copied in by the caller)
+  for side in new old; do
+    moe_side $side
+    timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
+      --out "$OUT/b32-$side" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-$side.log" \
+      | grep -E "CUDA graphs|floor"
+  done
+  moe_side new
+  timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \
+    --variants default,gu-rows-free --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-final.log" \
+    | grep -E "T=" | cut -c1-170
+  timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --tokens 1 --no-prefill \
+    --variants default,nw-dn-free,nw-rows --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-final.log" \
+    | grep -E "T=" | cut -c1-170
+  timeout 90 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only \
+    --kv-cache-memory 8589934592 --out "$OUT/v4-b1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
+    | tee "$OUT/graph-v4-b1.log" | grep -E "CUDA graphs|floor|round"
+  timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
+    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/v41-b1-64k" 2>&1 \
+    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k.log" | grep -E "CUDA graphs|floor"
+fi
 if [[ $what == fortyfirst5 ]]; then  # prepared in the forty-first session (~350 s): the committed defaults (the decode
   # gate-up's rows capped at 168 registers; the narrow tiles' [BN, BK/32, 16] copies, their down capped at 96) against
   # their alternatives in the MoE alone, then the standing steps with them (V4 batch 1 / 2K: 8.75 ms replay with the

@@ -655,12 +655,12 @@ PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3, row_loads=False), GemmConfig(
 # 64-wide down tiles, their K shares sized for 6 and 5 CTAs an SM. H100, `benchmarks/kernels/moe.py --model v41-flash
 # --experts 64 --tokens 1` (thirty-third session): 96.9 -> 89.7 us a layer (38.6 -> 41.7% of HBM); the gate-up's tiles
 # alone 92.0, every other tile or split variant 96.6-143.7. `V4SERVE_MOE_NARROW=0` keeps DECODE's tiles (A/B).
-# Their [BN, BK/32, 16] copies: rows copied whole took the gate-up from 80 to 102 registers (6 -> 4 CTAs an SM) and
-# the down from 96 to 108; H100, 64 experts, T=1: 88.3 -> 94.0 us (forty-first session). The down's aligned scale
-# vectors (EVEN_K) alone took it to 103: capped at the 96 it had (16 bytes of spills, outside the K loop; sm_90 SASS
-# on the CPU, not timed: `benchmarks/kernels/moe.py` variants nw-dn-free / nw-rows, gpu_session.sh fortyfirst5).
+# The gate-up's [BN, BK/32, 16] copies: rows copied whole took it from 80 to 102 registers (6 -> 4 CTAs an SM); H100,
+# 64 experts, T=1: 88.3 -> 94.0 us with both GEMMs' rows (forty-first session). The down takes the row copies,
+# uncapped (108 registers): H100, the same benchmark (forty-second session), 89.6 us with the down's old copies capped
+# at 96 registers, 82.2 uncapped, 77.8 with rows (variants nw-dn-free, nw-dn-rows).
 NARROW_GATE_UP = GemmConfig(64, 64, 4, 4, row_loads=False)
-NARROW_DOWN = GemmConfig(64, 128, 4, 3, row_loads=False, max_regs=96)
+NARROW_DOWN = GemmConfig(64, 128, 4, 3)
 NARROW_ENV = "V4SERVE_MOE_NARROW"
 # the narrow tiles' scale bytes loaded an iteration ahead (MoeConfig.ahead): H100, the graphed V4.1 step at batch 1 /
 # 64K, replay 9.92 -> 9.84 ms (thirty-fourth session); "0" loads them in place (A/B)
