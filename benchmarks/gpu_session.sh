@@ -2005,6 +2005,21 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   timeout 50 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
 fi
+if [[ $what == fortysecond5 ]]; then  # prepared in the forty-second session (~300 s, unrun): more FP4 bytes in flight
+  # an SM for the decode gate-up (ncu, fortysecond2: its top stall the loop top's wait for the async copies, 3 CTAs x
+  # 2 tiles ahead) — 2 CTAs on 4-5 stages, 64-deep K tiles on 4 CTAs (128 registers, sm_90 ptxas on the CPU), with
+  # their scale bytes ahead (a winner goes into the step once it is the default: a variant's tiles are no
+  # environment switch); and the mHC finishing
+  # program's stream loads hoisted over the Sinkhorn iterations (PreConfig.hoist, opt-in) at 1-4 tokens
+  timeout 120 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill --variants \
+    default,gu-2cta-s4,gu-2cta-s5,gu-k64s6,gu-k64s6a,gu-k64s5-r128,s1/3 --no-reference 2>&1 | grep -v Warning \
+    | tee -a "$OUT/moe-stages.log" | grep -E "T=" | cut -c1-170
+  timeout 70 python3 benchmarks/kernels/moe.py --experts 16 --tokens 8,32 --no-prefill --variants \
+    default,gu-2cta-s5,gu-k64s6,gu-k64s6a --no-reference 2>&1 | grep -v Warning | sed "s/^/[v4] /" \
+    | tee -a "$OUT/moe-stages.log" | grep -E "T=" | cut -c1-170
+  timeout 90 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,4 --variants default,hoist,diag:iters1 \
+    --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc-hoist.log" | grep -E "hc_pre|failed"
+fi
 if [[ $what == fortysecond4 ]]; then  # prepared in the forty-second session (~250 s): the mHC seam at batched decode
   # (V4.1's batch-32 replay: 73 hc_post_pre launches, 1,993 us exposed, ~10x their bytes) on token blocks over many
   # D slices (benchmarks/kernels/mhc.py: the 1-token blocks read fn once a token from L2)
@@ -2048,9 +2063,11 @@ if [[ $what == fortysecond2 ]]; then  # prepared in the forty-second session (~4
   ncu_prof gate-up-v41-t32 "gate_up" moe 32 --model v41-flash --experts 16
   ncu_prof down-v41-t32 "_down_kernel" moe 32 --model v41-flash --experts 16
 fi
-if [[ $what == fortysecond1 ]]; then  # prepared in the forty-second session (~500 s): fortyfirst5 with the step's
-  # replay traced kernel by kernel (the op-family profile the forty-first session's change lacked), first with the
-  # committed MoE kernels, then with those before the row copies ($OLD = .old: 48ce6ca^'s, copied in by the caller)
+if [[ $what == fortysecond1 ]]; then  # prepared in the forty-second session (~500 s): the forty-first session's
+  # unrun fortyfirst5 (the committed MoE defaults against their alternatives in the MoE alone, then the standing
+  # steps; that mode is folded in here) with the batch-32 step's replay traced kernel by kernel (the op-family
+  # profile the forty-first session's change lacked), first with the committed MoE kernels, then with those before
+  # the row copies ($OLD = .old: 48ce6ca^'s, copied in by the caller)
   for side in new old; do
     moe_side $side
     timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
@@ -2071,26 +2088,6 @@ if [[ $what == fortysecond1 ]]; then  # prepared in the forty-second session (~5
   timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
     --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/v41-b1-64k" 2>&1 \
     | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k.log" | grep -E "CUDA graphs|floor"
-fi
-if [[ $what == fortyfirst5 ]]; then  # prepared in the forty-first session (~350 s): the committed defaults (the decode
-  # gate-up's rows capped at 168 registers; the narrow tiles' [BN, BK/32, 16] copies, their down capped at 96) against
-  # their alternatives in the MoE alone, then the standing steps with them (V4 batch 1 / 2K: 8.75 ms replay with the
-  # rows uncapped, 8.63 before them; V4.1 batch 1 / 64K not run with rows; V4.1 batch 32 / 4K 20.31 uncapped)
-  timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \
-    --variants default,gu-rows-free --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-final.log" \
-    | grep -E "T=" | cut -c1-170
-  timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 64 --tokens 1 --no-prefill \
-    --variants default,nw-dn-free,nw-rows --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-final.log" \
-    | grep -E "T=" | cut -c1-170
-  timeout 90 python3 benchmarks/profile_step.py v4-flash-e16 --batch 1 --context 2048 --steps 10 --graph-only \
-    --kv-cache-memory 8589934592 --out "$OUT/v4-b1" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" \
-    | tee "$OUT/graph-v4-b1.log" | grep -E "CUDA graphs|floor|round"
-  timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 1 --context 65536 --steps 10 \
-    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/v41-b1-64k" 2>&1 \
-    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-v41-b1-64k.log" | grep -E "CUDA graphs|floor"
-  timeout 120 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
-    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/b32" 2>&1 \
-    | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32.log" | grep -E "CUDA graphs|floor"
 fi
 if [[ $what == fortyfirst4 ]]; then  # prepared in the forty-first session (~450 s, 721 s of the budget left): the
   # MoE A/B of fortyfirst2 without the grouped body and ncu, then the tiny models' graph = eager and V4's steps

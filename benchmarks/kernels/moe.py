@@ -108,6 +108,17 @@ VARIANTS = {
                                      down=replace(auto(t).down, row_loads=True)),
         # the decode tiles' copies as before 48ce6ca ([BN, BK/32, 16], no register cap): V4's one token (16 experts)
         # measured 8.63 -> 8.86 ms a graphed 2K step since the row copies (forty-second session)
+        # more FP4 bytes in flight an SM (ncu, forty-second session: the batch-32 gate-up's top stall is the loop top's
+        # wait for its async copies, 3 CTAs x 2 tiles ahead): deeper pipelines on two CTAs (uncapped registers), or
+        # 64-deep K tiles on 3-4 CTAs
+        "gu-2cta-s5": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=0, num_stages=5)),
+        "gu-2cta-s4": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=0, num_stages=4)),
+        "gu-k64s6": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, block_k=64, num_stages=6,
+                                                               max_regs=0)),
+        "gu-k64s6a": lambda t: replace(auto(t), ahead=True, gate_up=replace(auto(t).gate_up, block_k=64, num_stages=6,
+                                                                            max_regs=0)),
+        "gu-k64s5-r128": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, block_k=64, num_stages=5,
+                                                                    max_regs=128)),
         "norows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=False, max_regs=0),
                                     down=replace(auto(t).down, row_loads=False, max_regs=0)),
         "gu-norows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=False, max_regs=0)),
