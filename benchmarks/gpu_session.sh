@@ -2005,18 +2005,27 @@ if [[ $what == thirtyninth1 ]]; then  # prepared in the thirty-eighth session (~
   timeout 50 python3 benchmarks/kernels/fp8_gemm.py --head --rows 2,8,16,64 --variants default,off --out "$OUT" 2>&1 \
     | grep -v Warning | tee "$OUT/head.log" | grep -E "^head"
 fi
-if [[ $what == fortysecond5 ]]; then  # prepared in the forty-second session (~300 s, unrun): more FP4 bytes in flight
-  # an SM for the decode gate-up (ncu, fortysecond2: its top stall the loop top's wait for the async copies, 3 CTAs x
-  # 2 tiles ahead) — 2 CTAs on 4-5 stages, 64-deep K tiles on 4 CTAs (128 registers, sm_90 ptxas on the CPU), with
-  # their scale bytes ahead (a winner goes into the step once it is the default: a variant's tiles are no
-  # environment switch); and the mHC finishing
-  # program's stream loads hoisted over the Sinkhorn iterations (PreConfig.hoist, opt-in) at 1-4 tokens
+if [[ $what == fortysecond5 ]]; then  # prepared in the forty-second session (~450 s, unrun): the weight rows clamped
+  # (`GemmConfig.clamp_rows`; sm_90 SASS: the gate-up's K tile 947 -> 878 instructions) against masked, alone and in
+  # the batch-32 step; more FP4 bytes in flight an SM for the decode gate-up (ncu, fortysecond2: its top stall the
+  # loop top's wait for the async copies, 3 CTAs x 2 tiles ahead) — 2 CTAs on 4-5 stages, 64-deep K tiles on 4 CTAs
+  # (128 registers, sm_90 ptxas on the CPU), with their scale bytes ahead (a winner goes into the step once it is the
+  # default: a variant's tiles are no environment switch); and the mHC finishing program's stream loads hoisted over
+  # the Sinkhorn iterations (PreConfig.hoist, opt-in) at 1-4 tokens
   timeout 120 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill --variants \
-    default,gu-2cta-s4,gu-2cta-s5,gu-k64s6,gu-k64s6a,gu-k64s5-r128,s1/3 --no-reference 2>&1 | grep -v Warning \
+    default,masked,gu-2cta-s4,gu-2cta-s5,gu-k64s6,gu-k64s6a,gu-k64s5-r128,s1/3 --no-reference 2>&1 | grep -v Warning \
     | tee -a "$OUT/moe-stages.log" | grep -E "T=" | cut -c1-170
   timeout 70 python3 benchmarks/kernels/moe.py --experts 16 --tokens 8,32 --no-prefill --variants \
-    default,gu-2cta-s5,gu-k64s6,gu-k64s6a --no-reference 2>&1 | grep -v Warning | sed "s/^/[v4] /" \
+    default,masked,gu-2cta-s5,gu-k64s6,gu-k64s6a --no-reference 2>&1 | grep -v Warning | sed "s/^/[v4] /" \
     | tee -a "$OUT/moe-stages.log" | grep -E "T=" | cut -c1-170
+  for side in new old; do  # the clamped weight rows in the step: $OLD = .old, a2a708a's moe*.py (masked rows)
+    moe_side $side
+    timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
+      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/b32-$side" 2>&1 \
+      | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-$side.log" | grep -E "CUDA graphs|floor" \
+      | sed "s/^/[$side] /"
+  done
+  moe_side new
   timeout 90 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,4 --variants default,hoist,diag:iters1 \
     --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/mhc-hoist.log" | grep -E "hc_pre|failed"
 fi

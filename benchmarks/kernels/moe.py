@@ -119,6 +119,10 @@ VARIANTS = {
                                                                             max_regs=0)),
         "gu-k64s5-r128": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, block_k=64, num_stages=5,
                                                                     max_regs=128)),
+        # weight rows past N masked in every load instead of clamped (`GemmConfig.clamp_rows`, the default since the
+        # forty-second session; untimed: sm_90 SASS only)
+        "masked": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, clamp_rows=False),
+                                    down=replace(auto(t).down, clamp_rows=False)),
         "norows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=False, max_regs=0),
                                     down=replace(auto(t).down, row_loads=False, max_regs=0)),
         "gu-norows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=False, max_regs=0)),
@@ -367,14 +371,16 @@ def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
         jobs = [("gate-up", mk._gate_up_kernel if dot else moe_decode.gate_up_kernel, gu,
                  act | {"part_ptr": "*fp32", "rw_ptr": "*fp32"},
                  dict(BN=gu.block_n, BK=gu.block_k, SPLIT=gu.split_k, QUANT_H=quant_h, WEIGHT_H=BEFORE,
-                      CLAMP=LIMIT > 0, FINISH=False, **({"ROWS": gu.row_loads} if dot else {"STAGES": gu.num_stages}),
+                      CLAMP=LIMIT > 0, FINISH=False,
+                      **({"ROWS": gu.row_loads, "CLAMP_N": gu.clamp_rows} if dot else {"STAGES": gu.num_stages}),
                       **({} if dot else {"HDT": tl.bfloat16 if fp8 else None}),
                       **({} if dot or fp8 else {"xs_ptr": None, "hs_ptr": None}))),
                 ("down", mk._down_kernel if dot else moe_decode.down_kernel, dn,
                  {"h_ptr": act["h_ptr"], "y_ptr": "*bf16" if dn.split_k == 1 else "*fp32"} | (
                      {"hs_ptr": "*fp32"} if fp8 else {}),
                  dict(BN=dn.block_n, BK=dn.block_k if quant_h else max(dn.block_k, ACT_GROUP), SPLIT=dn.split_k,
-                      QUANT_A=not quant_h, **({"ROWS": dn.row_loads} if dot else {"STAGES": dn.num_stages}),
+                      QUANT_A=not quant_h,
+                      **({"ROWS": dn.row_loads, "CLAMP_N": dn.clamp_rows} if dot else {"STAGES": dn.num_stages}),
                       **({"COMBINE": False, "TOPK": K, "APPLY_W": False, "ADD": False, "BT": 16} if dot else {}),
                       **({} if dot or fp8 else {"hs_ptr": None})))]
         for gemm_name, fn, gemm, ptrs, const in jobs:

@@ -95,6 +95,19 @@ def test_shapes_not_multiples_of_the_tiles(dtype, act_group, D, I):
     check(7, D, I, 6, 3, dtype, act_group, act_group != 32, 2.0, config=cfg)
 
 
+@pytest.mark.parametrize("bk", [32, 64])  # whole K tiles (EVEN_K) at 32; a K tail at 64
+@pytest.mark.parametrize("row_loads", [True, False])
+def test_weight_rows_clamped_or_masked_same_bits(bk, row_loads):
+    """`GemmConfig.clamp_rows`: a tile's weight rows past N (I = D = 96 on 64-wide N tiles: a half-empty last tile in
+    both GEMMs) loaded as copies of the last row, without masks, give the bits of the masked loads."""
+    gemm = mk.GemmConfig(64, bk, row_loads=row_loads)
+    clamped = mk.MoeConfig(16, gemm, gemm)
+    masked = dataclasses.replace(clamped, gate_up=dataclasses.replace(gemm, clamp_rows=False),
+                                 down=dataclasses.replace(gemm, clamp_rows=False))
+    out = check(7, 96, 96, 6, 3, torch.float32, 32, True, 1.0, config=clamped)
+    assert torch.equal(out, check(7, 96, 96, 6, 3, torch.float32, 32, True, 1.0, config=masked))
+
+
 def test_single_token_most_experts_idle():
     check(1, 64, 32, 8, 2, torch.float32, 32, True, 1.0)
 
@@ -207,15 +220,18 @@ def test_default_config_selection(monkeypatch):
 
 
 def test_gemm_config_launch_options():
-    """A dot-body config's launch: ROWS where its tiles are copied as rows, Triton's maxnreg where it caps registers —
-    on CUDA only (the interpreter takes no register cap); the other bodies take neither."""
+    """A dot-body config's launch: ROWS where its tiles are copied as rows, CLAMP_N where its weight rows are clamped
+    (every default), Triton's maxnreg where it caps registers — on CUDA only (the interpreter takes no register cap);
+    the other bodies take none of them."""
     x = torch.zeros(2, 64, device=DEV)
     cfg = mk.select_config(32 * 6, 16)
-    want = {"ROWS": True} | ({"maxnreg": 168} if x.is_cuda else {})
-    assert mk._body(cfg, cfg.gate_up, x) == want and mk._body(cfg, cfg.down, x) == {"ROWS": True}
+    want = {"ROWS": True, "CLAMP_N": True} | ({"maxnreg": 168} if x.is_cuda else {})
+    assert mk._body(cfg, cfg.gate_up, x) == want and mk._body(cfg, cfg.down, x) == {"ROWS": True, "CLAMP_N": True}
     narrow = mk.select_config(6, 384, 5120, 2304, act_group=32)
-    assert mk._body(narrow, narrow.gate_up, x) == {"AHEAD": True}
-    assert "ROWS" not in mk._body(dataclasses.replace(cfg, body="swap"), cfg.gate_up, x)
+    assert mk._body(narrow, narrow.gate_up, x) == {"AHEAD": True, "CLAMP_N": True}
+    masked = dataclasses.replace(cfg.down, clamp_rows=False)
+    assert mk._body(cfg, masked, x) == {"ROWS": True}
+    assert not {"ROWS", "CLAMP_N"} & set(mk._body(dataclasses.replace(cfg, body="swap"), cfg.gate_up, x))
 
 
 def test_prefill_config_from_the_environment(monkeypatch, fp8_taken):
@@ -792,6 +808,8 @@ for name, fn, gemm, extra, ptrs in (
         const.setdefault("AHEAD", False)
     if "ROWS" in fn.arg_names:
         const.setdefault("ROWS", gemm.row_loads)
+    if "CLAMP_N" in fn.arg_names:
+        const.setdefault("CLAMP_N", gemm.clamp_rows)
     sig, attrs = {}, {}
     for i, n in enumerate(fn.arg_names):
         weights = re.fullmatch(r"[ws][123]_ptr", n)  # FP4 bytes and their e8m0 scales
@@ -805,6 +823,9 @@ for name, fn, gemm, extra, ptrs in (
     loop = ir[ir.index("scf.for"):]
     loop = loop[:loop.index("scf.yield")]
     out[name] = {"sync": len(re.findall(r" tt[.]load ", loop)), "async": loop.count("async_copy_global_to_local")}
+    # selects over tensors in the loop: a masked copy's `other` applied after it lands (scalar selects are the
+    # pipeline's buffer indices)
+    out.setdefault("selects", {})[name] = len(re.findall(r"arith[.]select [^\\n]*tensor<", loop))
     # the FP4 weight tiles' copies [BN, BK/2]: does a warp's lanes x vector span a row's BK/2 bytes (coalesced)?
     rows = []
     for layout in re.findall(r"async_copy_global_to_local .*: tensor<\\d+x" + str(gemm.block_k // 2)
@@ -840,6 +861,10 @@ def test_decode_k_loop_loads_are_all_async_copies_on_sm90() -> None:
     assert loops["down+combine"] == loops["down"], loops  # the fused combine (after the loop) leaves it alone
     # scale rows Triton cannot know aligned still one vector a row (their offsets written as multiples of BK/32)
     assert loops["v41 down"] == loops["down"], loops
+    # the weight rows clamped (`GemmConfig.clamp_rows`): no row masks, so no select after a copy lands (the masked
+    # scale copies' `other` had been 32 of the 954 SASS instructions of a warp's K tile in V4.1's gate-up)
+    assert not any(loops["selects"][n] for n in ("gate_up", "gate_up+finish", "down", "down+combine", "v41 down")), \
+        loops["selects"]
     # the combine reads the rows other programs wrote past L1 (not coherent across SMs): in the fused down and alone
     assert loops["cg"]["down+combine"] and loops["cg"]["combine"], loops["cg"]
     # the fp8 body: per 32-group of a 128-wide K tile, x's e4m3 rows and each weight's 16 bytes a row (no [BN, BK/2]

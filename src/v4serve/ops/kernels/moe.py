@@ -116,7 +116,8 @@ def _fp4_asm(packed, sbyte):
 
 
 @triton.jit
-def _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK: tl.constexpr, EVEN_K: tl.constexpr):
+def _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                ROWS_IN: tl.constexpr = False):
     """The e8m0 bytes [BN, BK/32] of rows offs_n, K columns [k0, k0 + BK) (none past K: 127 = 1.0). EVEN_K (the
     launch's promise: K, k0 and the K shares' ends multiples of BK, stride_sn of BK/32): a tile past K (an AHEAD
     load's next tile, an empty K share's first: bytes never used) reads the last one instead, so the mask is the
@@ -124,31 +125,38 @@ def _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK: tl.constexpr, EVEN_K: tl
     per row, which Triton's pipeliner turns into an async copy (a mask that changes with k0 would also be carried
     through the pipeline: 238 registers in V4.1's gate-up against 168). Else a mask per byte (or a row stride not
     known to be aligned) keeps it byte loads that each K iteration waits for (sm_90 SASS: V4.1's down, 72-byte scale
-    rows, stalled on its LDG.E.U8)."""
+    rows, stalled on its LDG.E.U8). ROWS_IN: offs_n are rows inside [0, N) (the caller clamped them), so no row mask
+    either (a masked async copy's `other` is a select per register after it lands)."""
     NG: tl.constexpr = BK // 32
     if EVEN_K:
         grp = tl.minimum(k0 // BK, K // BK - 1) * NG + tl.arange(0, NG)
         row = offs_n * (stride_sn // NG) * NG
+        if ROWS_IN:
+            return tl.load(s_ptr + row[:, None] + grp[None, :])
         return tl.load(s_ptr + row[:, None] + grp[None, :], mask=(offs_n < N)[:, None], other=127)
     grp = k0 // 32 + tl.arange(0, NG)
-    gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
+    gmask = (grp < K // 32)[None, :] if ROWS_IN else (offs_n < N)[:, None] & (grp < K // 32)[None, :]
     return tl.load(s_ptr + offs_n[:, None] * stride_sn + grp[None, :], mask=gmask, other=127)
 
 
 @triton.jit
 def _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr,
-                ROWS: tl.constexpr = False):
+                ROWS: tl.constexpr = False, ROWS_IN: tl.constexpr = False):
     """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix with their e8m0 bytes sb -> (even, odd) K columns
-    [BN, BK/32, 16] in DT (bf16 scaled by 2^-ASM_SHIFT when ASM): per 32-group, its 16 bytes' low and high nibbles."""
+    [BN, BK/32, 16] in DT (bf16 scaled by 2^-ASM_SHIFT when ASM): per 32-group, its 16 bytes' low and high nibbles.
+    ROWS_IN: offs_n inside [0, N), no row mask (`_fp4_scales`)."""
     NG: tl.constexpr = BK // 32
     if ROWS:  # (whole K tiles) a row's BK/2 bytes as one run: lanes across a row's 16-byte pieces, then rows
         kb = k0 // 2 + tl.arange(0, BK // 2)
-        p = tl.load(w_ptr + offs_n[:, None] * stride_n + kb[None, :], mask=(offs_n < N)[:, None], other=0)
+        if ROWS_IN:
+            p = tl.load(w_ptr + offs_n[:, None] * stride_n + kb[None, :])
+        else:
+            p = tl.load(w_ptr + offs_n[:, None] * stride_n + kb[None, :], mask=(offs_n < N)[:, None], other=0)
         p = tl.reshape(p, (offs_n.shape[0], NG, 16))
     else:
         grp = k0 // 32 + tl.arange(0, NG)
         byte = tl.arange(0, 16)
-        gmask = (offs_n < N)[:, None] & (grp < K // 32)[None, :]
+        gmask = (grp < K // 32)[None, :] if ROWS_IN else (offs_n < N)[:, None] & (grp < K // 32)[None, :]
         p = tl.load(w_ptr + offs_n[:, None, None] * stride_n + grp[None, :, None] * 16 + byte[None, None, :],
                     mask=gmask[:, :, None], other=0)
     if ASM:
@@ -159,34 +167,43 @@ def _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK: tl.constexpr, DT: tl.
 
 @triton.jit
 def _tile_scales(s_ptr, sb, offs_n, N, k0, k_hi, stride_sn, BK: tl.constexpr, AHEAD: tl.constexpr,
-                 EVEN_K: tl.constexpr):
+                 EVEN_K: tl.constexpr, ROWS_IN: tl.constexpr = False):
     """(The K tile at k0's e8m0 bytes, the loop's next sb.) AHEAD: sb (carried) is this tile's, loaded in the
     iteration before, and the next tile's are loaded now (past k_hi: masked) — a scale tile of under 4 bytes a thread
     is no async copy for Triton's pipeliner, so each iteration would wait a memory latency for bytes loaded in it.
     Else this tile's are loaded here (sb unused)."""
     if AHEAD:
-        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, EVEN_K)
+        return sb, _fp4_scales(s_ptr, offs_n, N, k0 + BK, k_hi, stride_sn, BK, EVEN_K, ROWS_IN)
     else:
-        cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K)
+        cur = _fp4_scales(s_ptr, offs_n, N, k0, k_hi, stride_sn, BK, EVEN_K, ROWS_IN)
         return cur, cur
 
 
 @triton.jit
 def _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr,
-                   ASM: tl.constexpr, ROWS: tl.constexpr = False):
+                   ASM: tl.constexpr, ROWS: tl.constexpr = False, ROWS_IN: tl.constexpr = False):
     """Rows offs_n, K columns [k0, k0 + BK) of one FP4 matrix with their e8m0 bytes sb [BN, BK/32] -> (even, odd) K
     columns transposed, [BK/2, BN] in DT: the B operand of x @ W^T."""
-    lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM, ROWS)
+    lo, hi = _fp4_groups(w_ptr, sb, offs_n, N, k0, K, stride_n, BK, DT, ASM, ROWS, ROWS_IN)
     return tl.trans(tl.reshape(lo, (BN, BK // 2))), tl.trans(tl.reshape(hi, (BN, BK // 2)))
 
 
 @triton.jit
 def _fp4_tile(w_ptr, s_ptr, offs_n, N, k0, K, stride_n, stride_sn,
               BN: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, ASM: tl.constexpr, EVEN_K: tl.constexpr,
-              ROWS: tl.constexpr = False):
+              ROWS: tl.constexpr = False, ROWS_IN: tl.constexpr = False):
     """`_fp4_tile_from` with the tile's scale bytes loaded here."""
-    sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK, EVEN_K)
-    return _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN, BK, DT, ASM, ROWS)
+    sb = _fp4_scales(s_ptr, offs_n, N, k0, K, stride_sn, BK, EVEN_K, ROWS_IN)
+    return _fp4_tile_from(w_ptr, sb, offs_n, N, k0, K, stride_n, BN, BK, DT, ASM, ROWS, ROWS_IN)
+
+
+@triton.jit
+def _load_rows(offs_n, N, CLAMP_N: tl.constexpr):
+    """The weight rows a tile loads: CLAMP_N (`GemmConfig.clamp_rows`) clamps rows past N to the last one, so that
+    the loads need no row mask (their columns are computed and never stored), else offs_n (masked loads)."""
+    if CLAMP_N:
+        return tl.minimum(offs_n, N - 1)
+    return offs_n
 
 
 @triton.jit
@@ -344,12 +361,12 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
                     CLAMP: tl.constexpr, ASM: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
                     F32: tl.constexpr, EVEN_K: tl.constexpr = False, FINISH: tl.constexpr = False,
                     PDL: tl.constexpr = False, AHEAD: tl.constexpr = False, DIRECT: tl.constexpr = False,
-                    ROWS: tl.constexpr = False):
+                    ROWS: tl.constexpr = False, CLAMP_N: tl.constexpr = False):
     """x W1^T and x W3^T for BM sorted rows of one expert x BN columns; SwiGLU epilogue, or (SPLIT > 1) float
     partial sums over this program's K share, reduced by `_swiglu_kernel` or (FINISH) by the tile's last program to
     arrive. AHEAD (`MoeConfig.ahead`): each K tile's scale bytes loaded an iteration before their use. DIRECT: blocks
     straight from one token's routing (`_expert_block`). ROWS (`GemmConfig.row_loads`): with whole K tiles, the FP4
-    bytes copied as whole rows (`_fp4_groups`)."""
+    bytes copied as whole rows (`_fp4_groups`). CLAMP_N: weight rows loaded unmasked (`_load_rows`)."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     RW: tl.constexpr = EVEN_K and ROWS
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, I, M, BM, BN,
@@ -366,28 +383,29 @@ def _gate_up_kernel(x_ptr, w1_ptr, w3_ptr, s1_ptr, s3_ptr, h_ptr, part_ptr, cnt_
     acc_g = tl.zeros([BM, BN], dtype=ACC)
     acc_u = tl.zeros([BM, BN], dtype=ACC)
     k_lo, k_hi = _k_range(D, BK, SPLIT)
+    offs_w = _load_rows(offs_n, I, CLAMP_N)
     if AHEAD:
-        sb1 = _fp4_scales(s1_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, EVEN_K)
-        sb3 = _fp4_scales(s3_ptr, offs_n, I, k_lo, k_hi, stride_sn, BK, EVEN_K)
+        sb1 = _fp4_scales(s1_ptr, offs_w, I, k_lo, k_hi, stride_sn, BK, EVEN_K, CLAMP_N)
+        sb3 = _fp4_scales(s3_ptr, offs_w, I, k_lo, k_hi, stride_sn, BK, EVEN_K, CLAMP_N)
     for k0 in range(k_lo, k_hi, BK):
         a_ptrs = x_ptr + tok[:, None] * stride_x + (k0 + offs_k)[None, :]
         a_ev, a_od = _a_tile(a_ptrs, valid[:, None] & (k0 + offs_k < D)[None, :], BM, BK, DT, False, G)
         if AHEAD:  # this tile's bytes from the iteration before, the next tile's now (`_tile_scales`)
-            sb1, nsb1 = _tile_scales(s1_ptr, sb1, offs_n, I, k0, k_hi, stride_sn, BK, True, EVEN_K)
-            sb3, nsb3 = _tile_scales(s3_ptr, sb3, offs_n, I, k0, k_hi, stride_sn, BK, True, EVEN_K)
-            w_ev, w_od = _fp4_tile_from(w1_ptr, sb1, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM, RW)
+            sb1, nsb1 = _tile_scales(s1_ptr, sb1, offs_w, I, k0, k_hi, stride_sn, BK, True, EVEN_K, CLAMP_N)
+            sb3, nsb3 = _tile_scales(s3_ptr, sb3, offs_w, I, k0, k_hi, stride_sn, BK, True, EVEN_K, CLAMP_N)
+            w_ev, w_od = _fp4_tile_from(w1_ptr, sb1, offs_w, I, k0, D, stride_wn, BN, BK, DT, ASM, RW, CLAMP_N)
         else:
-            w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K,
-                                   RW)
+            w_ev, w_od = _fp4_tile(w1_ptr, s1_ptr, offs_w, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K,
+                                   RW, CLAMP_N)
         acc_g = _dot(a_ev, w_ev, acc_g, PREC, ACC, F32)
         acc_g = _dot(a_od, w_od, acc_g, PREC, ACC, F32)
         if AHEAD:
-            w_ev, w_od = _fp4_tile_from(w3_ptr, sb3, offs_n, I, k0, D, stride_wn, BN, BK, DT, ASM, RW)
+            w_ev, w_od = _fp4_tile_from(w3_ptr, sb3, offs_w, I, k0, D, stride_wn, BN, BK, DT, ASM, RW, CLAMP_N)
             sb1 = nsb1
             sb3 = nsb3
         else:
-            w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_n, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K,
-                                   RW)
+            w_ev, w_od = _fp4_tile(w3_ptr, s3_ptr, offs_w, I, k0, D, stride_wn, stride_sn, BN, BK, DT, ASM, EVEN_K,
+                                   RW, CLAMP_N)
         acc_u = _dot(a_ev, w_ev, acc_u, PREC, ACC, F32)
         acc_u = _dot(a_od, w_od, acc_u, PREC, ACC, F32)
     _gate_up_out(acc_g, acc_u, h_ptr, part_ptr, cnt_ptr, rw_ptr, rows, offs_n, a_idx, valid, I, limit, stride_h,
@@ -468,11 +486,12 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
                  cnt_ptr=None, rw_ptr=None, add_ptr=None, out_ptr=None, T=0, stride_add=0, stride_out=0,
                  COMBINE: tl.constexpr = False, TOPK: tl.constexpr = 1, APPLY_W: tl.constexpr = False,
                  ADD: tl.constexpr = False, BT: tl.constexpr = 16, AHEAD: tl.constexpr = False,
-                 DIRECT: tl.constexpr = False, ROWS: tl.constexpr = False):
+                 DIRECT: tl.constexpr = False, ROWS: tl.constexpr = False, CLAMP_N: tl.constexpr = False):
     """h W2^T for BM sorted rows of one expert x BN columns, stored per assignment row (x's dtype), or (SPLIT > 1)
     as float partials [SPLIT, M, D] that the combine kernel sums. COMBINE (fusion `moe_combine`): the last of the
     NB * SPLIT programs of a column tile to arrive runs the combine kernel's sums over that tile for every token.
-    AHEAD: each K tile's scale bytes loaded an iteration before their use. DIRECT, ROWS: as the gate-up's."""
+    AHEAD: each K tile's scale bytes loaded an iteration before their use. DIRECT, ROWS, CLAMP_N: as the
+    gate-up's."""
     pdl_enter(PDL)  # wait for the kernel before, let the next one launch (kernels/pdl.py)
     RW: tl.constexpr = EVEN_K and ROWS
     expert, _, rows, a_idx, valid, offs_n = _expert_block(block_expert_ptr, sorted_ptr, NB, D, M, BM, BN,
@@ -484,18 +503,19 @@ def _down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, sorted_ptr, block_expert_ptr,
         s2_ptr += expert * stride_se
         acc = tl.zeros([BM, BN], dtype=ACC)
         k_lo, k_hi = _k_range(I, BK, SPLIT)
+        offs_w = _load_rows(offs_n, D, CLAMP_N)
         if AHEAD:
-            sb = _fp4_scales(s2_ptr, offs_n, D, k_lo, k_hi, stride_sn, BK, EVEN_K)
+            sb = _fp4_scales(s2_ptr, offs_w, D, k_lo, k_hi, stride_sn, BK, EVEN_K, CLAMP_N)
         for k0 in range(k_lo, k_hi, BK):
             a_ptrs = h_ptr + rows[:, None].to(tl.int64) * stride_h + (k0 + offs_k)[None, :]
             a_ev, a_od = _a_tile(a_ptrs, (k0 + offs_k < I)[None, :], BM, BK, DT, QUANT_A, G)
             if AHEAD:
-                sb, nsb = _tile_scales(s2_ptr, sb, offs_n, D, k0, k_hi, stride_sn, BK, True, EVEN_K)
-                w_ev, w_od = _fp4_tile_from(w2_ptr, sb, offs_n, D, k0, I, stride_wn, BN, BK, DT, ASM, RW)
+                sb, nsb = _tile_scales(s2_ptr, sb, offs_w, D, k0, k_hi, stride_sn, BK, True, EVEN_K, CLAMP_N)
+                w_ev, w_od = _fp4_tile_from(w2_ptr, sb, offs_w, D, k0, I, stride_wn, BN, BK, DT, ASM, RW, CLAMP_N)
                 sb = nsb
             else:
-                w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_n, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM,
-                                       EVEN_K, RW)
+                w_ev, w_od = _fp4_tile(w2_ptr, s2_ptr, offs_w, D, k0, I, stride_wn, stride_sn, BN, BK, DT, ASM,
+                                       EVEN_K, RW, CLAMP_N)
             acc = _dot(a_ev, w_ev, acc, PREC, ACC, F32)
             acc = _dot(a_od, w_od, acc, PREC, ACC, F32)
         _down_out(acc, y_ptr, a_idx, valid, offs_n, D, stride_y, stride_ys, ASM)
@@ -585,6 +605,10 @@ class GemmConfig:
     # the dot body's FP4 K tiles copied as whole rows (`_fp4_groups`), or as [BN, BK/32, 16] (a warp over a 16-byte
     # piece of 32 rows: 2x the L2 sectors, bank-conflicted shared stores, but fewer registers after the dequant)
     row_loads: bool = True
+    # the dot body's weight rows past N clamped to the last one (`_load_rows`) so that their loads take no row mask:
+    # a masked async copy's `other` is one select per register after the copy lands (sm_90 SASS, V4.1's batch-32
+    # gate-up: 32 of the 954 instructions of a warp's K tile were the scale bytes' selects)
+    clamp_rows: bool = True
 
 
 BODIES = ("dot", "swap", "fma", "fp8", "grouped")
@@ -884,7 +908,8 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
 def _body(cfg: MoeConfig, gemm: GemmConfig, x: torch.Tensor) -> dict:
     regs = {"maxnreg": gemm.max_regs} if gemm.max_regs and x.is_cuda else {}
     if cfg.body == "dot":
-        return regs | ({"AHEAD": True} if cfg.ahead else {}) | ({"ROWS": True} if gemm.row_loads else {})
+        return (regs | ({"AHEAD": True} if cfg.ahead else {}) | ({"ROWS": True} if gemm.row_loads else {})
+                | ({"CLAMP_N": True} if gemm.clamp_rows else {}))
     return regs | {"BODY": cfg.body, "STAGES": gemm.num_stages} | ({"FOLD": FOLDS[cfg.fold]} if cfg.fold else {})
 
 
