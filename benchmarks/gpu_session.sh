@@ -64,6 +64,14 @@ moe_alone() {  # the MoE alone at V4.1's 8 / 32 tokens (16 experts, variants $2)
     --variants default --no-reference 2>&1 | grep -v Warning | sed "s/^/[$1 v4] /" | tee -a "$OUT/moe-rows.log" \
     | grep -E "T=" | cut -c1-170
 }
+v41_b32() {  # the graphed V4.1 step at batch 32 / 4K (fp4 KV) tagged $1 ($OUT/b32-$1, graph-b32-$1.log), the rest
+  # profile_step.py arguments (e.g. --replay-trace 1 --top 30); B32_TIMEOUT seconds (default 130)
+  local tag=$1; shift
+  timeout ${B32_TIMEOUT:-130} python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 \
+    --steps 6 --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/b32-$tag" "$@" \
+    2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-$tag.log" \
+    | grep -E "CUDA graphs|floor" | sed "s/^/[$tag] /"
+}
 prefill8k() {  # the engine's 8K prompt alone (v4-flash-e16, batch 1, one step), $1 = V4SERVE_ATTN_PREFILL ("": default)
   V4SERVE_ATTN_PREFILL=$1 timeout ${P8K_TIMEOUT:-170} python3 benchmarks/offline.py --model v4-flash-e16 --batches 1,1 \
     --context 8192 --max-model-len 8448 --decode-steps 5 --num-prompts 2 --input-len 512 --output-len 8 \
@@ -2020,10 +2028,7 @@ if [[ $what == fortysecond5 ]]; then  # prepared in the forty-second session (~4
     | tee -a "$OUT/moe-stages.log" | grep -E "T=" | cut -c1-170
   for side in new old; do  # the clamped weight rows in the step: $OLD = .old, a2a708a's moe*.py (masked rows)
     moe_side $side
-    timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
-      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --out "$OUT/b32-$side" 2>&1 \
-      | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-$side.log" | grep -E "CUDA graphs|floor" \
-      | sed "s/^/[$side] /"
+    v41_b32 $side
   done
   moe_side new
   timeout 90 python3 benchmarks/kernels/mhc.py --sweep --dim 5120 --tokens 1,4 --variants default,hoist,diag:iters1 \
@@ -2059,10 +2064,7 @@ if [[ $what == fortysecond2 ]]; then  # prepared in the forty-second session (~4
   # traced with the committed kernels (fortysecond1's timed out compiling), the copies A/B where one token is routed
   # (V4's 16 experts: its 2K step 8.63 -> 8.86 ms since the row copies; V4.1's narrow down uncapped / with rows),
   # then V4.1's batch-32 gate-up and down under Nsight Compute after the row copies (against fortieth2)
-  timeout 200 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
-    --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
-    --out "$OUT/b32-new" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-new.log" \
-    | grep -E "CUDA graphs|floor"
+  B32_TIMEOUT=200 v41_b32 new --replay-trace 1 --top 30
   timeout 70 python3 benchmarks/kernels/moe.py --experts 16 --tokens 1 --no-prefill \
     --variants default,norows,gu-norows --no-reference 2>&1 | grep -v Warning | tee -a "$OUT/moe-t1.log" \
     | grep -E "T=" | cut -c1-170
@@ -2079,10 +2081,7 @@ if [[ $what == fortysecond1 ]]; then  # prepared in the forty-second session (~5
   # the row copies ($OLD = .old: 48ce6ca^'s, copied in by the caller)
   for side in new old; do
     moe_side $side
-    timeout 130 python3 benchmarks/profile_step.py v41-flash-e16-engram1m --batch 32 --context 4096 --steps 6 \
-      --prefill 0 --graph-only --kv-cache-dtype fp4 --kv-cache-memory 8589934592 --replay-trace 1 --top 30 \
-      --out "$OUT/b32-$side" 2>&1 | grep -v -e Warning -e USDT -e "Random weights" | tee "$OUT/graph-b32-$side.log" \
-      | grep -E "CUDA graphs|floor"
+    v41_b32 $side --replay-trace 1 --top 30
   done
   moe_side new
   timeout 60 python3 benchmarks/kernels/moe.py --model v41-flash --experts 16 --tokens 8,32 --no-prefill \

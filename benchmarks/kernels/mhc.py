@@ -238,20 +238,14 @@ PRE_VARIANTS = {
                       "collapse_apart": True},
     "c-x3p-bt64-d64-s16": {"block_t": 64, "block_d": 64, "split_d": 16, "bf16x3": True, "promote": True,
                            "collapse_apart": True},
-    # batched decode (T = 8..128; forty-second session): the 1-token blocks' finishing programs read all of fn (2 MiB
-    # at D = 5120) once a token from L2 (64 MiB at T = 32); token blocks on the tensor cores read it once a block, over
-    # many narrow D slices so that the grid fills the GPU (the variants above had 32 programs at T = 128)
-    "c-x3p-bt16-s40": {"block_t": 16, "block_d": 128, "split_d": 40, "bf16x3": True, "promote": True,
-                       "collapse_apart": True},
-    "c-x3p-bt16-d64-s80": {"block_t": 16, "block_d": 64, "split_d": 80, "bf16x3": True, "promote": True,
-                           "collapse_apart": True},
-    "c-x3p-bt32-s40": {"block_t": 32, "block_d": 128, "split_d": 40, "bf16x3": True, "promote": True,
-                       "collapse_apart": True},
-    "c-x3p-bt32-d64-s80": {"block_t": 32, "block_d": 64, "split_d": 80, "bf16x3": True, "promote": True,
-                           "collapse_apart": True},
-    "c-x3p-bt64-d64-s80": {"block_t": 64, "block_d": 64, "split_d": 80, "bf16x3": True, "promote": True,
-                           "collapse_apart": True},
 }
+# batched decode (T = 8..128; forty-second session): the 1-token blocks' finishing programs read all of fn (2 MiB at
+# D = 5120) once a token from L2 (64 MiB at T = 32); token blocks on the tensor cores read it once a block, over many
+# narrow D slices so that the grid fills the GPU (the variants above had 32 programs at T = 128): "c-x3p-bt{T}[-d{D
+# chunk}]-s{slices}"
+for _bt, _bd, _split in ((16, 128, 40), (16, 64, 80), (32, 128, 40), (32, 64, 80), (64, 64, 80)):
+    PRE_VARIANTS[f"c-x3p-bt{_bt}{'' if _bd == 128 else f'-d{_bd}'}-s{_split}"] = {
+        "block_t": _bt, "block_d": _bd, "split_d": _split, "bf16x3": True, "promote": True, "collapse_apart": True}
 
 
 def sweep(ts: tuple[int, ...], only: list[str] | None = None) -> list[dict]:

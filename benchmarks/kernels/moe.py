@@ -11,7 +11,8 @@ launch no sort: since the thirty-fourth session; before, T=1 included the sort l
 (T = 8192) is timed eagerly (`common.bench_ms`); FLOPs = 2 T k 3 D I. Every config variant is timed; the kernel's
 output is first compared with the reference at two decode sizes (T=1 splits K) and one prefill size, and (unless
 --quick) every decode variant's at each T (rel_err in its row). --compile-only builds the decode variants for sm_90
-with ptxas on any machine (no GPU; without TRITON_INTERPRET) and prints registers, spills, shared memory, the MMA.
+with ptxas on any machine (no GPU; without TRITON_INTERPRET) and prints registers, spills, shared memory, the MMA and
+the K loop's SASS instructions a warp.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def fp8_variant(block_m: int, gate_up: mk.GemmConfig, down: mk.GemmConfig | None
 
 def with_split(cfg: mk.MoeConfig, up: int, down: int) -> mk.MoeConfig:
     return replace(cfg, gate_up=replace(cfg.gate_up, split_k=up), down=replace(cfg.down, split_k=down))
+
+
+def tweak(t: int, gu: dict | None = None, dn: dict | None = None, **moe_fields) -> mk.MoeConfig:
+    """The default config at T with GemmConfig fields replaced in the gate-up (gu) and the down (dn), and MoeConfig
+    fields in moe_fields."""
+    cfg = auto(t)
+    return replace(cfg, gate_up=replace(cfg.gate_up, **(gu or {})), down=replace(cfg.down, **(dn or {})),
+                   **moe_fields)
 
 
 def body(t: int, name: str, block_m: int | None = None, **tile) -> mk.MoeConfig:
@@ -99,34 +108,29 @@ VARIANTS = {
         # the decode gate-up's register cap (row copies took ptxas to 184: 2 CTAs an SM): "regs168" is the default
         # since 48ce6ca (kept: gpu_session.sh fortyfirst1/2/4 timed it against the uncapped rows), "gu-rows-free"
         # the uncapped form
-        "regs168": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=168)),
-        "gu-rows-free": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=0)),
-        # the narrow down uncapped (its aligned scale vectors took ptxas from 96 to 103: 5 -> 4 CTAs an SM; the default
-        # caps it at 96)
-        "nw-dn-free": lambda t: replace(auto(t), down=replace(auto(t).down, max_regs=0)),
-        "nw-rows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=True),
-                                     down=replace(auto(t).down, row_loads=True)),
-        # the decode tiles' copies as before 48ce6ca ([BN, BK/32, 16], no register cap): V4's one token (16 experts)
-        # measured 8.63 -> 8.86 ms a graphed 2K step since the row copies (forty-second session)
+        "regs168": lambda t: tweak(t, gu=dict(max_regs=168)),
+        "gu-rows-free": lambda t: tweak(t, gu=dict(max_regs=0)),
+        # the narrow down (row copies uncapped, the default since the forty-second session; "nw-dn-rows" is it) with
+        # its old [BN, BK/32, 16] copies: capped at 96 registers as before ("nw-dn-old"), or uncapped
+        "nw-dn-old": lambda t: tweak(t, dn=dict(row_loads=False, max_regs=96)),
+        "nw-dn-free": lambda t: tweak(t, dn=dict(row_loads=False, max_regs=0)),
+        "nw-dn-rows": lambda t: tweak(t, dn=dict(row_loads=True, max_regs=0)),
+        "nw-rows": lambda t: tweak(t, gu=dict(row_loads=True), dn=dict(row_loads=True)),
+        # the decode tiles' copies as before 48ce6ca ([BN, BK/32, 16], no register cap), in both GEMMs or the
+        # gate-up's alone (V4's one token, 16 experts: 65.7 / 64.8 us against 60.5 with rows, forty-second session)
+        "norows": lambda t: tweak(t, gu=dict(row_loads=False, max_regs=0), dn=dict(row_loads=False, max_regs=0)),
+        "gu-norows": lambda t: tweak(t, gu=dict(row_loads=False, max_regs=0)),
         # more FP4 bytes in flight an SM (ncu, forty-second session: the batch-32 gate-up's top stall is the loop top's
         # wait for its async copies, 3 CTAs x 2 tiles ahead): deeper pipelines on two CTAs (uncapped registers), or
-        # 64-deep K tiles on 3-4 CTAs
-        "gu-2cta-s5": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=0, num_stages=5)),
-        "gu-2cta-s4": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, max_regs=0, num_stages=4)),
-        "gu-k64s6": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, block_k=64, num_stages=6,
-                                                               max_regs=0)),
-        "gu-k64s6a": lambda t: replace(auto(t), ahead=True, gate_up=replace(auto(t).gate_up, block_k=64, num_stages=6,
-                                                                            max_regs=0)),
-        "gu-k64s5-r128": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, block_k=64, num_stages=5,
-                                                                    max_regs=128)),
+        # 64-deep K tiles on 3-4 CTAs (with the scale bytes ahead: "a")
+        "gu-2cta-s5": lambda t: tweak(t, gu=dict(max_regs=0, num_stages=5)),
+        "gu-2cta-s4": lambda t: tweak(t, gu=dict(max_regs=0, num_stages=4)),
+        "gu-k64s6": lambda t: tweak(t, gu=dict(block_k=64, num_stages=6, max_regs=0)),
+        "gu-k64s6a": lambda t: tweak(t, gu=dict(block_k=64, num_stages=6, max_regs=0), ahead=True),
+        "gu-k64s5-r128": lambda t: tweak(t, gu=dict(block_k=64, num_stages=5, max_regs=128)),
         # weight rows past N masked in every load instead of clamped (`GemmConfig.clamp_rows`, the default since the
         # forty-second session; untimed: sm_90 SASS only)
-        "masked": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, clamp_rows=False),
-                                    down=replace(auto(t).down, clamp_rows=False)),
-        "norows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=False, max_regs=0),
-                                    down=replace(auto(t).down, row_loads=False, max_regs=0)),
-        "gu-norows": lambda t: replace(auto(t), gate_up=replace(auto(t).gate_up, row_loads=False, max_regs=0)),
-        "nw-dn-rows": lambda t: replace(auto(t), down=replace(auto(t).down, row_loads=True, max_regs=0)),
+        "masked": lambda t: tweak(t, gu=dict(clamp_rows=False), dn=dict(clamp_rows=False)),
         "dn-s4": lambda t: with_split(auto(t), auto(t).gate_up.split_k, 2 * auto(t).down.split_k),
         "gu-n64k64": lambda t: fit(t, G(64, 64, 4, 4), None, 6, 0),
         "gu-n64k64-dn7": lambda t: fit(t, G(64, 64, 4, 4), G(128, 128, 4, 3), 6, 7),
@@ -303,6 +307,22 @@ def reference(x, ex, w, i):
     return moe.experts_reference(x, ex, w, i, LIMIT, ACT_GROUP, BEFORE)
 
 
+def mma_loop_size(sass: str) -> int:
+    """SASS instructions of the largest loop holding MMAs (a backward branch's target to the branch): a warp's
+    instructions per K tile of the GEMM's main loop. 0 where there is none."""
+    import re
+
+    ins = [(int(a, 16), text) for a, text in re.findall(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    best = 0
+    for a, text in ins:
+        target = re.search(r"BRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < a:
+            body = [t for b, t in ins if int(target.group(1), 16) <= b <= a]
+            if any("MMA" in t for t in body):
+                best = max(best, len(body))
+    return best
+
+
 def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
     """--compile-only, no GPU needed (run without TRITON_INTERPRET): each variant's gate-up and down kernels
     built for sm_90 by Triton and ptxas with the constexprs and 16-divisible pointers/strides `experts_forward`
@@ -332,17 +352,13 @@ def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(k.asm["cubin"])
             f.flush()
-            use = subprocess.run([knobs.nvidia.cuobjdump.path, "--dump-resource-usage", f.name], check=True,
-                                 capture_output=True, text=True).stdout
-        if sass_dir:  # --sass DIR: each kernel's SASS, for reading its K loop
+            use, sass = (subprocess.run([knobs.nvidia.cuobjdump.path, flag, f.name], check=True, capture_output=True,
+                                        text=True).stdout for flag in ("--dump-resource-usage", "-sass"))
+        if sass_dir:  # --sass DIR: each kernel's SASS, for reading its K loop, and the layouts Triton chose
             n = len(list(Path(sass_dir).iterdir()))
             out = Path(sass_dir) / f"{fn.__name__}-w{gemm.num_warps}-s{gemm.num_stages}-{n}.sass"
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-                f.write(k.asm["cubin"])
-                f.flush()
-                out.write_text(subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", f.name], check=True,
-                                              capture_output=True, text=True).stdout)
-            out.with_suffix(".ttgir").write_text(k.asm["ttgir"])  # the layouts Triton chose
+            out.write_text(sass)
+            out.with_suffix(".ttgir").write_text(k.asm["ttgir"])
         ir = k.asm["ttgir"]
         regs, stack = re.search(r"REG:(\d+)", use).group(1), re.search(r"STACK:(\d+)", use).group(1)
         mma = "wgmma" if "warp_group_dot" in ir else "mma.sync" if "nvidia_mma" in ir else "no-mma"
@@ -351,7 +367,7 @@ def compile_only(names: list[str] | None, sass_dir: str | None = None) -> None:
         loop = ir[ir.find("scf.for"):]
         sync = len(re.findall(r" tt\.load ", loop[:loop.find("scf.yield")]))
         return (f"regs {regs:>3} local {stack:>4} smem {k.metadata.shared:>6} {mma}{' W-smem' if staged else ''} "
-                f"sync-loads {sync}")
+                f"sync-loads {sync} loop {mma_loop_size(sass)}")
 
     seen = set()
     todo = [(name, make, t) for regime, ts in (("decode", DECODE), ("prefill", PREFILL))

@@ -666,7 +666,8 @@ class MoeConfig:
 # The decode gate-up's rows copied whole take ptxas to 184 registers (2 CTAs an SM; the split rule plans 3): capped at
 # 168 (16 bytes of spills outside the K loop). H100, `benchmarks/kernels/moe.py --model v41-flash --experts 16`
 # (forty-first session): T=8 236.0 -> 195.5 us, T=32 220.9 -> 207.3 (row copies uncapped: 223.1, 210.0). MID and
-# PREFILL keep the [BN, BK/32, 16] copies (not timed with rows).
+# PREFILL keep the [BN, BK/32, 16] copies (not timed with rows). With the weight rows clamped (`GemmConfig.clamp_rows`)
+# ptxas needs 150 registers (sm_90, V4 and V4.1): the cap no longer binds.
 DECODE = MoeConfig(16, GemmConfig(128, 128, 4, 3, max_regs=168), GemmConfig(128, 128, 4, 3))
 MID = MoeConfig(32, GemmConfig(128, 128, 4, 3, row_loads=False), GemmConfig(128, 128, 4, 3, row_loads=False),
                 group_m=4)
@@ -681,7 +682,7 @@ PREFILL = MoeConfig(128, GemmConfig(128, 64, 8, 3, row_loads=False), GemmConfig(
 # alone 92.0, every other tile or split variant 96.6-143.7. `V4SERVE_MOE_NARROW=0` keeps DECODE's tiles (A/B).
 # The gate-up's [BN, BK/32, 16] copies: rows copied whole took it from 80 to 102 registers (6 -> 4 CTAs an SM); H100,
 # 64 experts, T=1: 88.3 -> 94.0 us with both GEMMs' rows (forty-first session). The down takes the row copies,
-# uncapped (108 registers): H100, the same benchmark (forty-second session), 89.6 us with the down's old copies capped
+# uncapped (110 registers; 104 with the clamped rows): H100, the same benchmark (forty-second session), 89.6 us with the down's old copies capped
 # at 96 registers, 82.2 uncapped, 77.8 with rows (variants nw-dn-free, nw-dn-rows).
 NARROW_GATE_UP = GemmConfig(64, 64, 4, 4, row_loads=False)
 NARROW_DOWN = GemmConfig(64, 128, 4, 3)
